@@ -1,0 +1,28 @@
+#![doc = include_str!("../README.md")]
+
+pub mod clock;
+pub mod error;
+pub mod ids;
+pub mod memory;
+pub mod name;
+pub mod schedule;
+pub mod scheduler;
+pub mod store;
+pub mod time;
+
+pub use crate::clock::{Clock, SystemClock};
+pub use crate::error::{BoxError, ConfigError, StoreError, StoreErrorKind};
+pub use crate::ids::{Attempt, Fence, InstanceId, MaxAttempts, Token};
+pub use crate::memory::MemoryStore;
+pub use crate::name::JobName;
+pub use crate::schedule::Schedule;
+pub use crate::scheduler::{
+    CancelReason, Handler, JobBuilder, JobOptions, MetricsSnapshot, RunContext, Scheduler,
+    SchedulerBuilder, SchedulerOptions, ShutdownReport,
+};
+pub use crate::store::{
+    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, LeaseClaim, LeaseStore,
+    Memory, Overlap, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Win,
+};
+pub use crate::time::{Slot, Timestamp};
+pub use async_trait::async_trait;

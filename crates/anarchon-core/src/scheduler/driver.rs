@@ -1,0 +1,251 @@
+//! The timer queue and the claims it fires.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::time::Instant;
+
+use super::metrics::Metrics;
+use super::run::handle_outcome;
+use super::{Inner, JobSpec, StoreHandle};
+use crate::error::StoreError;
+use crate::ids::Token;
+use crate::store::{ClaimRequest, LeaseClaim, RunKey};
+use crate::time::{Slot, Timestamp, millis};
+
+/// The longest the timer sleeps before it looks at the wall clock again, so
+/// a clock step or a suspend is noticed within this long.
+const MAX_NAP: Duration = Duration::from_secs(1);
+/// The most claims sent in one `claim_many` call.
+const BATCH_LIMIT: usize = 1000;
+/// How many times a claim is sent in all when the store is unavailable.
+pub(crate) const STORE_TRIES: u32 = 4;
+/// The first pause between tries; it doubles each time.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+/// How often lease stores are asked to forget old runs.
+const GC_EVERY: Duration = Duration::from_secs(3600);
+
+/// The offset of a slot's claim inside the job's jitter: FNV-1a of the job
+/// name and the slot, so every instance (and every build) picks the same.
+pub(crate) fn jitter_offset(job: &JobSpec, slot: Slot) -> Duration {
+    let Some(jitter) = job.jitter else {
+        return Duration::ZERO;
+    };
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in job
+        .name
+        .as_str()
+        .bytes()
+        .chain(slot.as_millis().to_le_bytes())
+    {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    let span = u64::try_from(millis(jitter)).unwrap_or(u64::MAX).max(1);
+    Duration::from_millis(hash % span)
+}
+
+/// The queue: (fire time, job index) → slot.
+type Queue = BTreeMap<(Timestamp, usize), Slot>;
+
+fn enqueue(queue: &mut Queue, jobs: &[Arc<JobSpec>], index: usize, slot: Slot) {
+    let fire_at = slot.at().saturating_add(jitter_offset(&jobs[index], slot));
+    queue.insert((fire_at, index), slot);
+}
+
+pub(crate) async fn drive(inner: Arc<Inner>) {
+    let jobs = inner.jobs.clone();
+    let mut queue = Queue::new();
+    let start = inner.clock.now();
+    for (index, job) in jobs.iter().enumerate() {
+        // Without catch-up the first slot is the next one; with it, the
+        // oldest slot inside the window, so missed runs are claimed now.
+        let after = match job.catch_up {
+            Some(window) => start.saturating_sub(window),
+            None => Timestamp::from_millis(start.as_millis() - 1),
+        };
+        if let Some(slot) = job.schedule.next_after(after) {
+            enqueue(&mut queue, &jobs, index, slot);
+        }
+    }
+    if let StoreHandle::Lease(_) = inner.store {
+        inner.tasks.spawn(collect_garbage(inner.clone()));
+    }
+    loop {
+        let Some((&(fire_at, _), _)) = queue.first_key_value() else {
+            inner.stop.cancelled().await;
+            return;
+        };
+        let now = inner.clock.now();
+        if fire_at > now {
+            let nap = fire_at.since(now).min(MAX_NAP);
+            tokio::select! {
+                () = tokio::time::sleep(nap) => continue,
+                () = inner.stop.cancelled() => return,
+            }
+        }
+        if inner.stop.is_cancelled() {
+            return;
+        }
+        let due = take_due(&mut queue, &jobs, now, &inner.metrics);
+        if !due.is_empty() {
+            inner.tasks.spawn(claim_batch(inner.clone(), due));
+        }
+    }
+}
+
+/// Pops every entry due at `now`, queues each job's next slot, and returns
+/// the slots to claim, oldest first. Slots older than their job's window are
+/// skipped here; if a job fell far behind (a long suspend, a clock step) it
+/// jumps straight to its window instead of walking every slot in between.
+fn take_due(
+    queue: &mut Queue,
+    jobs: &[Arc<JobSpec>],
+    now: Timestamp,
+    metrics: &Metrics,
+) -> Vec<(usize, Slot)> {
+    let mut due = Vec::new();
+    while let Some(entry) = queue.first_entry() {
+        if entry.key().0 > now {
+            break;
+        }
+        let ((_, index), slot) = entry.remove_entry();
+        let job = &jobs[index];
+        let window = job.window();
+        let too_old = |s: Slot| now.since(s.at()) > window;
+        if too_old(slot) {
+            Metrics::add(&metrics.late);
+            tracing::warn!(job = %job.name, %slot, late_by = ?now.since(slot.at()), "slot skipped: the timer woke too late to claim it");
+        } else {
+            due.push((index, slot));
+        }
+        let mut next = job.schedule.next_after(slot.at());
+        if next.is_some_and(too_old) {
+            let resume = job.schedule.next_after(now.saturating_sub(window));
+            tracing::warn!(job = %job.name, from = ?next, to = ?resume, "the timer fell behind; slots older than the late window are skipped");
+            Metrics::add(&metrics.late);
+            next = resume;
+        }
+        if let Some(next) = next {
+            enqueue(queue, jobs, index, next);
+        }
+    }
+    due.sort_by_key(|(_, slot)| *slot);
+    due
+}
+
+/// Sends `op` until it succeeds, fails for good, or [`STORE_TRIES`] runs out.
+/// Every try sends the same request, so a lost reply is answered on the retry.
+pub(crate) async fn with_retries<T, F, Fut>(what: &str, mut op: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut backoff = FIRST_BACKOFF;
+    let mut tries = 1;
+    loop {
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_temporary() && tries < STORE_TRIES => {
+                tracing::debug!(error = %e, tries, "{what} failed; trying again with the same token");
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn claim_batch(inner: Arc<Inner>, due: Vec<(usize, Slot)>) {
+    let sent_at = Instant::now();
+    match &inner.store {
+        StoreHandle::Lease(store) => {
+            for chunk in due.chunks(BATCH_LIMIT) {
+                let claims: Vec<LeaseClaim> = chunk
+                    .iter()
+                    .map(|(index, slot)| lease_claim(&inner, &inner.jobs[*index], *slot, Token::generate()))
+                    .collect();
+                let answer = with_retries("claim", || store.claim_many(&claims)).await;
+                match answer {
+                    Ok(outcomes) if outcomes.len() == claims.len() => {
+                        for ((index, _), (claim, outcome)) in
+                            chunk.iter().zip(claims.into_iter().zip(outcomes))
+                        {
+                            let job = inner.jobs[*index].clone();
+                            handle_outcome(&inner, job, claim, outcome, sent_at);
+                        }
+                    }
+                    Ok(outcomes) => {
+                        Metrics::add(&inner.metrics.store_errors);
+                        tracing::error!(sent = claims.len(), answered = outcomes.len(), "the store answered a batch claim with the wrong number of outcomes");
+                    }
+                    Err(error) => {
+                        Metrics::add(&inner.metrics.store_errors);
+                        tracing::error!(%error, claims = claims.len(), "claim failed; a backup on another instance takes over if one of these was won");
+                    }
+                }
+            }
+        }
+        StoreHandle::Claim(store) => {
+            let claims = due.iter().map(|(index, slot)| {
+                let job = inner.jobs[*index].clone();
+                let store = store.clone();
+                let inner = inner.clone();
+                let slot = *slot;
+                async move {
+                    let req = ClaimRequest {
+                        run: RunKey::new(job.name.clone(), slot),
+                        token: Token::generate(),
+                        instance: inner.instance.clone(),
+                        max_late: job.max_late,
+                    };
+                    let answer = with_retries("claim", || store.claim(&req)).await;
+                    match answer {
+                        Ok(outcome) => {
+                            let claim = LeaseClaim::from_plain(&req);
+                            handle_outcome(&inner, job, claim, outcome, sent_at);
+                        }
+                        Err(error) => {
+                            Metrics::add(&inner.metrics.store_errors);
+                            tracing::error!(%error, job = %req.run.job, slot = %req.run.slot, "claim failed; the slot is not run by this instance");
+                        }
+                    }
+                }
+            });
+            join_all(claims).await;
+        }
+    }
+}
+
+pub(crate) fn lease_claim(inner: &Inner, job: &JobSpec, slot: Slot, token: Token) -> LeaseClaim {
+    LeaseClaim {
+        claim: ClaimRequest {
+            run: RunKey::new(job.name.clone(), slot),
+            token,
+            instance: inner.instance.clone(),
+            max_late: job.window(),
+        },
+        lease: inner.lease,
+        overlap: job.overlap,
+        max_attempts: job.max_attempts,
+    }
+}
+
+async fn collect_garbage(inner: Arc<Inner>) {
+    let StoreHandle::Lease(store) = &inner.store else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(GC_EVERY) => {}
+            () = inner.stop.cancelled() => return,
+        }
+        match store.collect_garbage(inner.keep).await {
+            Ok(deleted) => tracing::debug!(deleted, "collected old run records"),
+            Err(error) => tracing::warn!(%error, "could not collect old run records"),
+        }
+    }
+}

@@ -1,0 +1,651 @@
+//! The scheduler: timers, claims, runs, heartbeats, backups and shutdown.
+//!
+//! One scheduler runs per process. It keeps all its jobs' next slots in one
+//! timer queue, and when slots fall due it claims them together — one
+//! [`LeaseStore::claim_many`] call on lease stores — so a thousand jobs due at
+//! `:00` cost one round trip. What happens next depends on the answer:
+//!
+//! * `Won`: the handler runs in its own task; on lease stores a heartbeat
+//!   renews the lease, and a fence or a lost store cancels the handler.
+//! * `Running`: this instance becomes a backup. It sleeps until the lease
+//!   ends (by the store's clock, turned into a local sleep), reads the run,
+//!   and only claims when the lease has really run out.
+//! * anything else: counted and logged.
+//!
+//! # Lease-only options
+//!
+//! `lease`, `heartbeat`, `overlap`, `max_attempts` and `catch_up` need a lease
+//! store. On typed code they are methods of `impl<S: LeaseStore>` blocks, so
+//! setting them on a claim-only store does not compile. Options read from
+//! configuration go through [`JobBuilder::options`] and
+//! [`SchedulerBuilder::options`], which return
+//! [`ConfigError::UnsupportedOption`] for a claim-only store.
+
+mod context;
+mod driver;
+mod metrics;
+mod run;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use self::context::{BoxFuture, CancelReason, Handler, RunContext};
+pub use self::metrics::MetricsSnapshot;
+use self::metrics::Metrics;
+use crate::clock::{Clock, SystemClock};
+use crate::error::ConfigError;
+use crate::ids::{InstanceId, MaxAttempts};
+use crate::name::JobName;
+use crate::schedule::Schedule;
+use crate::store::{BackendInfo, ClaimStore, LeaseStore, Memory, Overlap};
+
+/// The lease a scheduler asks for unless told otherwise.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The heartbeat interval unless told otherwise (a third of the default lease).
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+/// How late a claim may be unless the job says otherwise.
+pub const DEFAULT_MAX_LATE: Duration = Duration::from_secs(60);
+/// How long shutdown waits for running handlers before handing their runs over.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How long a lease store keeps run records unless told otherwise.
+pub const DEFAULT_HISTORY_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Clock skew between instances that claim-only stores must absorb: their
+/// memory must outlast `max_late` by this much.
+pub const SKEW_MARGIN: Duration = Duration::from_secs(10);
+/// The longest catch-up window or late window we accept.
+pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// The store as the scheduler uses it: claim-only, or with leases.
+#[derive(Clone)]
+pub(crate) enum StoreHandle {
+    Claim(Arc<dyn ClaimStore>),
+    Lease(Arc<dyn LeaseStore>),
+}
+
+fn store_handle<S: ClaimStore + ?Sized>(store: &Arc<S>) -> StoreHandle
+where
+    Arc<S>: IntoDynClaim,
+{
+    let dynamic = store.clone().into_dyn_claim();
+    match dynamic.clone().as_lease_store() {
+        Some(lease) => StoreHandle::Lease(lease),
+        None => StoreHandle::Claim(dynamic),
+    }
+}
+
+/// Turns `Arc<S>` into `Arc<dyn ClaimStore>` for sized stores and for
+/// `dyn ClaimStore` itself.
+#[doc(hidden)]
+pub trait IntoDynClaim {
+    /// The conversion.
+    fn into_dyn_claim(self) -> Arc<dyn ClaimStore>;
+}
+
+impl<S: ClaimStore> IntoDynClaim for Arc<S> {
+    fn into_dyn_claim(self) -> Arc<dyn ClaimStore> {
+        self
+    }
+}
+
+impl IntoDynClaim for Arc<dyn ClaimStore> {
+    fn into_dyn_claim(self) -> Arc<dyn ClaimStore> {
+        self
+    }
+}
+
+impl IntoDynClaim for Arc<dyn LeaseStore> {
+    fn into_dyn_claim(self) -> Arc<dyn ClaimStore> {
+        self
+    }
+}
+
+/// Scheduler options read from configuration (a file, the CLI): the
+/// run-time path, checked against the store when the scheduler starts.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct SchedulerOptions {
+    /// Lease length (lease stores only).
+    pub lease: Option<Duration>,
+    /// Heartbeat interval (lease stores only).
+    pub heartbeat: Option<Duration>,
+    /// How long shutdown waits for handlers.
+    pub shutdown_grace: Option<Duration>,
+    /// This instance's id.
+    pub instance_id: Option<String>,
+}
+
+/// Job options read from configuration: the run-time path, checked against
+/// the store when the job is added.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct JobOptions {
+    /// How late a claim may be.
+    pub max_late: Option<Duration>,
+    /// Spread claims of each slot over up to this long.
+    pub jitter: Option<Duration>,
+    /// Cancel the handler after this long.
+    pub timeout: Option<Duration>,
+    /// The overlap rule (lease stores only).
+    pub overlap: Option<Overlap>,
+    /// Attempts in all (lease stores only).
+    pub max_attempts: Option<u32>,
+    /// Catch-up window (lease stores only).
+    pub catch_up: Option<Duration>,
+}
+
+/// A job once validated.
+pub(crate) struct JobSpec {
+    pub(crate) name: JobName,
+    pub(crate) schedule: Schedule,
+    pub(crate) max_late: Duration,
+    pub(crate) jitter: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) overlap: Overlap,
+    pub(crate) max_attempts: MaxAttempts,
+    pub(crate) catch_up: Option<Duration>,
+    pub(crate) handler: Arc<dyn Handler>,
+}
+
+impl JobSpec {
+    /// How late a claim of this job may be: `max_late`, or the catch-up
+    /// window if that is longer.
+    pub(crate) fn window(&self) -> Duration {
+        self.catch_up.map_or(self.max_late, |w| w.max(self.max_late))
+    }
+}
+
+/// Builds a [`Scheduler`] over a store of type `S`.
+///
+/// Created by [`Scheduler::builder`]. Setters never fail; what they are given
+/// is checked when a job is added ([`JobBuilder::run`]) or when the
+/// scheduler starts ([`SchedulerBuilder::start`]).
+pub struct SchedulerBuilder<S: ClaimStore + ?Sized> {
+    store: Arc<S>,
+    clock: Arc<dyn Clock>,
+    instance: Option<InstanceId>,
+    instance_error: Option<ConfigError>,
+    lease: Option<Duration>,
+    heartbeat: Option<Duration>,
+    shutdown_grace: Duration,
+    history_retention: Duration,
+    jobs: Vec<Arc<JobSpec>>,
+    names: HashSet<JobName>,
+}
+
+impl<S: ClaimStore + ?Sized> fmt::Debug for SchedulerBuilder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SchedulerBuilder")
+            .field("jobs", &self.names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: ClaimStore + ?Sized> SchedulerBuilder<S>
+where
+    Arc<S>: IntoDynClaim,
+{
+    fn new(store: Arc<S>) -> Self {
+        Self {
+            store,
+            clock: Arc::new(SystemClock),
+            instance: None,
+            instance_error: None,
+            lease: None,
+            heartbeat: None,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
+            history_retention: DEFAULT_HISTORY_RETENTION,
+            jobs: Vec::new(),
+            names: HashSet::new(),
+        }
+    }
+
+    /// The wall clock the timers follow (the system clock by default).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// This instance's id (default `host-pid-random`).
+    pub fn instance_id(mut self, id: InstanceId) -> Self {
+        self.instance = Some(id);
+        self
+    }
+
+    /// How long shutdown waits for running handlers before it cancels them
+    /// and hands their runs over (default 10 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// How long a lease store keeps run records, at least (default 7 days;
+    /// always at least the longest late window plus a margin).
+    pub fn history_retention(mut self, keep: Duration) -> Self {
+        self.history_retention = keep;
+        self
+    }
+
+    /// Applies options read from configuration.
+    ///
+    /// Lease-only options on a claim-only store make [`Self::start`] fail
+    /// with [`ConfigError::UnsupportedOption`].
+    pub fn options(mut self, options: &SchedulerOptions) -> Self {
+        if let Some(lease) = options.lease {
+            self.lease = Some(lease);
+        }
+        if let Some(heartbeat) = options.heartbeat {
+            self.heartbeat = Some(heartbeat);
+        }
+        if let Some(grace) = options.shutdown_grace {
+            self.shutdown_grace = grace;
+        }
+        if let Some(id) = &options.instance_id {
+            match InstanceId::new(id) {
+                Ok(id) => self.instance = Some(id),
+                Err(e) => self.instance_error = Some(e),
+            }
+        }
+        self
+    }
+
+    /// Starts describing a job named `name` on `schedule`; finish with
+    /// [`JobBuilder::run`].
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::InvalidJobName`] or [`ConfigError::DuplicateJob`].
+    pub fn job(
+        &mut self,
+        name: impl AsRef<str>,
+        schedule: Schedule,
+    ) -> Result<JobBuilder<'_, S>, ConfigError> {
+        let name = JobName::new(name.as_ref())?;
+        if self.names.contains(&name) {
+            return Err(ConfigError::DuplicateJob {
+                name: name.to_string(),
+            });
+        }
+        Ok(JobBuilder {
+            builder: self,
+            name,
+            schedule,
+            options: JobOptions::default(),
+        })
+    }
+
+    /// The store's name and memory.
+    pub fn backend(&self) -> BackendInfo {
+        self.store.info()
+    }
+
+    /// Checks everything and starts the scheduler's tasks on the current
+    /// tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`]: zero durations, `heartbeat >= lease`, lease-only
+    /// options on a claim-only store, an invalid instance id.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a tokio runtime.
+    pub fn start(self) -> Result<Scheduler, ConfigError> {
+        if let Some(e) = self.instance_error {
+            return Err(e);
+        }
+        let handle = store_handle(&self.store);
+        let info = self.store.info();
+        let is_lease = matches!(handle, StoreHandle::Lease(_));
+        if !is_lease {
+            if self.lease.is_some() {
+                return Err(unsupported("lease", info));
+            }
+            if self.heartbeat.is_some() {
+                return Err(unsupported("heartbeat", info));
+            }
+        }
+        let lease = self.lease.unwrap_or(DEFAULT_LEASE);
+        let heartbeat = self
+            .heartbeat
+            .unwrap_or_else(|| DEFAULT_HEARTBEAT.min(lease / 3));
+        positive("lease", lease)?;
+        positive("heartbeat", heartbeat)?;
+        if heartbeat >= lease {
+            return Err(ConfigError::HeartbeatNotShorterThanLease { heartbeat, lease });
+        }
+        let instance = self.instance.unwrap_or_else(InstanceId::generate);
+        let longest_window = self
+            .jobs
+            .iter()
+            .map(|j| j.window())
+            .max()
+            .unwrap_or_default();
+        let inner = Arc::new(Inner {
+            store: handle,
+            backend: info,
+            clock: self.clock,
+            instance,
+            lease,
+            heartbeat,
+            keep: self
+                .history_retention
+                .max(longest_window + Duration::from_secs(3600)),
+            jobs: self.jobs,
+            metrics: Metrics::default(),
+            stop: CancellationToken::new(),
+            hand_over: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        });
+        let driver = tokio::spawn(driver::drive(inner.clone()));
+        Ok(Scheduler {
+            inner,
+            driver,
+            shutdown_grace: self.shutdown_grace,
+        })
+    }
+}
+
+impl<S: LeaseStore + ?Sized> SchedulerBuilder<S>
+where
+    Arc<S>: IntoDynClaim,
+{
+    /// How long a lease lasts unless renewed (default 30 s). A runner that
+    /// dies is taken over within about this long.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// How often a runner renews its lease (default a third of the lease,
+    /// at most 10 s). Must be shorter than the lease.
+    pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
+        self.heartbeat = Some(heartbeat);
+        self
+    }
+}
+
+fn unsupported(option: &'static str, info: BackendInfo) -> ConfigError {
+    ConfigError::UnsupportedOption {
+        option,
+        backend: info.name,
+    }
+}
+
+fn positive(option: &'static str, d: Duration) -> Result<Duration, ConfigError> {
+    if d.is_zero() {
+        Err(ConfigError::ZeroDuration { option })
+    } else {
+        Ok(d)
+    }
+}
+
+/// Describes one job; created by [`SchedulerBuilder::job`].
+pub struct JobBuilder<'a, S: ClaimStore + ?Sized> {
+    builder: &'a mut SchedulerBuilder<S>,
+    name: JobName,
+    schedule: Schedule,
+    options: JobOptions,
+}
+
+impl<S: ClaimStore + ?Sized> fmt::Debug for JobBuilder<'_, S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobBuilder")
+            .field("name", &self.name)
+            .field("schedule", &self.schedule)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl<S: ClaimStore + ?Sized> JobBuilder<'_, S>
+where
+    Arc<S>: IntoDynClaim,
+{
+    /// How late a claim may be and still run (default 60 s). A slot whose
+    /// claim would be later is recorded as missed instead.
+    pub fn max_late(mut self, max_late: Duration) -> Self {
+        self.options.max_late = Some(max_late);
+        self
+    }
+
+    /// Spreads the claims of each slot over up to `jitter`: the claim for a
+    /// slot fires at the slot plus an offset computed from the job and the
+    /// slot, the same on every instance.
+    pub fn jitter(mut self, jitter: Duration) -> Self {
+        self.options.jitter = Some(jitter);
+        self
+    }
+
+    /// Cancels the handler's context after `timeout`; the run is recorded
+    /// as failed.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.options.timeout = Some(timeout);
+        self
+    }
+
+    /// Applies options read from configuration. Lease-only options on a
+    /// claim-only store make [`Self::run`] fail with
+    /// [`ConfigError::UnsupportedOption`].
+    pub fn options(mut self, options: &JobOptions) -> Self {
+        let o = &mut self.options;
+        o.max_late = options.max_late.or(o.max_late);
+        o.jitter = options.jitter.or(o.jitter);
+        o.timeout = options.timeout.or(o.timeout);
+        o.overlap = options.overlap.or(o.overlap);
+        o.max_attempts = options.max_attempts.or(o.max_attempts);
+        o.catch_up = options.catch_up.or(o.catch_up);
+        self
+    }
+
+    /// Adds the job with its handler.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for a zero duration, `max_attempts = 0`, a
+    /// lease-only option on a claim-only store, or a claim-only store that
+    /// forgets runs sooner than `max_late` plus [`SKEW_MARGIN`].
+    pub fn run<F, Fut, E>(self, handler: F) -> Result<(), ConfigError>
+    where
+        F: Fn(RunContext) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+        E: fmt::Display + Send + 'static,
+    {
+        self.run_handler(Arc::new(handler))
+    }
+
+    /// Adds the job with a handler that is already a [`Handler`] object.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::run`].
+    pub fn run_handler(self, handler: Arc<dyn Handler>) -> Result<(), ConfigError> {
+        let Self {
+            builder,
+            name,
+            schedule,
+            options: o,
+        } = self;
+        let info = builder.store.info();
+        let is_lease = builder.store.clone().into_dyn_claim().as_lease_store().is_some();
+        if !is_lease {
+            for (set, option) in [
+                (o.overlap.is_some(), "overlap"),
+                (o.max_attempts.is_some(), "max_attempts"),
+                (o.catch_up.is_some(), "catch_up"),
+            ] {
+                if set {
+                    return Err(unsupported(option, info));
+                }
+            }
+        }
+        let max_late = o.max_late.unwrap_or(DEFAULT_MAX_LATE);
+        if max_late > MAX_WINDOW {
+            return Err(ConfigError::OutOfRange {
+                option: "max_late",
+                reason: "it must be at most 366 days".into(),
+            });
+        }
+        let jitter = o.jitter.map(|j| positive("jitter", j)).transpose()?;
+        let timeout = o.timeout.map(|t| positive("timeout", t)).transpose()?;
+        let catch_up = o.catch_up.map(|c| positive("catch_up", c)).transpose()?;
+        if catch_up.is_some_and(|c| c > MAX_WINDOW) {
+            return Err(ConfigError::OutOfRange {
+                option: "catch_up",
+                reason: "it must be at most 366 days".into(),
+            });
+        }
+        let max_attempts = o
+            .max_attempts
+            .map(MaxAttempts::new)
+            .transpose()?
+            .unwrap_or_default();
+        if !is_lease {
+            let memory = match info.memory {
+                Memory::Window(w) => Some(w),
+                Memory::Forever | Memory::UntilCollected => None,
+            };
+            if let Some(memory) = memory
+                && memory < max_late + SKEW_MARGIN
+            {
+                return Err(ConfigError::MemoryTooShort {
+                    backend: info.name,
+                    job: name.to_string(),
+                    memory,
+                    max_late,
+                    margin: SKEW_MARGIN,
+                });
+            }
+        }
+        builder.names.insert(name.clone());
+        builder.jobs.push(Arc::new(JobSpec {
+            name,
+            schedule,
+            max_late,
+            jitter,
+            timeout,
+            overlap: o.overlap.unwrap_or_default(),
+            max_attempts,
+            catch_up,
+            handler,
+        }));
+        Ok(())
+    }
+}
+
+impl<S: LeaseStore + ?Sized> JobBuilder<'_, S> {
+    /// What to do when the previous run is still going (default
+    /// [`Overlap::Allow`]).
+    pub fn overlap(mut self, overlap: Overlap) -> Self {
+        self.options.overlap = Some(overlap);
+        self
+    }
+
+    /// How many attempts a run may have in all, counting the first (default
+    /// 3). With 1, a runner that dies leaves its run interrupted.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.options.max_attempts = Some(n);
+        self
+    }
+
+    /// Runs slots missed while no instance was up, if they are at most
+    /// `window` old: at start, and whenever the timer finds it woke late.
+    pub fn catch_up(mut self, window: Duration) -> Self {
+        self.options.catch_up = Some(window);
+        self
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: StoreHandle,
+    pub(crate) backend: BackendInfo,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) instance: InstanceId,
+    pub(crate) lease: Duration,
+    pub(crate) heartbeat: Duration,
+    pub(crate) keep: Duration,
+    pub(crate) jobs: Vec<Arc<JobSpec>>,
+    pub(crate) metrics: Metrics,
+    /// Stop firing and watching: the first step of shutdown.
+    pub(crate) stop: CancellationToken,
+    /// The grace period is over: cancel handlers and release their leases.
+    pub(crate) hand_over: CancellationToken,
+    pub(crate) tasks: TaskTracker,
+}
+
+/// A running scheduler. Dropping it stops nothing; call
+/// [`Scheduler::shutdown`] to stop and hand over.
+pub struct Scheduler {
+    inner: Arc<Inner>,
+    driver: JoinHandle<()>,
+    shutdown_grace: Duration,
+}
+
+/// What [`Scheduler::shutdown`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Runs whose handlers had not finished within the grace period and
+    /// whose leases were released to a backup.
+    pub handed_over: u64,
+}
+
+impl Scheduler {
+    /// Starts building a scheduler over `store`.
+    pub fn builder<S: ClaimStore + ?Sized>(store: Arc<S>) -> SchedulerBuilder<S>
+    where
+        Arc<S>: IntoDynClaim,
+    {
+        SchedulerBuilder::new(store)
+    }
+
+    /// This instance's id.
+    pub fn instance_id(&self) -> &InstanceId {
+        &self.inner.instance
+    }
+
+    /// The counters so far.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.inner.metrics.snapshot()
+    }
+
+    /// The store's name and memory.
+    pub fn backend(&self) -> BackendInfo {
+        self.inner.backend
+    }
+
+    /// Stops firing, waits up to the grace period for running handlers,
+    /// then cancels the rest and releases their leases so a backup takes
+    /// over at once.
+    pub async fn shutdown(self) -> ShutdownReport {
+        let inner = self.inner;
+        inner.stop.cancel();
+        let _ = self.driver.await;
+        inner.tasks.close();
+        if tokio::time::timeout(self.shutdown_grace, inner.tasks.wait())
+            .await
+            .is_err()
+        {
+            inner.hand_over.cancel();
+            inner.tasks.wait().await;
+        }
+        ShutdownReport {
+            handed_over: inner.metrics.snapshot().handed_over,
+        }
+    }
+}
+
+impl fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("instance", &self.inner.instance)
+            .field("backend", &self.inner.backend.name)
+            .field("jobs", &self.inner.jobs.len())
+            .finish()
+    }
+}

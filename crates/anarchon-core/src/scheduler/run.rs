@@ -1,0 +1,288 @@
+//! What happens after a claim: running a won run, and watching someone
+//! else's as a backup.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::context::{CancelReason, RunContext};
+use super::driver::{lease_claim, with_retries};
+use super::metrics::Metrics;
+use super::{Inner, JobSpec, StoreHandle};
+use crate::ids::Token;
+use crate::store::{
+    ClaimOutcome, LeaseClaim, LeaseStore, Renewal, RunKey, RunOutcome, RunState, Win,
+};
+use crate::time::Timestamp;
+
+/// A backup wakes this long after the lease end it was told, so the store's
+/// clock has passed it by the time the backup asks.
+const BACKUP_MARGIN: Duration = Duration::from_millis(5);
+
+/// Acts on the answer to a claim. `sent_at` is when the claim was first sent:
+/// the lease cannot have started before it.
+pub(crate) fn handle_outcome(
+    inner: &Arc<Inner>,
+    job: Arc<JobSpec>,
+    claim: LeaseClaim,
+    outcome: ClaimOutcome,
+    sent_at: Instant,
+) {
+    let run = claim.claim.run;
+    let m = &inner.metrics;
+    match outcome {
+        ClaimOutcome::Won(win) => {
+            Metrics::add(&m.wins);
+            if win.attempt.get() > 1 {
+                Metrics::add(&m.takeovers);
+            }
+            tracing::info!(job = %run.job, slot = %run.slot, attempt = win.attempt.get(), fence = ?win.fence.map(|f| f.get()), "claim won");
+            let token = claim.claim.token;
+            inner.tasks.spawn(run_won(inner.clone(), job, run, token, win, sent_at));
+        }
+        ClaimOutcome::Running {
+            lease_until,
+            store_now,
+        } => {
+            Metrics::add(&m.losses);
+            tracing::debug!(job = %run.job, slot = %run.slot, %lease_until, "running elsewhere; watching as a backup");
+            inner.tasks.spawn(backup(inner.clone(), job, run, lease_until, store_now));
+        }
+        ClaimOutcome::Lost | ClaimOutcome::Done(_) => {
+            Metrics::add(&m.losses);
+            tracing::debug!(job = %run.job, slot = %run.slot, ?outcome, "claim lost");
+        }
+        ClaimOutcome::Unknown => {
+            Metrics::add(&m.unknown);
+            tracing::warn!(job = %run.job, slot = %run.slot, "no answer to the claim; treated as lost, the slot is not run here");
+        }
+        ClaimOutcome::Late => {
+            Metrics::add(&m.late);
+            tracing::warn!(job = %run.job, slot = %run.slot, "the store says the claim is too late; recorded as missed");
+        }
+        ClaimOutcome::Overlap => {
+            Metrics::add(&m.skipped);
+            tracing::info!(job = %run.job, slot = %run.slot, "skipped: the previous run of the job is still going");
+        }
+    }
+}
+
+/// Runs a won run: the handler in its own task, heartbeats, timeout,
+/// fencing, finish, and hand-over at shutdown.
+pub(crate) async fn run_won(
+    inner: Arc<Inner>,
+    job: Arc<JobSpec>,
+    run: RunKey,
+    token: Token,
+    win: Win,
+    claim_sent_at: Instant,
+) {
+    let lease_store = match &inner.store {
+        StoreHandle::Lease(store) => Some(store.clone()),
+        StoreHandle::Claim(_) => None,
+    };
+    if inner.stop.is_cancelled() {
+        // Won while shutting down: hand it straight to a backup.
+        if let Some(store) = &lease_store {
+            hand_over(&inner, store.as_ref(), &run, token).await;
+        }
+        return;
+    }
+    let span = tracing::info_span!("run", job = %run.job, slot = %run.slot, attempt = win.attempt.get(), instance = %inner.instance);
+    let ctx = RunContext::new(
+        run.job.clone(),
+        run.slot,
+        win.attempt,
+        win.fence,
+        token,
+        inner.instance.clone(),
+    );
+    let mut handler = tokio::spawn(job.handler.call(ctx.clone()).instrument(span.clone()));
+
+    let lease = inner.lease;
+    let mut last_renewal_sent = claim_sent_at;
+    let mut next_heartbeat = Instant::now() + inner.heartbeat;
+    let mut renewing = lease_store.is_some();
+    let mut fenced = false;
+    let deadline = job.timeout.map(|t| Instant::now() + t);
+    let mut timed_out = false;
+
+    let result = loop {
+        tokio::select! {
+            joined = &mut handler => break joined,
+            () = tokio::time::sleep_until(next_heartbeat), if renewing => {
+                let Some(store) = &lease_store else { continue };
+                let sent = Instant::now();
+                match store.heartbeat(&run, token, lease).instrument(span.clone()).await {
+                    Ok(Renewal::Renewed) => last_renewal_sent = sent,
+                    Ok(Renewal::Fenced) => {
+                        Metrics::add(&inner.metrics.fenced);
+                        span.in_scope(|| tracing::warn!("fenced: another instance holds this run now; cancelling the handler"));
+                        ctx.cancel(CancelReason::Fenced);
+                        fenced = true;
+                        renewing = false;
+                    }
+                    Err(error) => {
+                        span.in_scope(|| tracing::warn!(%error, "heartbeat failed"));
+                    }
+                }
+                if renewing && Instant::now() >= last_renewal_sent + lease {
+                    // The lease may have run out on the store's clock: stop
+                    // before a backup can start.
+                    Metrics::add(&inner.metrics.fenced);
+                    span.in_scope(|| tracing::error!(?lease, "no renewal for a whole lease; cancelling the handler"));
+                    ctx.cancel(CancelReason::LostContact);
+                    renewing = false;
+                }
+                // Renew on schedule, and sooner when the lease is running
+                // short, but never later than the self-fence deadline.
+                next_heartbeat = (Instant::now() + inner.heartbeat).min(last_renewal_sent + lease);
+            }
+            () = sleep_until_opt(deadline), if deadline.is_some() && !timed_out => {
+                timed_out = true;
+                span.in_scope(|| tracing::warn!(timeout = ?job.timeout, "timed out; cancelling the handler"));
+                ctx.cancel(CancelReason::TimedOut);
+            }
+            () = inner.hand_over.cancelled() => {
+                ctx.cancel(CancelReason::Shutdown);
+                handler.abort();
+                if let Some(store) = &lease_store {
+                    hand_over(&inner, store.as_ref(), &run, token).instrument(span.clone()).await;
+                }
+                return;
+            }
+        }
+    };
+
+    let outcome = match result {
+        _ if timed_out => RunOutcome::Failed {
+            error: format!("timed out after {:?}", job.timeout.unwrap_or_default()),
+        },
+        Ok(Ok(())) => RunOutcome::Succeeded,
+        Ok(Err(error)) => RunOutcome::Failed { error },
+        Err(join) => RunOutcome::Failed {
+            error: panic_message(join),
+        },
+    };
+    match &outcome {
+        RunOutcome::Succeeded => Metrics::add(&inner.metrics.succeeded),
+        RunOutcome::Failed { .. } => Metrics::add(&inner.metrics.failed),
+    }
+    span.in_scope(|| tracing::info!(?outcome, "handler finished"));
+    if let (Some(store), false) = (&lease_store, fenced) {
+        let answer = with_retries("finish", || store.finish(&run, token, outcome.clone()))
+            .instrument(span.clone())
+            .await;
+        match answer {
+            Ok(Renewal::Renewed) => {}
+            Ok(Renewal::Fenced) => {
+                Metrics::add(&inner.metrics.fenced);
+                span.in_scope(|| tracing::warn!("finished after another instance took the run over; the outcome was not recorded"));
+            }
+            Err(error) => {
+                Metrics::add(&inner.metrics.store_errors);
+                span.in_scope(|| tracing::error!(%error, "could not record the outcome; the lease will run out and a backup may run the slot again"));
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn panic_message(join: tokio::task::JoinError) -> String {
+    if join.is_cancelled() {
+        return "handler task was cancelled".into();
+    }
+    let payload = join.into_panic();
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into());
+    format!("handler panicked: {text}")
+}
+
+async fn hand_over(inner: &Inner, store: &dyn LeaseStore, run: &RunKey, token: Token) {
+    match with_retries("release", || store.release(run, token)).await {
+        Ok(Renewal::Renewed) => {
+            Metrics::add(&inner.metrics.handed_over);
+            tracing::info!(job = %run.job, slot = %run.slot, "lease released for a backup to take over");
+        }
+        Ok(Renewal::Fenced) => {}
+        Err(error) => {
+            tracing::warn!(%error, job = %run.job, slot = %run.slot, "could not release the lease; a backup takes over when it runs out");
+        }
+    }
+}
+
+/// Watches a run another instance holds; takes it over when its lease runs
+/// out. Costs one read per lease period while the lease is alive.
+pub(crate) async fn backup(
+    inner: Arc<Inner>,
+    job: Arc<JobSpec>,
+    run: RunKey,
+    mut lease_until: Timestamp,
+    mut store_now: Timestamp,
+) {
+    let StoreHandle::Lease(store) = &inner.store else {
+        return;
+    };
+    loop {
+        let wait = lease_until.since(store_now) + BACKUP_MARGIN;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = inner.stop.cancelled() => return,
+        }
+        let view = match with_retries("peek", || store.peek(&run)).await {
+            Ok(view) => view,
+            Err(error) => {
+                tracing::warn!(%error, job = %run.job, slot = %run.slot, "backup could not read the run; trying again after a heartbeat");
+                lease_until = store_now.saturating_add(inner.heartbeat);
+                continue;
+            }
+        };
+        match view.state {
+            RunState::Running {
+                lease_until: until, ..
+            } if until >= view.store_now => {
+                lease_until = until;
+                store_now = view.store_now;
+                continue;
+            }
+            RunState::Running { .. } => {}
+            RunState::Absent | RunState::Missed | RunState::Finished(_) => return,
+        }
+        // The lease ran out: try to take over, under the store's lock.
+        let claim = lease_claim(&inner, &job, run.slot, Token::generate());
+        let sent_at = Instant::now();
+        match with_retries("claim", || store.claim_lease(&claim)).await {
+            Ok(ClaimOutcome::Running {
+                lease_until: until,
+                store_now: now,
+            }) => {
+                lease_until = until;
+                store_now = now;
+            }
+            Ok(outcome) => {
+                if matches!(outcome, ClaimOutcome::Won(_)) {
+                    tracing::info!(job = %run.job, slot = %run.slot, "the lease ran out; taking over");
+                }
+                handle_outcome(&inner, job, claim, outcome, sent_at);
+                return;
+            }
+            Err(error) => {
+                Metrics::add(&inner.metrics.store_errors);
+                tracing::warn!(%error, job = %run.job, slot = %run.slot, "takeover claim failed; still watching");
+                lease_until = view.store_now.saturating_add(inner.heartbeat);
+                store_now = view.store_now;
+            }
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! The store traits: the one atomic step, and the lease around it.
+//!
+//! # Contract
+//!
+//! A [`ClaimStore`] answers one question per run — "was I first?" — and
+//! must answer it atomically inside the store: for a given [`RunKey`], at most
+//! one [`ClaimRequest::token`] is ever told [`ClaimOutcome::Won`] for as long as
+//! the store remembers the run ([`BackendInfo::memory`]). The same token asking
+//! again is told `Won` again (a retry after a lost reply).
+//!
+//! A [`LeaseStore`] also keeps a lease per run and implements the flowchart of
+//! `docs/writing-a-backend.md` in one atomic step per call, using only its own
+//! clock. [`MemoryStore`](crate::MemoryStore) is the reference implementation,
+//! and `anarchon-testkit` checks every property against a backend.
+//!
+//! All methods are cancel-safe in the sense that matters here: if a future is
+//! dropped halfway, the store either did the step or did not, and sending the
+//! same request again (same token) gives the right answer.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::StoreError;
+use crate::ids::{Attempt, Fence, InstanceId, MaxAttempts, Token};
+use crate::name::JobName;
+use crate::time::{Slot, Timestamp};
+
+/// One run: a job and a slot. The unit that is claimed.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RunKey {
+    /// The job.
+    pub job: JobName,
+    /// The slot.
+    pub slot: Slot,
+}
+
+impl RunKey {
+    /// The run of `job` at `slot`.
+    pub fn new(job: JobName, slot: Slot) -> Self {
+        Self { job, slot }
+    }
+}
+
+impl fmt::Display for RunKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.job, self.slot)
+    }
+}
+
+impl fmt::Debug for RunKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RunKey({self})")
+    }
+}
+
+/// A plain claim: "for this run, am I the one?"
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// The run.
+    pub run: RunKey,
+    /// The caller's token for this claim; the same on every retry.
+    pub token: Token,
+    /// Who is asking, recorded with a win.
+    pub instance: InstanceId,
+    /// How late the claim may be. Lease stores compare it with their own
+    /// clock; for claim-only stores the scheduler checks it locally.
+    pub max_late: Duration,
+}
+
+/// What a job does when its previous run is still going.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Overlap {
+    /// Run anyway: runs of the job may overlap.
+    #[default]
+    Allow,
+    /// Skip the new slot while another run of the job holds a live lease;
+    /// the slot is recorded as skipped.
+    Skip,
+}
+
+/// A claim on a lease store: the plain claim plus the lease's terms.
+#[derive(Clone, Debug)]
+pub struct LeaseClaim {
+    /// The plain part.
+    pub claim: ClaimRequest,
+    /// How long the lease lasts from the store's `now` unless renewed.
+    pub lease: Duration,
+    /// The overlap rule of the job.
+    pub overlap: Overlap,
+    /// How many attempts the run may have in all.
+    pub max_attempts: MaxAttempts,
+}
+
+impl LeaseClaim {
+    /// The lease a plain [`ClaimStore::claim`] on a lease store asks for.
+    pub const PLAIN_LEASE: Duration = Duration::from_secs(30);
+
+    /// How a lease store treats a plain claim: a [`Self::PLAIN_LEASE`]
+    /// lease, overlap allowed, default attempts.
+    pub fn from_plain(claim: &ClaimRequest) -> Self {
+        Self {
+            claim: claim.clone(),
+            lease: Self::PLAIN_LEASE,
+            overlap: Overlap::Allow,
+            max_attempts: MaxAttempts::DEFAULT,
+        }
+    }
+
+    /// The run this claim is for.
+    pub fn run(&self) -> &RunKey {
+        &self.claim.run
+    }
+}
+
+/// How a run ended, as the runner reports it to [`LeaseStore::finish`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// The handler returned `Ok`.
+    Succeeded,
+    /// The handler returned an error, panicked or timed out.
+    Failed {
+        /// What went wrong, in one line.
+        error: String,
+    },
+}
+
+/// A state a run never leaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FinalState {
+    /// The handler succeeded.
+    Succeeded,
+    /// The handler failed.
+    Failed,
+    /// The lease ran out with no attempts left.
+    Interrupted,
+    /// Skipped because another run of the job was live (`Overlap::Skip`).
+    Skipped,
+}
+
+impl FinalState {
+    /// The state's name as stores write it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FinalState::Succeeded => "succeeded",
+            FinalState::Failed => "failed",
+            FinalState::Interrupted => "interrupted",
+            FinalState::Skipped => "skipped",
+        }
+    }
+}
+
+/// Who won, as told to the winner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Win {
+    /// 1 for the first runner, +1 at each takeover.
+    pub attempt: Attempt,
+    /// The fence the store assigned to this win; `None` on claim-only stores.
+    pub fence: Option<Fence>,
+}
+
+/// The answer to a claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimOutcome {
+    /// The caller's token holds the run: run it. Also the answer to the
+    /// caller's own retried claim.
+    Won(Win),
+    /// Someone else was first (claim-only stores).
+    Lost,
+    /// The store may or may not have taken the claim (the connection dropped
+    /// before the answer). The scheduler treats it as lost and logs it.
+    Unknown,
+    /// Another instance holds a live lease (lease stores): become a backup.
+    Running {
+        /// When the lease ends, on the store's clock.
+        lease_until: Timestamp,
+        /// The store's clock when it answered.
+        store_now: Timestamp,
+    },
+    /// The run has ended.
+    Done(FinalState),
+    /// Too late: the slot is older than the claim's `max_late`.
+    Late,
+    /// Skipped: another run of the job holds a live lease (`Overlap::Skip`).
+    Overlap,
+}
+
+/// What a store says about a run's lease after a heartbeat, finish or release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The token still holds the run; the step was done.
+    Renewed,
+    /// The token no longer holds the run (taken over, finished, or never
+    /// won): the caller must stop.
+    Fenced,
+}
+
+/// A run as [`LeaseStore::peek`] sees it, without taking any lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunView {
+    /// The store's clock when it answered.
+    pub store_now: Timestamp,
+    /// What the store has for the run.
+    pub state: RunState,
+}
+
+/// What a lease store knows about a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunState {
+    /// Nothing: never claimed, or forgotten.
+    Absent,
+    /// A late claim found it too late; a catch-up claim may still run it.
+    Missed,
+    /// Someone holds, or held, the lease.
+    Running {
+        /// The current attempt.
+        attempt: Attempt,
+        /// When the lease ends, on the store's clock.
+        lease_until: Timestamp,
+    },
+    /// The run has ended.
+    Finished(FinalState),
+}
+
+/// The state of a run in its history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RecordState {
+    /// Claimed and not finished (or its runner died and nobody asked since).
+    Running,
+    /// A late claim found no record: nobody ran it in time.
+    Missed,
+    /// Ended.
+    Finished(FinalState),
+}
+
+impl RecordState {
+    /// The state's name as stores write it: `running`, `missed`, `succeeded`, …
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RecordState::Running => "running",
+            RecordState::Missed => "missed",
+            RecordState::Finished(f) => f.as_str(),
+        }
+    }
+
+    /// Parses what [`Self::as_str`] wrote.
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "running" => RecordState::Running,
+            "missed" => RecordState::Missed,
+            "succeeded" => RecordState::Finished(FinalState::Succeeded),
+            "failed" => RecordState::Finished(FinalState::Failed),
+            "interrupted" => RecordState::Finished(FinalState::Interrupted),
+            "skipped" => RecordState::Finished(FinalState::Skipped),
+            _ => return None,
+        })
+    }
+}
+
+/// One run in a job's history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunRecord {
+    /// The run.
+    pub run: RunKey,
+    /// Its state now.
+    pub state: RecordState,
+    /// The latest attempt; `None` for runs nobody ran (missed, skipped).
+    pub attempt: Option<Attempt>,
+    /// The fence of the latest attempt.
+    pub fence: Option<Fence>,
+    /// The instance that ran the latest attempt.
+    pub instance: Option<InstanceId>,
+    /// When the first attempt was claimed, on the store's clock.
+    pub started_at: Option<Timestamp>,
+    /// When the run ended, on the store's clock.
+    pub finished_at: Option<Timestamp>,
+    /// The lease end of the latest attempt.
+    pub lease_until: Option<Timestamp>,
+    /// The error of a failed run.
+    pub error: Option<String>,
+}
+
+/// How long a store remembers that a run was claimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    /// Until it is deleted by hand.
+    Forever,
+    /// For this long after the claim (a duplicate window, a queue TTL, …).
+    Window(Duration),
+    /// Until the scheduler collects it ([`LeaseStore::collect_garbage`]),
+    /// which keeps every run as long as a late claim could ask about it.
+    UntilCollected,
+}
+
+/// What a backend is, for logs, errors and the scheduler's checks.
+#[derive(Clone, Copy, Debug)]
+pub struct BackendInfo {
+    /// A short name, e.g. `redis-lease`, `postgres`, `nats`.
+    pub name: &'static str,
+    /// How long the store remembers a run.
+    pub memory: Memory,
+}
+
+/// A store that can tell exactly one instance it won each run.
+///
+/// See the [module documentation](self) for the contract.
+#[async_trait]
+pub trait ClaimStore: Send + Sync + 'static {
+    /// Claims `req.run` for `req.token`.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`]; when [`StoreError::is_temporary`], the caller may send
+    /// the same request (same token) again.
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError>;
+
+    /// The backend's name and memory.
+    fn info(&self) -> BackendInfo;
+
+    /// This store as a lease store, if it is one.
+    ///
+    /// Claim-only stores return `None`; a lease store returns `Some(self)`.
+    /// The scheduler uses it to pick the lease path for stores chosen at run
+    /// time. It has no default on purpose: every backend says what it is.
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>>;
+}
+
+/// A store that keeps a lease per run: backups, takeover, overlap rules,
+/// catch-up and hand-over.
+#[async_trait]
+pub trait LeaseStore: ClaimStore {
+    /// Claims a run under a lease: the flowchart, as one atomic step on the
+    /// store's clock.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`]; temporary ones may be retried with the same token.
+    async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError>;
+
+    /// Claims several runs, answering in the same order. Stores that can
+    /// should do it in one round trip; the default claims one by one.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::claim_lease`]. On an error some claims may have been made;
+    /// retrying all of them with the same tokens is safe.
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let mut out = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            out.push(self.claim_lease(req).await?);
+        }
+        Ok(out)
+    }
+
+    /// Reads a run without locking anything: the cheap check a backup makes
+    /// before it opens a claim.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError>;
+
+    /// Extends the lease of `token` on `run` to the store's `now + lease`.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn heartbeat(
+        &self,
+        run: &RunKey,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Renewal, StoreError>;
+
+    /// Records how the run ended, if `token` still holds it.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn finish(
+        &self,
+        run: &RunKey,
+        token: Token,
+        outcome: RunOutcome,
+    ) -> Result<Renewal, StoreError>;
+
+    /// Ends `token`'s lease now, so a backup can take over at once
+    /// (graceful shutdown). The run stays running; a takeover is the next
+    /// attempt.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError>;
+
+    /// The latest `limit` runs of `job`, newest slot first.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
+
+    /// Deletes the records of runs whose slot is more than `keep` before the
+    /// store's `now`, except running runs whose lease ended less than `keep`
+    /// ago (a backup may still take them over). Returns how many were deleted.
+    ///
+    /// The scheduler calls it with `keep` at least the longest late window
+    /// of its jobs plus a margin, so no late claim can find a run forgotten.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError>;
+}
