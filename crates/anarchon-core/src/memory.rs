@@ -83,6 +83,14 @@ impl Record {
     }
 }
 
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("operations", &self.operations())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for MemoryStore {
     fn default() -> Self {
         Self::new()

@@ -106,6 +106,7 @@ pub(crate) async fn run_won(
     let mut next_heartbeat = Instant::now() + inner.heartbeat;
     let mut renewing = lease_store.is_some();
     let mut fenced = false;
+    let mut lost_contact = false;
     let deadline = job.timeout.map(|t| Instant::now() + t);
     let mut timed_out = false;
 
@@ -134,6 +135,7 @@ pub(crate) async fn run_won(
                     Metrics::add(&inner.metrics.fenced);
                     span.in_scope(|| tracing::error!(?lease, "no renewal for a whole lease; cancelling the handler"));
                     ctx.cancel(CancelReason::LostContact);
+                    lost_contact = true;
                     renewing = false;
                 }
                 // Renew on schedule, and sooner when the lease is running
@@ -171,6 +173,16 @@ pub(crate) async fn run_won(
         RunOutcome::Failed { .. } => Metrics::add(&inner.metrics.failed),
     }
     span.in_scope(|| tracing::info!(?outcome, "handler finished"));
+    if let (Some(store), true) = (&lease_store, lost_contact) {
+        // This runner gave the run up when it could no longer renew: it does
+        // not record an outcome, it hands the run to a backup (if the store
+        // answers at all; otherwise the lease simply runs out).
+        span.in_scope(|| tracing::warn!("the run was given up after losing contact; handing it over instead of recording {outcome:?}"));
+        if let Ok(Renewal::Renewed) = store.release(&run, token).await {
+            Metrics::add(&inner.metrics.handed_over);
+        }
+        return;
+    }
     if let (Some(store), false) = (&lease_store, fenced) {
         let answer = with_retries("finish", || store.finish(&run, token, outcome.clone()))
             .instrument(span.clone())

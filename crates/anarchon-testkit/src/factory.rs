@@ -1,0 +1,114 @@
+//! How a suite gets stores: one factory per test, one handle per instance.
+
+use std::sync::Arc;
+
+use anarchon_core::{ClaimStore, Clock, MemoryStore, SystemClock};
+use async_trait::async_trait;
+
+use crate::clock::TestClock;
+use crate::stores::ClaimOnlyStore;
+
+/// Makes store handles for one test.
+///
+/// A factory stands for one isolated namespace on a store (its own table,
+/// key prefix, stream, file); every test gets a new factory, so tests run in
+/// parallel against one server. Each [`StoreFactory::instance`] call is one
+/// simulated instance of a service: its own connection pool onto the same
+/// namespace, never a clone of another handle.
+#[async_trait]
+pub trait StoreFactory: Send + Sync + 'static {
+    /// The store type.
+    type Store: ClaimStore;
+
+    /// A new handle onto this factory's namespace.
+    ///
+    /// Panics (failing the test with a message that says how to provide a
+    /// server) when the store cannot be reached.
+    async fn instance(&self) -> Arc<Self::Store>;
+
+    /// A clock that reads about what the store's clock reads. Real servers:
+    /// the system clock. In-process stores on a [`TestClock`]: that clock.
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::new(SystemClock)
+    }
+}
+
+/// One [`MemoryStore`] on a [`TestClock`]; every "instance" shares it, as
+/// processes share a server.
+#[derive(Debug)]
+pub struct MemoryFactory {
+    store: Arc<MemoryStore>,
+    clock: Arc<TestClock>,
+}
+
+impl MemoryFactory {
+    /// A fresh store whose clock starts at the real time now.
+    pub fn new() -> Self {
+        let clock = TestClock::new();
+        Self {
+            store: Arc::new(MemoryStore::with_clock(clock.clone())),
+            clock,
+        }
+    }
+
+    /// The shared store.
+    pub fn store(&self) -> Arc<MemoryStore> {
+        self.store.clone()
+    }
+}
+
+impl Default for MemoryFactory {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[async_trait]
+impl StoreFactory for MemoryFactory {
+    type Store = MemoryStore;
+
+    async fn instance(&self) -> Arc<MemoryStore> {
+        self.store.clone()
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+}
+
+/// One [`ClaimOnlyStore`] shared by every instance, with a [`TestClock`]
+/// for the schedulers.
+#[derive(Debug)]
+pub struct ClaimOnlyFactory {
+    store: Arc<ClaimOnlyStore>,
+    clock: Arc<TestClock>,
+}
+
+impl ClaimOnlyFactory {
+    /// A fresh store.
+    pub fn new() -> Self {
+        Self {
+            store: Arc::default(),
+            clock: TestClock::new(),
+        }
+    }
+}
+
+impl Default for ClaimOnlyFactory {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[async_trait]
+impl StoreFactory for ClaimOnlyFactory {
+    type Store = ClaimOnlyStore;
+
+    async fn instance(&self) -> Arc<ClaimOnlyStore> {
+        self.store.clone()
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+}

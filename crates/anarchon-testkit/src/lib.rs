@@ -1,0 +1,30 @@
+//! Conformance suites for anarchon backends, and what tests need around them.
+//!
+//! * [`claim_suite!`] and [`lease_suite!`] turn the checks in [`claim`],
+//!   [`lease`] and [`scheduler`] into one `#[tokio::test]` each, given an
+//!   expression that makes a fresh [`StoreFactory`] for every test.
+//! * [`clock`]: a clock tokio's paused time drives, and skewed clocks.
+//! * [`stores`]: a claim-only store, a fault-injecting wrapper, a resource
+//!   that checks fences.
+//! * [`servers`]: finding a Redis, PostgreSQL, RabbitMQ or NATS server.
+//!
+//! ```ignore
+//! // In a backend's tests/suite.rs:
+//! anarchon_testkit::claim_suite!(MyFactory::new().await);
+//! anarchon_testkit::lease_suite!(MyFactory::new().await);
+//! ```
+//!
+//! The checks are public so third-party backends can run them. Their list
+//! grows with each release; it is not covered by semver.
+
+pub mod claim;
+pub mod clock;
+pub mod factory;
+pub mod lease;
+pub mod scheduler;
+pub mod servers;
+pub mod stores;
+
+pub use crate::clock::{SkewedClock, TestClock};
+pub use crate::factory::{ClaimOnlyFactory, MemoryFactory, StoreFactory};
+pub use crate::stores::{ClaimOnlyStore, Faulty, FencedResource};

@@ -1,0 +1,235 @@
+//! Stores for tests: a claim-only store, and a wrapper that injects faults.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anarchon_core::{
+    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Fence, JobName, LeaseClaim, LeaseStore,
+    Memory, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token, Win,
+};
+use async_trait::async_trait;
+
+/// A claim-only store in memory: the first token to claim a run wins it for
+/// as long as the store lives. It answers "was I first?" and nothing else,
+/// like the broker backends, so the compile-fail tests and the claim suite
+/// have a claim-only store without a server.
+pub struct ClaimOnlyStore {
+    winners: Mutex<HashMap<RunKey, Token>>,
+    memory: Memory,
+}
+
+impl ClaimOnlyStore {
+    /// A store that claims to remember runs for `memory` (it never forgets,
+    /// but the scheduler's checks read this).
+    pub fn remembering(memory: Memory) -> Self {
+        Self {
+            winners: Mutex::new(HashMap::new()),
+            memory,
+        }
+    }
+}
+
+impl Default for ClaimOnlyStore {
+    fn default() -> Self {
+        Self::remembering(Memory::Forever)
+    }
+}
+
+impl fmt::Debug for ClaimOnlyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClaimOnlyStore")
+            .field("memory", &self.memory)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl ClaimStore for ClaimOnlyStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let mut winners = self.winners.lock().unwrap_or_else(|p| p.into_inner());
+        let winner = *winners.entry(req.run.clone()).or_insert(req.token);
+        Ok(if winner == req.token {
+            ClaimOutcome::Won(Win {
+                attempt: anarchon_core::Attempt::FIRST,
+                fence: None,
+            })
+        } else {
+            ClaimOutcome::Lost
+        })
+    }
+
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: "claim-only-test",
+            memory: self.memory,
+        }
+    }
+
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        None
+    }
+}
+
+/// A lease store in front of another, with switches that make its calls
+/// fail: one simulated instance losing its connection, or only its
+/// heartbeats.
+pub struct Faulty<S: ?Sized> {
+    inner: Arc<S>,
+    down: AtomicBool,
+    heartbeats_down: AtomicBool,
+    heartbeats: AtomicU64,
+}
+
+impl<S: LeaseStore + ?Sized> Faulty<S> {
+    /// Wraps `inner`; all switches off.
+    pub fn new(inner: Arc<S>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            down: AtomicBool::new(false),
+            heartbeats_down: AtomicBool::new(false),
+            heartbeats: AtomicU64::new(0),
+        })
+    }
+
+    /// While `true`, every call fails as if the store were unreachable.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    /// While `true`, heartbeats fail as if the store were unreachable;
+    /// everything else works.
+    pub fn set_heartbeats_down(&self, down: bool) {
+        self.heartbeats_down.store(down, Ordering::SeqCst);
+    }
+
+    /// How many heartbeats were attempted through this handle.
+    pub fn heartbeats(&self) -> u64 {
+        self.heartbeats.load(Ordering::SeqCst)
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            Err(StoreError::unavailable("faulty", "switched off by the test"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl<S: ?Sized> fmt::Debug for Faulty<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Faulty")
+            .field("down", &self.down)
+            .field("heartbeats_down", &self.heartbeats_down)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<S: LeaseStore + ?Sized> ClaimStore for Faulty<S> {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.check()?;
+        self.inner.claim(req).await
+    }
+
+    fn info(&self) -> BackendInfo {
+        self.inner.info()
+    }
+
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
+    async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
+        self.check()?;
+        self.inner.claim_lease(req).await
+    }
+
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        self.check()?;
+        self.inner.claim_many(reqs).await
+    }
+
+    async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {
+        self.check()?;
+        self.inner.peek(run).await
+    }
+
+    async fn heartbeat(
+        &self,
+        run: &RunKey,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Renewal, StoreError> {
+        self.heartbeats.fetch_add(1, Ordering::SeqCst);
+        self.check()?;
+        if self.heartbeats_down.load(Ordering::SeqCst) {
+            return Err(StoreError::unavailable("faulty", "heartbeats switched off by the test"));
+        }
+        self.inner.heartbeat(run, token, lease).await
+    }
+
+    async fn finish(
+        &self,
+        run: &RunKey,
+        token: Token,
+        outcome: RunOutcome,
+    ) -> Result<Renewal, StoreError> {
+        self.check()?;
+        self.inner.finish(run, token, outcome).await
+    }
+
+    async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        self.check()?;
+        self.inner.release(run, token).await
+    }
+
+    async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        self.check()?;
+        self.inner.history(job, limit).await
+    }
+
+    async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
+        self.check()?;
+        self.inner.collect_garbage(keep).await
+    }
+}
+
+/// A downstream resource that refuses writes carrying a fence lower than
+/// one it has already accepted, as a handler's database or API should.
+#[derive(Debug, Default)]
+pub struct FencedResource {
+    highest: Mutex<Option<Fence>>,
+    accepted: Mutex<Vec<(Fence, String)>>,
+}
+
+impl FencedResource {
+    /// Accepts `value` if `fence` is at least the highest seen; returns
+    /// whether it was accepted.
+    pub fn write(&self, fence: Fence, value: impl Into<String>) -> bool {
+        let mut highest = self.highest.lock().unwrap_or_else(|p| p.into_inner());
+        if highest.is_some_and(|h| fence < h) {
+            return false;
+        }
+        *highest = Some(fence);
+        self.accepted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((fence, value.into()));
+        true
+    }
+
+    /// What was accepted, in order.
+    pub fn accepted(&self) -> Vec<(Fence, String)> {
+        self.accepted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
