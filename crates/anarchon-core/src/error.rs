@@ -211,7 +211,10 @@ mod tests {
     fn store_errors_say_what_and_whether_to_retry() {
         let e = StoreError::unavailable("memory", "connection refused");
         assert!(e.is_temporary());
-        assert_eq!(e.to_string(), "memory: store unavailable: connection refused");
+        assert_eq!(
+            e.to_string(),
+            "memory: store unavailable: connection refused"
+        );
         assert!(!StoreError::invalid("pg", "no such table").is_temporary());
     }
 

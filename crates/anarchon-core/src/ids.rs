@@ -91,7 +91,10 @@ impl InstanceId {
     ///
     /// [`ConfigError::InvalidInstanceId`] otherwise.
     pub fn new(id: &str) -> Result<Self, ConfigError> {
-        if id.is_empty() || id.len() > MAX_INSTANCE_ID_LEN || !id.chars().all(|c| c.is_ascii_graphic()) {
+        if id.is_empty()
+            || id.len() > MAX_INSTANCE_ID_LEN
+            || !id.chars().all(|c| c.is_ascii_graphic())
+        {
             return Err(ConfigError::InvalidInstanceId {
                 id: id.chars().take(MAX_INSTANCE_ID_LEN).collect(),
             });
@@ -164,7 +167,9 @@ impl MaxAttempts {
     ///
     /// [`ConfigError::ZeroMaxAttempts`] for 0.
     pub fn new(n: u32) -> Result<Self, ConfigError> {
-        NonZeroU32::new(n).map(Self).ok_or(ConfigError::ZeroMaxAttempts)
+        NonZeroU32::new(n)
+            .map(Self)
+            .ok_or(ConfigError::ZeroMaxAttempts)
     }
 
     /// The number, at least 1.
@@ -240,6 +245,9 @@ mod tests {
         let two = MaxAttempts::new(2).unwrap();
         assert!(two.allows_after(Attempt::FIRST));
         assert!(!two.allows_after(Attempt::FIRST.next()));
-        assert!(matches!(MaxAttempts::new(0), Err(ConfigError::ZeroMaxAttempts)));
+        assert!(matches!(
+            MaxAttempts::new(0),
+            Err(ConfigError::ZeroMaxAttempts)
+        ));
     }
 }

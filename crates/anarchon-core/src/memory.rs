@@ -274,7 +274,11 @@ fn held<'a>(state: &'a mut State, run: &RunKey, token: Token) -> Option<&'a mut 
 }
 
 fn renewal(held: bool) -> Renewal {
-    if held { Renewal::Renewed } else { Renewal::Fenced }
+    if held {
+        Renewal::Renewed
+    } else {
+        Renewal::Fenced
+    }
 }
 
 #[async_trait]

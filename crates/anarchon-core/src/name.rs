@@ -121,7 +121,17 @@ mod tests {
     #[test]
     fn refuses_what_would_break_a_key() {
         for bad in [
-            "", "a.b", "a*", ">", "a b", "a:b", "{a}", "amq/x", "é", "a\n", &"x".repeat(65),
+            "",
+            "a.b",
+            "a*",
+            ">",
+            "a b",
+            "a:b",
+            "{a}",
+            "amq/x",
+            "é",
+            "a\n",
+            &"x".repeat(65),
         ] {
             let err = JobName::new(bad).unwrap_err();
             assert!(

@@ -150,7 +150,7 @@ impl Schedule {
         if period.is_zero() {
             return Err(ConfigError::ZeroDuration { option: "interval" });
         }
-        if period.subsec_nanos() % 1_000_000 != 0 {
+        if !period.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(ConfigError::OutOfRange {
                 option: "interval",
                 reason: "it must be a whole number of milliseconds".into(),
@@ -391,7 +391,11 @@ mod tests {
     #[test]
     fn fall_back_wildcard_hour_fires_on_both_passes() {
         let s = Schedule::cron_in("0 * * * *", "Europe/Athens").unwrap();
-        let slots = s.slots_between(utc(2027, 10, 30, 23, 30, 0), utc(2027, 10, 31, 2, 30, 0), 10);
+        let slots = s.slots_between(
+            utc(2027, 10, 30, 23, 30, 0),
+            utc(2027, 10, 31, 2, 30, 0),
+            10,
+        );
         assert_eq!(
             local(&slots, ATHENS),
             ["03:00 EEST", "03:00 EET", "04:00 EET"]

@@ -68,7 +68,11 @@ pub async fn claim_is_exclusive<F: StoreFactory>(factory: &F) {
         async move {
             let mut won = Vec::new();
             for slot in slots {
-                let req = claim_request(RunKey::new(job.clone(), slot), Token::generate(), &format!("racer-{i}"));
+                let req = claim_request(
+                    RunKey::new(job.clone(), slot),
+                    Token::generate(),
+                    &format!("racer-{i}"),
+                );
                 let outcome = store.claim(&req).await.expect("claim failed");
                 assert!(
                     !matches!(outcome, ClaimOutcome::Unknown),
@@ -104,10 +108,19 @@ pub async fn own_retry_is_recognised<F: StoreFactory>(factory: &F) {
     let first = store.claim(&req).await.expect("claim");
     assert!(is_won(&first), "first claim must win, got {first:?}");
     let again = store.claim(&req).await.expect("claim again");
-    assert_eq!(again, first, "the same token must be told it won, with the same attempt");
+    assert_eq!(
+        again, first,
+        "the same token must be told it won, with the same attempt"
+    );
     let other = factory.instance().await;
-    let again = other.claim(&req).await.expect("claim through another handle");
-    assert_eq!(again, first, "the same token through another connection is still its own");
+    let again = other
+        .claim(&req)
+        .await
+        .expect("claim through another handle");
+    assert_eq!(
+        again, first,
+        "the same token through another connection is still its own"
+    );
 }
 
 /// A different token loses a run that was already won.
@@ -115,10 +128,19 @@ pub async fn other_token_loses<F: StoreFactory>(factory: &F) {
     let a = factory.instance().await;
     let b = factory.instance().await;
     let run = RunKey::new(job("other"), future_slot(factory, 0));
-    let first = a.claim(&claim_request(run.clone(), Token::generate(), "a")).await.expect("claim");
+    let first = a
+        .claim(&claim_request(run.clone(), Token::generate(), "a"))
+        .await
+        .expect("claim");
     assert!(is_won(&first), "{first:?}");
-    let second = b.claim(&claim_request(run, Token::generate(), "b")).await.expect("claim");
-    assert!(!is_won(&second), "a second token must not win, got {second:?}");
+    let second = b
+        .claim(&claim_request(run, Token::generate(), "b"))
+        .await
+        .expect("claim");
+    assert!(
+        !is_won(&second),
+        "a second token must not win, got {second:?}"
+    );
 }
 
 /// Runs of different jobs, and different slots of one job, are independent.
@@ -131,8 +153,14 @@ pub async fn runs_are_independent<F: StoreFactory>(factory: &F) {
         RunKey::new(job("indep-b"), slot),
         RunKey::new(job("indep-a"), next),
     ] {
-        let outcome = store.claim(&claim_request(run.clone(), Token::generate(), "a")).await.expect("claim");
-        assert!(is_won(&outcome), "{run} must be won on its own, got {outcome:?}");
+        let outcome = store
+            .claim(&claim_request(run.clone(), Token::generate(), "a"))
+            .await
+            .expect("claim");
+        assert!(
+            is_won(&outcome),
+            "{run} must be won on its own, got {outcome:?}"
+        );
     }
 }
 
@@ -143,8 +171,14 @@ pub async fn similar_names_stay_apart<F: StoreFactory>(factory: &F) {
     let slot = future_slot(factory, 0);
     for name in ["name-a", "name_a", "Name-a", "NAME-A", "name-a-", "name-a_"] {
         let run = RunKey::new(job(name), slot);
-        let outcome = store.claim(&claim_request(run, Token::generate(), "a")).await.expect("claim");
-        assert!(is_won(&outcome), "{name} must be its own job, got {outcome:?}");
+        let outcome = store
+            .claim(&claim_request(run, Token::generate(), "a"))
+            .await
+            .expect("claim");
+        assert!(
+            is_won(&outcome),
+            "{name} must be its own job, got {outcome:?}"
+        );
     }
 }
 
@@ -156,10 +190,16 @@ pub async fn similar_names_stay_apart<F: StoreFactory>(factory: &F) {
 #[macro_export]
 macro_rules! claim_suite {
     ($factory:expr) => {
-        $crate::claim_suite!($factory, tokio::test(flavor = "multi_thread", worker_threads = 4));
+        $crate::claim_suite!(
+            $factory,
+            tokio::test(flavor = "multi_thread", worker_threads = 4)
+        );
     };
     ($factory:expr, $attr:meta) => {
-        $crate::__suite_tests!($factory, $attr, $crate::claim,
+        $crate::__suite_tests!(
+            $factory,
+            $attr,
+            $crate::claim,
             claim_is_exclusive,
             own_retry_is_recognised,
             other_token_loses,

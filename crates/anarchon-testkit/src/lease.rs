@@ -67,7 +67,11 @@ where
         async move {
             let mut won = Vec::new();
             for slot in slots {
-                let req = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), &format!("racer-{i}"));
+                let req = lease_claim(
+                    RunKey::new(job.clone(), slot),
+                    Token::generate(),
+                    &format!("racer-{i}"),
+                );
                 let outcome = store.claim_lease(&req).await.expect("claim_lease failed");
                 match outcome {
                     ClaimOutcome::Won(w) => {
@@ -101,7 +105,13 @@ where
     let b = factory.instance().await;
     let slot = future_slot(factory, 0);
     let claims_a: Vec<LeaseClaim> = (0..50)
-        .map(|i| lease_claim(RunKey::new(job(&format!("batch-{i}")), slot), Token::generate(), "a"))
+        .map(|i| {
+            lease_claim(
+                RunKey::new(job(&format!("batch-{i}")), slot),
+                Token::generate(),
+                "a",
+            )
+        })
         .collect();
     // b claims every other job first.
     for claim in claims_a.iter().step_by(2) {
@@ -112,13 +122,22 @@ where
     assert_eq!(outcomes.len(), claims_a.len());
     for (i, outcome) in outcomes.iter().enumerate() {
         if i % 2 == 0 {
-            assert!(matches!(outcome, ClaimOutcome::Running { .. }), "job {i}: {outcome:?}");
+            assert!(
+                matches!(outcome, ClaimOutcome::Running { .. }),
+                "job {i}: {outcome:?}"
+            );
         } else {
-            assert!(matches!(outcome, ClaimOutcome::Won(_)), "job {i}: {outcome:?}");
+            assert!(
+                matches!(outcome, ClaimOutcome::Won(_)),
+                "job {i}: {outcome:?}"
+            );
         }
     }
     let again = a.claim_many(&claims_a).await.expect("claim_many again");
-    assert_eq!(again, outcomes, "a retried batch with the same tokens gets the same answers");
+    assert_eq!(
+        again, outcomes,
+        "a retried batch with the same tokens gets the same answers"
+    );
     assert!(a.claim_many(&[]).await.expect("empty batch").is_empty());
 }
 
@@ -128,7 +147,11 @@ where
     F::Store: LeaseStore,
 {
     let store = factory.instance().await;
-    let req = lease_claim(RunKey::new(job("lease-retry"), future_slot(factory, 0)), Token::generate(), "a");
+    let req = lease_claim(
+        RunKey::new(job("lease-retry"), future_slot(factory, 0)),
+        Token::generate(),
+        "a",
+    );
     let first = won(store.claim_lease(&req).await.expect("claim"));
     assert!(first.fence.is_some(), "lease stores assign a fence");
     let again = won(store.claim_lease(&req).await.expect("claim again"));
@@ -144,9 +167,19 @@ where
     let a = factory.instance().await;
     let b = factory.instance().await;
     let run = RunKey::new(job("live"), future_slot(factory, 0));
-    won(a.claim_lease(&lease_claim(run.clone(), Token::generate(), "a")).await.expect("claim"));
-    match b.claim_lease(&lease_claim(run, Token::generate(), "b")).await.expect("claim") {
-        ClaimOutcome::Running { lease_until, store_now } => {
+    won(a
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
+        .await
+        .expect("claim"));
+    match b
+        .claim_lease(&lease_claim(run, Token::generate(), "b"))
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Running {
+            lease_until,
+            store_now,
+        } => {
             let left = lease_until.since(store_now);
             assert!(
                 left > LONG_LEASE - Duration::from_secs(5) && left <= LONG_LEASE,
@@ -168,14 +201,23 @@ where
     let slot = Slot::from_millis(now - now.rem_euclid(1000) - 3_600_000);
     let run = RunKey::new(job("late"), slot);
     let late = lease_claim(run.clone(), Token::generate(), "a");
-    assert_eq!(store.claim_lease(&late).await.expect("claim"), ClaimOutcome::Late);
+    assert_eq!(
+        store.claim_lease(&late).await.expect("claim"),
+        ClaimOutcome::Late
+    );
     let late_again = lease_claim(run.clone(), Token::generate(), "b");
-    assert_eq!(store.claim_lease(&late_again).await.expect("claim"), ClaimOutcome::Late);
+    assert_eq!(
+        store.claim_lease(&late_again).await.expect("claim"),
+        ClaimOutcome::Late
+    );
     let history = store.history(&run.job, 10).await.expect("history");
     assert_eq!(history.len(), 1, "one record for the slot: {history:?}");
     assert_eq!(history[0].state, RecordState::Missed);
     assert_eq!(history[0].run, run);
-    assert_eq!(store.peek(&run).await.expect("peek").state, RunState::Missed);
+    assert_eq!(
+        store.peek(&run).await.expect("peek").state,
+        RunState::Missed
+    );
 
     let mut catch_up = lease_claim(run.clone(), Token::generate(), "c");
     catch_up.claim.max_late = Duration::from_secs(2 * 3600);
@@ -194,16 +236,45 @@ where
     let b = factory.instance().await;
     let run = RunKey::new(job("finished"), future_slot(factory, 0));
     let token = Token::generate();
-    won(a.claim_lease(&lease_claim(run.clone(), token, "a")).await.expect("claim"));
-    assert_eq!(a.finish(&run, token, RunOutcome::Succeeded).await.expect("finish"), Renewal::Renewed);
+    won(a
+        .claim_lease(&lease_claim(run.clone(), token, "a"))
+        .await
+        .expect("claim"));
+    assert_eq!(
+        a.finish(&run, token, RunOutcome::Succeeded)
+            .await
+            .expect("finish"),
+        Renewal::Renewed
+    );
     for _ in 0..3 {
-        let outcome = b.claim_lease(&lease_claim(run.clone(), Token::generate(), "b")).await.expect("claim");
+        let outcome = b
+            .claim_lease(&lease_claim(run.clone(), Token::generate(), "b"))
+            .await
+            .expect("claim");
         assert_eq!(outcome, ClaimOutcome::Done(FinalState::Succeeded));
     }
-    assert_eq!(a.claim_lease(&lease_claim(run.clone(), token, "a")).await.expect("claim"), ClaimOutcome::Done(FinalState::Succeeded));
-    assert_eq!(a.heartbeat(&run, token, LONG_LEASE).await.expect("heartbeat"), Renewal::Fenced);
-    assert_eq!(a.finish(&run, token, RunOutcome::Succeeded).await.expect("finish"), Renewal::Fenced);
-    assert_eq!(b.peek(&run).await.expect("peek").state, RunState::Finished(FinalState::Succeeded));
+    assert_eq!(
+        a.claim_lease(&lease_claim(run.clone(), token, "a"))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Done(FinalState::Succeeded)
+    );
+    assert_eq!(
+        a.heartbeat(&run, token, LONG_LEASE)
+            .await
+            .expect("heartbeat"),
+        Renewal::Fenced
+    );
+    assert_eq!(
+        a.finish(&run, token, RunOutcome::Succeeded)
+            .await
+            .expect("finish"),
+        Renewal::Fenced
+    );
+    assert_eq!(
+        b.peek(&run).await.expect("peek").state,
+        RunState::Finished(FinalState::Succeeded)
+    );
 }
 
 /// A failed run is recorded with its error.
@@ -214,9 +285,21 @@ where
     let store = factory.instance().await;
     let run = RunKey::new(job("failed"), future_slot(factory, 0));
     let token = Token::generate();
-    won(store.claim_lease(&lease_claim(run.clone(), token, "a")).await.expect("claim"));
+    won(store
+        .claim_lease(&lease_claim(run.clone(), token, "a"))
+        .await
+        .expect("claim"));
     let error = "exit status 3: disk full".to_owned();
-    let answer = store.finish(&run, token, RunOutcome::Failed { error: error.clone() }).await.expect("finish");
+    let answer = store
+        .finish(
+            &run,
+            token,
+            RunOutcome::Failed {
+                error: error.clone(),
+            },
+        )
+        .await
+        .expect("finish");
     assert_eq!(answer, Renewal::Renewed);
     let history = store.history(&run.job, 1).await.expect("history");
     assert_eq!(history[0].state, RecordState::Finished(FinalState::Failed));
@@ -242,16 +325,28 @@ where
         other => panic!("{other:?}"),
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(a.heartbeat(&run, token, lease).await.expect("heartbeat"), Renewal::Renewed);
+    assert_eq!(
+        a.heartbeat(&run, token, lease).await.expect("heartbeat"),
+        Renewal::Renewed
+    );
     let after = match a.peek(&run).await.expect("peek").state {
         RunState::Running { lease_until, .. } => lease_until,
         other => panic!("{other:?}"),
     };
-    assert!(after > before, "the heartbeat must move the lease end: {before} -> {after}");
+    assert!(
+        after > before,
+        "the heartbeat must move the lease end: {before} -> {after}"
+    );
     // Past the first lease end, but inside the renewed one.
     tokio::time::sleep(Duration::from_millis(550)).await;
-    let outcome = b.claim_lease(&short(lease_claim(run.clone(), Token::generate(), "b"))).await.expect("claim");
-    assert!(matches!(outcome, ClaimOutcome::Running { .. }), "a renewed lease is not taken over: {outcome:?}");
+    let outcome = b
+        .claim_lease(&short(lease_claim(run.clone(), Token::generate(), "b")))
+        .await
+        .expect("claim");
+    assert!(
+        matches!(outcome, ClaimOutcome::Running { .. }),
+        "a renewed lease is not taken over: {outcome:?}"
+    );
 }
 
 /// An expired lease is taken over: attempt + 1, a larger fence; the old
@@ -264,20 +359,48 @@ where
     let b = factory.instance().await;
     let run = RunKey::new(job("takeover"), future_slot(factory, 0));
     let old = Token::generate();
-    let first = won(a.claim_lease(&short(lease_claim(run.clone(), old, "a"))).await.expect("claim"));
+    let first = won(a
+        .claim_lease(&short(lease_claim(run.clone(), old, "a")))
+        .await
+        .expect("claim"));
     wait_out(SHORT_LEASE).await;
     let new = Token::generate();
-    let second = won(b.claim_lease(&lease_claim(run.clone(), new, "b")).await.expect("takeover"));
+    let second = won(b
+        .claim_lease(&lease_claim(run.clone(), new, "b"))
+        .await
+        .expect("takeover"));
     assert_eq!(second.attempt, first.attempt.next());
-    assert!(second.fence > first.fence, "fence must grow: {first:?} -> {second:?}");
-    assert_eq!(a.heartbeat(&run, old, LONG_LEASE).await.expect("heartbeat"), Renewal::Fenced);
-    assert_eq!(a.finish(&run, old, RunOutcome::Succeeded).await.expect("finish"), Renewal::Fenced);
-    assert_eq!(a.release(&run, old).await.expect("release"), Renewal::Fenced);
-    assert_eq!(b.heartbeat(&run, new, LONG_LEASE).await.expect("heartbeat"), Renewal::Renewed);
+    assert!(
+        second.fence > first.fence,
+        "fence must grow: {first:?} -> {second:?}"
+    );
+    assert_eq!(
+        a.heartbeat(&run, old, LONG_LEASE).await.expect("heartbeat"),
+        Renewal::Fenced
+    );
+    assert_eq!(
+        a.finish(&run, old, RunOutcome::Succeeded)
+            .await
+            .expect("finish"),
+        Renewal::Fenced
+    );
+    assert_eq!(
+        a.release(&run, old).await.expect("release"),
+        Renewal::Fenced
+    );
+    assert_eq!(
+        b.heartbeat(&run, new, LONG_LEASE).await.expect("heartbeat"),
+        Renewal::Renewed
+    );
     let history = b.history(&run.job, 1).await.expect("history");
     assert_eq!(history[0].attempt, Some(second.attempt));
     assert_eq!(history[0].instance.as_ref().map(|i| i.as_str()), Some("b"));
-    assert_eq!(b.finish(&run, new, RunOutcome::Succeeded).await.expect("finish"), Renewal::Renewed);
+    assert_eq!(
+        b.finish(&run, new, RunOutcome::Succeeded)
+            .await
+            .expect("finish"),
+        Renewal::Renewed
+    );
 }
 
 /// With no attempts left, an expired lease ends the run as interrupted.
@@ -294,9 +417,15 @@ where
     wait_out(SHORT_LEASE).await;
     let mut late = lease_claim(run.clone(), Token::generate(), "b");
     late.max_attempts = MaxAttempts::new(1).expect("1");
-    assert_eq!(b.claim_lease(&late).await.expect("claim"), ClaimOutcome::Done(FinalState::Interrupted));
+    assert_eq!(
+        b.claim_lease(&late).await.expect("claim"),
+        ClaimOutcome::Done(FinalState::Interrupted)
+    );
     let history = b.history(&run.job, 1).await.expect("history");
-    assert_eq!(history[0].state, RecordState::Finished(FinalState::Interrupted));
+    assert_eq!(
+        history[0].state,
+        RecordState::Finished(FinalState::Interrupted)
+    );
 }
 
 /// `Overlap::Skip`: a slot is skipped (and recorded so) while another run of
@@ -319,18 +448,37 @@ where
     let first = skip(RunKey::new(job.clone(), s1), "a");
     won(a.claim_lease(&first).await.expect("claim"));
     let run2 = RunKey::new(job.clone(), s2);
-    assert_eq!(b.claim_lease(&skip(run2.clone(), "b")).await.expect("claim"), ClaimOutcome::Overlap);
-    let again = a.claim_lease(&skip(run2.clone(), "a")).await.expect("claim");
+    assert_eq!(
+        b.claim_lease(&skip(run2.clone(), "b"))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Overlap
+    );
+    let again = a
+        .claim_lease(&skip(run2.clone(), "a"))
+        .await
+        .expect("claim");
     assert!(
-        matches!(again, ClaimOutcome::Overlap | ClaimOutcome::Done(FinalState::Skipped)),
+        matches!(
+            again,
+            ClaimOutcome::Overlap | ClaimOutcome::Done(FinalState::Skipped)
+        ),
         "every instance must agree the slot is skipped: {again:?}"
     );
     let history = a.history(&job, 10).await.expect("history");
-    let rec = history.iter().find(|r| r.run == run2).expect("the skipped slot is recorded");
+    let rec = history
+        .iter()
+        .find(|r| r.run == run2)
+        .expect("the skipped slot is recorded");
     assert_eq!(rec.state, RecordState::Finished(FinalState::Skipped));
 
-    a.finish(first.run(), first.claim.token, RunOutcome::Succeeded).await.expect("finish");
-    won(b.claim_lease(&skip(RunKey::new(job.clone(), s3), "b")).await.expect("claim"));
+    a.finish(first.run(), first.claim.token, RunOutcome::Succeeded)
+        .await
+        .expect("finish");
+    won(b
+        .claim_lease(&skip(RunKey::new(job.clone(), s3), "b"))
+        .await
+        .expect("claim"));
 }
 
 /// `Overlap::Skip` ignores a run whose lease has run out, and
@@ -344,17 +492,45 @@ where
     let s1 = future_slot(factory, 0);
     let s2 = Slot::from_millis(s1.as_millis() + 1000);
     let s3 = Slot::from_millis(s1.as_millis() + 2000);
-    won(store.claim_lease(&short(lease_claim(RunKey::new(job.clone(), s1), Token::generate(), "a"))).await.expect("claim"));
-    won(store.claim_lease(&lease_claim(RunKey::new(job.clone(), s2), Token::generate(), "a")).await.expect("allow overlaps"));
+    won(store
+        .claim_lease(&short(lease_claim(
+            RunKey::new(job.clone(), s1),
+            Token::generate(),
+            "a",
+        )))
+        .await
+        .expect("claim"));
+    won(store
+        .claim_lease(&lease_claim(
+            RunKey::new(job.clone(), s2),
+            Token::generate(),
+            "a",
+        ))
+        .await
+        .expect("allow overlaps"));
     let mut c3 = lease_claim(RunKey::new(job.clone(), s3), Token::generate(), "a");
     c3.overlap = Overlap::Skip;
-    assert_eq!(store.claim_lease(&c3).await.expect("claim"), ClaimOutcome::Overlap, "s2 is live");
+    assert_eq!(
+        store.claim_lease(&c3).await.expect("claim"),
+        ClaimOutcome::Overlap,
+        "s2 is live"
+    );
     let job2 = crate::claim::job("overlap-expired-2");
-    won(store.claim_lease(&short(lease_claim(RunKey::new(job2.clone(), s1), Token::generate(), "a"))).await.expect("claim"));
+    won(store
+        .claim_lease(&short(lease_claim(
+            RunKey::new(job2.clone(), s1),
+            Token::generate(),
+            "a",
+        )))
+        .await
+        .expect("claim"));
     wait_out(SHORT_LEASE).await;
     let mut c = lease_claim(RunKey::new(job2, s2), Token::generate(), "a");
     c.overlap = Overlap::Skip;
-    won(store.claim_lease(&c).await.expect("an expired lease does not block"));
+    won(store
+        .claim_lease(&c)
+        .await
+        .expect("an expired lease does not block"));
 }
 
 /// `release` ends the lease at once: the next claim takes over.
@@ -366,11 +542,25 @@ where
     let b = factory.instance().await;
     let run = RunKey::new(job("release"), future_slot(factory, 0));
     let token = Token::generate();
-    let first = won(a.claim_lease(&lease_claim(run.clone(), token, "a")).await.expect("claim"));
-    assert_eq!(a.release(&run, token).await.expect("release"), Renewal::Renewed);
-    let second = won(b.claim_lease(&lease_claim(run.clone(), Token::generate(), "b")).await.expect("takeover after release"));
+    let first = won(a
+        .claim_lease(&lease_claim(run.clone(), token, "a"))
+        .await
+        .expect("claim"));
+    assert_eq!(
+        a.release(&run, token).await.expect("release"),
+        Renewal::Renewed
+    );
+    let second = won(b
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "b"))
+        .await
+        .expect("takeover after release"));
     assert_eq!(second.attempt, first.attempt.next());
-    assert_eq!(a.heartbeat(&run, token, LONG_LEASE).await.expect("heartbeat"), Renewal::Fenced);
+    assert_eq!(
+        a.heartbeat(&run, token, LONG_LEASE)
+            .await
+            .expect("heartbeat"),
+        Renewal::Fenced
+    );
 }
 
 /// `peek` reports absent, running and finished runs and the store's clock.
@@ -384,18 +574,35 @@ where
     assert_eq!(view.state, RunState::Absent);
     let local = factory.clock().now();
     let skew = (view.store_now.as_millis() - local.as_millis()).abs();
-    assert!(skew < 60_000, "store clock {} vs local {}", view.store_now, local);
+    assert!(
+        skew < 60_000,
+        "store clock {} vs local {}",
+        view.store_now,
+        local
+    );
     let token = Token::generate();
-    won(store.claim_lease(&lease_claim(run.clone(), token, "a")).await.expect("claim"));
+    won(store
+        .claim_lease(&lease_claim(run.clone(), token, "a"))
+        .await
+        .expect("claim"));
     match store.peek(&run).await.expect("peek").state {
-        RunState::Running { attempt, lease_until } => {
+        RunState::Running {
+            attempt,
+            lease_until,
+        } => {
             assert_eq!(attempt, Attempt::FIRST);
             assert!(lease_until > view.store_now);
         }
         other => panic!("{other:?}"),
     }
-    store.finish(&run, token, RunOutcome::Succeeded).await.expect("finish");
-    assert_eq!(store.peek(&run).await.expect("peek").state, RunState::Finished(FinalState::Succeeded));
+    store
+        .finish(&run, token, RunOutcome::Succeeded)
+        .await
+        .expect("finish");
+    assert_eq!(
+        store.peek(&run).await.expect("peek").state,
+        RunState::Finished(FinalState::Succeeded)
+    );
 }
 
 /// Fence numbers grow across the runs of a job, and history lists runs
@@ -411,22 +618,47 @@ where
     for i in 0..5 {
         let run = RunKey::new(job.clone(), Slot::from_millis(base + i * 60_000));
         let token = Token::generate();
-        let win = won(store.claim_lease(&lease_claim(run.clone(), token, &format!("inst-{i}"))).await.expect("claim"));
+        let win = won(store
+            .claim_lease(&lease_claim(run.clone(), token, &format!("inst-{i}")))
+            .await
+            .expect("claim"));
         fences.push(win.fence.expect("fence"));
         if i % 2 == 0 {
-            store.finish(&run, token, RunOutcome::Succeeded).await.expect("finish");
+            store
+                .finish(&run, token, RunOutcome::Succeeded)
+                .await
+                .expect("finish");
         }
     }
-    assert!(fences.windows(2).all(|w| w[0] < w[1]), "fences must grow: {fences:?}");
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences must grow: {fences:?}"
+    );
     let history = store.history(&job, 3).await.expect("history");
     assert_eq!(history.len(), 3, "limit is honoured");
     let slots: Vec<i64> = history.iter().map(|r| r.run.slot.as_millis()).collect();
-    assert_eq!(slots, [base + 240_000, base + 180_000, base + 120_000], "newest first");
-    assert_eq!(history[0].state, RecordState::Finished(FinalState::Succeeded));
+    assert_eq!(
+        slots,
+        [base + 240_000, base + 180_000, base + 120_000],
+        "newest first"
+    );
+    assert_eq!(
+        history[0].state,
+        RecordState::Finished(FinalState::Succeeded)
+    );
     assert_eq!(history[1].state, RecordState::Running);
-    assert_eq!(history[1].instance.as_ref().map(|i| i.as_str()), Some("inst-3"));
+    assert_eq!(
+        history[1].instance.as_ref().map(|i| i.as_str()),
+        Some("inst-3")
+    );
     assert_eq!(history[1].fence, Some(fences[3]));
-    assert!(store.history(&crate::claim::job("no-such-job"), 10).await.expect("history").is_empty());
+    assert!(
+        store
+            .history(&crate::claim::job("no-such-job"), 10)
+            .await
+            .expect("history")
+            .is_empty()
+    );
 }
 
 /// Garbage collection forgets old ended runs, keeps recent ones and keeps
@@ -450,17 +682,35 @@ where
     let c_running = catch_up(old_running);
     let c_recent = catch_up(recent);
     won(store.claim_lease(&c_old).await.expect("claim"));
-    store.finish(c_old.run(), c_old.claim.token, RunOutcome::Succeeded).await.expect("finish");
+    store
+        .finish(c_old.run(), c_old.claim.token, RunOutcome::Succeeded)
+        .await
+        .expect("finish");
     let last = won(store.claim_lease(&c_running).await.expect("claim"));
     won(store.claim_lease(&c_recent).await.expect("claim"));
-    store.finish(c_recent.run(), c_recent.claim.token, RunOutcome::Succeeded).await.expect("finish");
-    let deleted = store.collect_garbage(Duration::from_secs(3600)).await.expect("gc");
+    store
+        .finish(c_recent.run(), c_recent.claim.token, RunOutcome::Succeeded)
+        .await
+        .expect("finish");
+    let deleted = store
+        .collect_garbage(Duration::from_secs(3600))
+        .await
+        .expect("gc");
     assert_eq!(deleted, 1, "only the old finished run goes");
-    let left: Vec<Slot> = store.history(&job, 10).await.expect("history").iter().map(|r| r.run.slot).collect();
+    let left: Vec<Slot> = store
+        .history(&job, 10)
+        .await
+        .expect("history")
+        .iter()
+        .map(|r| r.run.slot)
+        .collect();
     assert_eq!(left, [recent, old_running]);
     let next = Slot::from_millis(recent.as_millis() + 1000);
     let after = won(store.claim_lease(&catch_up(next)).await.expect("claim"));
-    assert!(after.fence > last.fence, "fences keep growing after a collection");
+    assert!(
+        after.fence > last.fence,
+        "fences keep growing after a collection"
+    );
 }
 
 /// The lease suite as one `#[tokio::test]` per check; arguments as for
@@ -468,10 +718,16 @@ where
 #[macro_export]
 macro_rules! lease_suite {
     ($factory:expr) => {
-        $crate::lease_suite!($factory, tokio::test(flavor = "multi_thread", worker_threads = 4));
+        $crate::lease_suite!(
+            $factory,
+            tokio::test(flavor = "multi_thread", worker_threads = 4)
+        );
     };
     ($factory:expr, $attr:meta) => {
-        $crate::__suite_tests!($factory, $attr, $crate::lease,
+        $crate::__suite_tests!(
+            $factory,
+            $attr,
+            $crate::lease,
             lease_claim_is_exclusive,
             claim_many_answers_in_order,
             own_lease_retry_is_recognised,

@@ -71,7 +71,10 @@ pub async fn schedulers_run_each_slot_once<F: StoreFactory>(factory: &F) {
         let mut builder = Scheduler::builder(store).clock(factory.clock());
         let log = log.clone();
         builder
-            .job("every-second", Schedule::every(Duration::from_secs(1)).expect("1 s"))
+            .job(
+                "every-second",
+                Schedule::every(Duration::from_secs(1)).expect("1 s"),
+            )
             .expect("job")
             .run(move |ctx| {
                 let log = log.clone();
@@ -135,7 +138,10 @@ where
             .heartbeat(heartbeat);
         let (log, cancelled, frozen) = (log.clone(), cancelled.clone(), frozen.clone());
         builder
-            .job("long-runner", Schedule::every(Duration::from_secs(1)).expect("1 s"))
+            .job(
+                "long-runner",
+                Schedule::every(Duration::from_secs(1)).expect("1 s"),
+            )
             .expect("job")
             .run(move |ctx| {
                 let (log, cancelled, frozen) = (log.clone(), cancelled.clone(), frozen.clone());
@@ -174,7 +180,8 @@ where
     handles[first.scheduler].set_heartbeats_down(true);
     let cut = Instant::now();
     wait_for(&log, "a takeover of the frozen run", |e| {
-        e.iter().any(|s| s.slot == first.slot && s.attempt > Attempt::FIRST)
+        e.iter()
+            .any(|s| s.slot == first.slot && s.attempt > Attempt::FIRST)
     })
     .await;
     let took_over = Instant::now();
@@ -186,7 +193,10 @@ where
         s.shutdown().await;
     }
     assert_eq!(second.attempt, first.attempt.next());
-    assert_ne!(second.scheduler, first.scheduler, "the backup, not the runner, takes over");
+    assert_ne!(
+        second.scheduler, first.scheduler,
+        "the backup, not the runner, takes over"
+    );
     assert!(second.fence > first.fence, "{first:?} -> {second:?}");
     let (reason, cancelled_at) = cancelled
         .lock()
@@ -218,13 +228,13 @@ where
     M: Fn(Arc<dyn Clock>) -> Arc<S>,
 {
     for (day_start_utc, hours) in [
-
         // 2027-03-28 00:00 EET = 2027-03-27 22:00 UTC
         (Timestamp::from_millis(1_806_184_800_000), 23u32),
         // 2027-10-31 00:00 EEST = 2027-10-30 21:00 UTC
         (Timestamp::from_millis(1_824_930_000_000), 25),
     ] {
-        let clock = TestClock::starting_at(Timestamp::from_millis(day_start_utc.as_millis() - 1000));
+        let clock =
+            TestClock::starting_at(Timestamp::from_millis(day_start_utc.as_millis() - 1000));
         let store = store(clock.clone());
         let log = log();
         let mut schedulers = Vec::new();
@@ -233,7 +243,10 @@ where
             for (name, expr) in [("fixed", "30 3 * * *"), ("hourly", "0 * * * *")] {
                 let log = log.clone();
                 builder
-                    .job(name, Schedule::cron_in(expr, "Europe/Athens").expect("cron"))
+                    .job(
+                        name,
+                        Schedule::cron_in(expr, "Europe/Athens").expect("cron"),
+                    )
                     .expect("job")
                     .run(move |ctx| {
                         let log = log.clone();
@@ -260,16 +273,29 @@ where
         let day_end = day_start_utc.as_millis() + i64::from(hours) * 3_600_000;
         let runs: Vec<Started> = entries(&log)
             .into_iter()
-            .filter(|s| s.slot.as_millis() >= day_start_utc.as_millis() && s.slot.as_millis() < day_end)
+            .filter(|s| {
+                s.slot.as_millis() >= day_start_utc.as_millis() && s.slot.as_millis() < day_end
+            })
             .collect();
-        let fixed: Vec<Slot> = runs.iter().filter(|s| s.job == "fixed").map(|s| s.slot).collect();
-        let mut hourly: Vec<Slot> = runs.iter().filter(|s| s.job == "hourly").map(|s| s.slot).collect();
+        let fixed: Vec<Slot> = runs
+            .iter()
+            .filter(|s| s.job == "fixed")
+            .map(|s| s.slot)
+            .collect();
+        let mut hourly: Vec<Slot> = runs
+            .iter()
+            .filter(|s| s.job == "hourly")
+            .map(|s| s.slot)
+            .collect();
         hourly.sort();
         assert_eq!(fixed.len(), 1, "the fixed local time fires once: {fixed:?}");
         let n = hourly.len();
         hourly.dedup();
         assert_eq!(hourly.len(), n, "no hourly slot ran twice");
-        assert_eq!(n, hours as usize, "an hourly job fires once per real hour of the local day");
+        assert_eq!(
+            n, hours as usize,
+            "an hourly job fires once per real hour of the local day"
+        );
     }
 }
 
@@ -278,7 +304,12 @@ where
 #[macro_export]
 macro_rules! __scheduler_claim_checks {
     ($factory:expr, $attr:meta) => {
-        $crate::__suite_tests!($factory, $attr, $crate::scheduler, schedulers_run_each_slot_once,);
+        $crate::__suite_tests!(
+            $factory,
+            $attr,
+            $crate::scheduler,
+            schedulers_run_each_slot_once,
+        );
     };
 }
 
@@ -287,6 +318,11 @@ macro_rules! __scheduler_claim_checks {
 #[macro_export]
 macro_rules! __scheduler_lease_checks {
     ($factory:expr, $attr:meta) => {
-        $crate::__suite_tests!($factory, $attr, $crate::scheduler, backup_takes_over_when_heartbeats_stop,);
+        $crate::__suite_tests!(
+            $factory,
+            $attr,
+            $crate::scheduler,
+            backup_takes_over_when_heartbeats_stop,
+        );
     };
 }

@@ -112,7 +112,10 @@ impl<S: LeaseStore + ?Sized> Faulty<S> {
 
     fn check(&self) -> Result<(), StoreError> {
         if self.down.load(Ordering::SeqCst) {
-            Err(StoreError::unavailable("faulty", "switched off by the test"))
+            Err(StoreError::unavailable(
+                "faulty",
+                "switched off by the test",
+            ))
         } else {
             Ok(())
         }
@@ -170,7 +173,10 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
         self.heartbeats.fetch_add(1, Ordering::SeqCst);
         self.check()?;
         if self.heartbeats_down.load(Ordering::SeqCst) {
-            return Err(StoreError::unavailable("faulty", "heartbeats switched off by the test"));
+            return Err(StoreError::unavailable(
+                "faulty",
+                "heartbeats switched off by the test",
+            ));
         }
         self.inner.heartbeat(run, token, lease).await
     }

@@ -166,7 +166,9 @@ async fn claim_batch(inner: Arc<Inner>, due: Vec<(usize, Slot)>) {
             for chunk in due.chunks(BATCH_LIMIT) {
                 let claims: Vec<LeaseClaim> = chunk
                     .iter()
-                    .map(|(index, slot)| lease_claim(&inner, &inner.jobs[*index], *slot, Token::generate()))
+                    .map(|(index, slot)| {
+                        lease_claim(&inner, &inner.jobs[*index], *slot, Token::generate())
+                    })
                     .collect();
                 let answer = with_retries("claim", || store.claim_many(&claims)).await;
                 match answer {
@@ -180,7 +182,11 @@ async fn claim_batch(inner: Arc<Inner>, due: Vec<(usize, Slot)>) {
                     }
                     Ok(outcomes) => {
                         Metrics::add(&inner.metrics.store_errors);
-                        tracing::error!(sent = claims.len(), answered = outcomes.len(), "the store answered a batch claim with the wrong number of outcomes");
+                        tracing::error!(
+                            sent = claims.len(),
+                            answered = outcomes.len(),
+                            "the store answered a batch claim with the wrong number of outcomes"
+                        );
                     }
                     Err(error) => {
                         Metrics::add(&inner.metrics.store_errors);

@@ -36,8 +36,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use self::context::{BoxFuture, CancelReason, Handler, RunContext};
-pub use self::metrics::MetricsSnapshot;
 use self::metrics::Metrics;
+pub use self::metrics::MetricsSnapshot;
 use crate::clock::{Clock, SystemClock};
 use crate::error::ConfigError;
 use crate::ids::{InstanceId, MaxAttempts};
@@ -156,7 +156,8 @@ impl JobSpec {
     /// How late a claim of this job may be: `max_late`, or the catch-up
     /// window if that is longer.
     pub(crate) fn window(&self) -> Duration {
-        self.catch_up.map_or(self.max_late, |w| w.max(self.max_late))
+        self.catch_up
+            .map_or(self.max_late, |w| w.max(self.max_late))
     }
 }
 
@@ -472,7 +473,12 @@ where
             options: o,
         } = self;
         let info = builder.store.info();
-        let is_lease = builder.store.clone().into_dyn_claim().as_lease_store().is_some();
+        let is_lease = builder
+            .store
+            .clone()
+            .into_dyn_claim()
+            .as_lease_store()
+            .is_some();
         if !is_lease {
             for (set, option) in [
                 (o.overlap.is_some(), "overlap"),

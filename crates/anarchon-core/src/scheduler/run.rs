@@ -40,7 +40,9 @@ pub(crate) fn handle_outcome(
             }
             tracing::info!(job = %run.job, slot = %run.slot, attempt = win.attempt.get(), fence = ?win.fence.map(|f| f.get()), "claim won");
             let token = claim.claim.token;
-            inner.tasks.spawn(run_won(inner.clone(), job, run, token, win, sent_at));
+            inner
+                .tasks
+                .spawn(run_won(inner.clone(), job, run, token, win, sent_at));
         }
         ClaimOutcome::Running {
             lease_until,
@@ -48,7 +50,9 @@ pub(crate) fn handle_outcome(
         } => {
             Metrics::add(&m.losses);
             tracing::debug!(job = %run.job, slot = %run.slot, %lease_until, "running elsewhere; watching as a backup");
-            inner.tasks.spawn(backup(inner.clone(), job, run, lease_until, store_now));
+            inner
+                .tasks
+                .spawn(backup(inner.clone(), job, run, lease_until, store_now));
         }
         ClaimOutcome::Lost | ClaimOutcome::Done(_) => {
             Metrics::add(&m.losses);

@@ -1,0 +1,1 @@
+//! anarchon's pg lease backend (work in progress).

@@ -1,0 +1,1 @@
+//! anarchon's sqlite lease backend (work in progress).

@@ -1,0 +1,380 @@
+//! `cargo xtask`: the project's own build tasks, in Rust.
+//!
+//! * `test-all [--backends memory,sqlite,pg,redis,amqp,nats]`: formatting,
+//!   clippy, every test, doc tests and docs; then each backend's fault tests
+//!   alone. Prints which backend was tested against which server.
+//! * `services [--start]`: checks that the four test servers answer, and
+//!   with `--start` starts any that has stopped (the commands of the
+//!   project's machines; elsewhere use `docker compose up -d`).
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// A backend: its name on the command line, its crate, and the server it needs.
+struct Backend {
+    name: &'static str,
+    package: &'static str,
+    server: Option<Server>,
+}
+
+#[derive(Clone, Copy)]
+struct Server {
+    name: &'static str,
+    env_var: &'static str,
+    default_url: &'static str,
+    address: &'static str,
+    start: &'static str,
+}
+
+const REDIS: Server = Server {
+    name: "Redis",
+    env_var: "ANARCHON_REDIS_URL",
+    default_url: "redis://127.0.0.1:6379",
+    address: "127.0.0.1:6379",
+    start: "redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save '' --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log",
+};
+const POSTGRES: Server = Server {
+    name: "PostgreSQL",
+    env_var: "ANARCHON_PG_URL",
+    default_url: "postgres://postgres@127.0.0.1:5432/test",
+    address: "127.0.0.1:5432",
+    start: "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+};
+const RABBITMQ: Server = Server {
+    name: "RabbitMQ",
+    env_var: "ANARCHON_AMQP_URL",
+    default_url: "amqp://guest:guest@127.0.0.1:5672/%2f",
+    address: "127.0.0.1:5672",
+    start: "rabbitmq-server -detached",
+};
+const NATS: Server = Server {
+    name: "NATS",
+    env_var: "ANARCHON_NATS_URL",
+    default_url: "nats://127.0.0.1:4222",
+    address: "127.0.0.1:4222",
+    start: "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log",
+};
+
+const BACKENDS: &[Backend] = &[
+    Backend {
+        name: "memory",
+        package: "anarchon-testkit",
+        server: None,
+    },
+    Backend {
+        name: "sqlite",
+        package: "anarchon-sqlite",
+        server: None,
+    },
+    Backend {
+        name: "pg",
+        package: "anarchon-pg",
+        server: Some(POSTGRES),
+    },
+    Backend {
+        name: "redis",
+        package: "anarchon-redis",
+        server: Some(REDIS),
+    },
+    Backend {
+        name: "amqp",
+        package: "anarchon-amqp",
+        server: Some(RABBITMQ),
+    },
+    Backend {
+        name: "nats",
+        package: "anarchon-nats",
+        server: Some(NATS),
+    },
+];
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root = project_root();
+    std::env::set_current_dir(&root)?;
+    match args.first().map(String::as_str) {
+        Some("test-all") => test_all(&root, &args[1..]),
+        Some("services") => services(args[1..].iter().any(|a| a == "--start")),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask test-all [--backends memory,sqlite,pg,redis,amqp,nats]\n       cargo xtask services [--start]"
+            );
+            bail!("unknown or missing task")
+        }
+    }
+}
+
+fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the root")
+        .to_path_buf()
+}
+
+/// The backends whose crate exists in this checkout.
+fn present(root: &Path) -> Vec<&'static Backend> {
+    BACKENDS
+        .iter()
+        .filter(|b| root.join("crates").join(b.package).exists())
+        .collect()
+}
+
+fn test_all(root: &Path, args: &[String]) -> Result<()> {
+    let started = Instant::now();
+    let available = present(root);
+    let chosen: Vec<&Backend> = match args.iter().position(|a| a == "--backends") {
+        Some(i) => {
+            let list = args
+                .get(i + 1)
+                .context("--backends needs a list, e.g. memory,sqlite")?;
+            let mut chosen = Vec::new();
+            for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                let Some(b) = available.iter().find(|b| b.name == name) else {
+                    bail!(
+                        "unknown backend {name:?}; this checkout has: {}",
+                        available
+                            .iter()
+                            .map(|b| b.name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                };
+                chosen.push(*b);
+            }
+            chosen
+        }
+        None => available.clone(),
+    };
+
+    // Find every server before spending time on the build: a missing one
+    // fails the run here, with how to provide it.
+    let mut servers = Vec::new();
+    for backend in &chosen {
+        let Some(server) = backend.server else {
+            continue;
+        };
+        let where_ = locate(server).map_err(|message| {
+            anyhow::anyhow!(
+                "{message}\nor leave the {} backend out: cargo xtask test-all --backends {}",
+                backend.name,
+                chosen
+                    .iter()
+                    .filter(|b| b.name != backend.name)
+                    .map(|b| b.name)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        })?;
+        servers.push((backend.name, where_));
+    }
+
+    step("cargo fmt", cargo(&["fmt", "--all", "--", "--check"]))?;
+    step(
+        "cargo clippy",
+        cargo(&[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+
+    let mut test = vec!["test", "--workspace", "--all-features"];
+    for backend in available
+        .iter()
+        .filter(|b| !chosen.iter().any(|c| c.name == b.name))
+    {
+        if backend.name != "memory" {
+            test.extend(["--exclude", backend.package]);
+        }
+    }
+    step("cargo test (unit, suites, doc tests)", cargo(&test))?;
+
+    let mut doc = cargo(&["doc", "--workspace", "--no-deps", "--all-features"]);
+    doc.env(
+        "RUSTDOCFLAGS",
+        "-D warnings -D rustdoc::broken_intra_doc_links",
+    );
+    step("cargo doc", doc)?;
+
+    step(
+        "example: leaderless",
+        cargo(&[
+            "run",
+            "--quiet",
+            "-p",
+            "anarchon",
+            "--example",
+            "leaderless",
+        ]),
+    )?;
+
+    // Fault tests stop or disturb servers, so each crate's run alone, one
+    // test at a time, after everything else.
+    for backend in &chosen {
+        if root
+            .join("crates")
+            .join(backend.package)
+            .join("tests/faults.rs")
+            .exists()
+        {
+            step(
+                &format!("fault tests: {}", backend.name),
+                cargo(&[
+                    "test",
+                    "-p",
+                    backend.package,
+                    "--test",
+                    "faults",
+                    "--",
+                    "--test-threads=1",
+                ]),
+            )?;
+        }
+    }
+
+    println!("\n== backends tested ==");
+    for backend in &chosen {
+        match servers.iter().find(|(name, _)| *name == backend.name) {
+            Some((_, url)) => println!("  {:<8} against {url}", backend.name),
+            None => println!("  {:<8} in process", backend.name),
+        }
+    }
+    for backend in available
+        .iter()
+        .filter(|b| !chosen.iter().any(|c| c.name == b.name))
+    {
+        println!(
+            "  {:<8} NOT TESTED (left out with --backends)",
+            backend.name
+        );
+    }
+    println!("test-all passed in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// The server's URL (redacted) and how it was found, or how to provide one.
+fn locate(server: Server) -> std::result::Result<String, String> {
+    if let Ok(url) = std::env::var(server.env_var)
+        && !url.trim().is_empty()
+    {
+        return Ok(format!("{} (from {})", redact(&url), server.env_var));
+    }
+    if answers(server.address) {
+        return Ok(format!("{} (local default)", server.default_url));
+    }
+    Err(format!(
+        "no {} server: nothing answers at {} and {} is not set.\n\
+         Start it with `cargo xtask services --start` (this project's machines), \
+         `docker compose up -d` (a machine with Docker), or set {} to its URL.",
+        server.name, server.address, server.env_var, server.env_var
+    ))
+}
+
+/// The URL with any password replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{path}")
+            } else {
+                format!("{scheme}://{userinfo}@{host}{path}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+fn answers(address: &str) -> bool {
+    address
+        .parse::<SocketAddr>()
+        .ok()
+        .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok())
+}
+
+fn services(start: bool) -> Result<()> {
+    let mut missing = Vec::new();
+    for server in [POSTGRES, REDIS, RABBITMQ, NATS] {
+        if answers(server.address) {
+            println!("{:<10} answers at {}", server.name, server.address);
+            continue;
+        }
+        if !start {
+            println!("{:<10} DOES NOT ANSWER at {}", server.name, server.address);
+            missing.push(server.name);
+            continue;
+        }
+        println!(
+            "{:<10} not answering at {}; starting: {}",
+            server.name, server.address, server.start
+        );
+        let status = Command::new("sh").arg("-c").arg(server.start).status();
+        if let Err(e) = &status {
+            println!("  could not run the start command: {e}");
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !answers(server.address) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        if answers(server.address) {
+            println!("{:<10} started", server.name);
+        } else {
+            println!("{:<10} still does not answer after 90 s", server.name);
+            missing.push(server.name);
+        }
+    }
+    if !missing.is_empty() {
+        bail!("not answering: {}", missing.join(", "));
+    }
+    Ok(())
+}
+
+fn cargo(args: &[&str]) -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(args);
+    cmd
+}
+
+fn step(name: &str, mut cmd: Command) -> Result<()> {
+    println!("\n== {name} ==");
+    let started = Instant::now();
+    let status = cmd
+        .status()
+        .with_context(|| format!("could not run {name}"))?;
+    if !status.success() {
+        bail!("{name} failed ({status})");
+    }
+    println!("== {name}: ok in {:.1?} ==", started.elapsed());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact("amqp://guest:secret@h:5672/%2f"),
+            "amqp://guest:***@h:5672/%2f"
+        );
+        assert_eq!(
+            redact("postgres://postgres@h/test"),
+            "postgres://postgres@h/test"
+        );
+        assert_eq!(redact("redis://:pw@h:6379"), "redis://:***@h:6379");
+        assert_eq!(redact("nats://h:4222"), "nats://h:4222");
+    }
+}
