@@ -8,7 +8,7 @@
 //!   that checks fences.
 //! * [`servers`]: finding a Redis, PostgreSQL, RabbitMQ or NATS server.
 //!
-//! ```ignore
+//! ```text
 //! // In a backend's tests/suite.rs:
 //! anarchon_testkit::claim_suite!(MyFactory::new().await);
 //! anarchon_testkit::lease_suite!(MyFactory::new().await);

@@ -81,6 +81,8 @@ pub struct Faulty<S: ?Sized> {
     down: AtomicBool,
     heartbeats_down: AtomicBool,
     heartbeats: AtomicU64,
+    claims: AtomicU64,
+    peeks: AtomicU64,
 }
 
 impl<S: LeaseStore + ?Sized> Faulty<S> {
@@ -91,7 +93,20 @@ impl<S: LeaseStore + ?Sized> Faulty<S> {
             down: AtomicBool::new(false),
             heartbeats_down: AtomicBool::new(false),
             heartbeats: AtomicU64::new(0),
+            claims: AtomicU64::new(0),
+            peeks: AtomicU64::new(0),
         })
+    }
+
+    /// How many claim calls (`claim`, `claim_lease`, `claim_many`) were
+    /// sent through this handle: each is one round trip.
+    pub fn claim_calls(&self) -> u64 {
+        self.claims.load(Ordering::SeqCst)
+    }
+
+    /// How many `peek` calls were sent through this handle.
+    pub fn peeks(&self) -> u64 {
+        self.peeks.load(Ordering::SeqCst)
     }
 
     /// While `true`, every call fails as if the store were unreachable.
@@ -134,6 +149,7 @@ impl<S: ?Sized> fmt::Debug for Faulty<S> {
 #[async_trait]
 impl<S: LeaseStore + ?Sized> ClaimStore for Faulty<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
         self.check()?;
         self.inner.claim(req).await
     }
@@ -150,16 +166,19 @@ impl<S: LeaseStore + ?Sized> ClaimStore for Faulty<S> {
 #[async_trait]
 impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
         self.check()?;
         self.inner.claim_lease(req).await
     }
 
     async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
         self.check()?;
         self.inner.claim_many(reqs).await
     }
 
     async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {
+        self.peeks.fetch_add(1, Ordering::SeqCst);
         self.check()?;
         self.inner.peek(run).await
     }

@@ -1,0 +1,753 @@
+//! The scheduler's behaviour over `MemoryStore`, on tokio's paused clock:
+//! retries, fencing, failures, timeouts, shutdown, catch-up, jitter, clock
+//! steps and skew, batching, and the configuration errors.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anarchon_core::{
+    Attempt, CancelReason, ClaimStore, Clock, ConfigError, FinalState, InstanceId, JobName,
+    JobOptions, LeaseStore, Memory, MemoryStore, Overlap, RecordState, RunContext, Schedule,
+    Scheduler, SchedulerOptions, Slot, Timestamp,
+};
+use anarchon_testkit::{ClaimOnlyStore, Faulty, SkewedClock, TestClock};
+
+type Runs = Arc<Mutex<Vec<(Slot, Attempt, String)>>>;
+
+fn runs() -> Runs {
+    Arc::default()
+}
+
+fn record(runs: &Runs, ctx: &RunContext) {
+    runs.lock()
+        .unwrap()
+        .push((ctx.slot(), ctx.attempt(), ctx.instance().to_string()));
+}
+
+fn by_slot(runs: &Runs) -> BTreeMap<Slot, Vec<(Attempt, String)>> {
+    let mut map: BTreeMap<Slot, Vec<(Attempt, String)>> = BTreeMap::new();
+    for (slot, attempt, who) in runs.lock().unwrap().iter() {
+        map.entry(*slot).or_default().push((*attempt, who.clone()));
+    }
+    map
+}
+
+fn every(secs: u64) -> Schedule {
+    Schedule::every(Duration::from_secs(secs)).unwrap()
+}
+
+fn id(name: &str) -> InstanceId {
+    InstanceId::new(name).unwrap()
+}
+
+/// A clock and a memory store on it, starting at a whole minute.
+fn setup() -> (Arc<TestClock>, Arc<MemoryStore>) {
+    let now = anarchon_core::SystemClock.now().as_millis();
+    let clock = TestClock::starting_at(Timestamp::from_millis(now - now.rem_euclid(60_000)));
+    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    (clock, store)
+}
+
+async fn sleep(secs: f64) {
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_reply_is_retried_with_the_same_token_and_runs_once() {
+    let (clock, store) = setup();
+    let runs = runs();
+    let mut schedulers = Vec::new();
+    for name in ["a", "b"] {
+        let mut b = Scheduler::builder(store.clone())
+            .clock(clock.clone())
+            .instance_id(id(name));
+        let r = runs.clone();
+        b.job("tick", every(10))
+            .unwrap()
+            .run(move |ctx| {
+                let r = r.clone();
+                async move {
+                    record(&r, &ctx);
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+        schedulers.push(b.start().unwrap());
+    }
+    // The next store call (the first claim) does its work but its reply is lost.
+    store.lose_replies(1);
+    sleep(35.0).await;
+    for s in schedulers {
+        s.shutdown().await;
+    }
+    let map = by_slot(&runs);
+    assert!(map.len() >= 3, "{map:?}");
+    for (slot, who) in &map {
+        assert_eq!(who.len(), 1, "slot {slot} ran {who:?}");
+        assert_eq!(who[0].0, Attempt::FIRST);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_runner_is_cancelled() {
+    let (clock, store) = setup();
+    let seen: Arc<Mutex<Option<(RunContext, Option<CancelReason>)>>> = Arc::default();
+    let mut b = Scheduler::builder(store.clone())
+        .clock(clock.clone())
+        .lease(Duration::from_secs(3))
+        .heartbeat(Duration::from_secs(1));
+    let s2 = seen.clone();
+    b.job("long", every(60))
+        .unwrap()
+        .run(move |ctx| {
+            let s2 = s2.clone();
+            async move {
+                *s2.lock().unwrap() = Some((ctx.clone(), None));
+                ctx.cancelled().await;
+                s2.lock().unwrap().as_mut().unwrap().1 = ctx.cancel_reason();
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    sleep(61.0).await;
+    let ctx = seen
+        .lock()
+        .unwrap()
+        .as_ref()
+        .expect("the run started")
+        .0
+        .clone();
+    let run = anarchon_core::RunKey::new(ctx.job().clone(), ctx.slot());
+    // Someone else takes the run over: the lease is released (as a test
+    // shortcut) and another token claims it.
+    store.release(&run, ctx.token()).await.unwrap();
+    let thief = anarchon_testkit::lease::lease_claim(
+        run.clone(),
+        anarchon_core::Token::generate(),
+        "thief",
+    );
+    let mut thief = thief;
+    thief.claim.max_late = Duration::from_secs(3600);
+    assert!(matches!(
+        store.claim_lease(&thief).await.unwrap(),
+        anarchon_core::ClaimOutcome::Won(_)
+    ));
+    sleep(2.0).await;
+    assert_eq!(
+        seen.lock().unwrap().as_ref().unwrap().1,
+        Some(CancelReason::Fenced)
+    );
+    assert_eq!(scheduler.metrics().fenced, 1);
+    scheduler.shutdown().await;
+    // The thief's attempt is what the history shows; the fenced runner wrote nothing.
+    let history = store.history(&run.job, 1).await.unwrap();
+    assert_eq!(history[0].instance.as_ref().unwrap().as_str(), "thief");
+    assert_eq!(history[0].state, RecordState::Running);
+}
+
+#[tokio::test(start_paused = true)]
+async fn errors_panics_and_timeouts_are_recorded_failed() {
+    let (clock, store) = setup();
+    let mut b = Scheduler::builder(store.clone()).clock(clock.clone());
+    b.job("errs", every(60))
+        .unwrap()
+        .run(|_| async { Err::<(), _>("disk full") })
+        .unwrap();
+    b.job("panics", every(60))
+        .unwrap()
+        .run(|_| async {
+            if true {
+                panic!("oh no");
+            }
+            Ok::<(), String>(())
+        })
+        .unwrap();
+    b.job("slow", every(60))
+        .unwrap()
+        .timeout(Duration::from_secs(5))
+        .run(|ctx| async move {
+            ctx.cancelled().await;
+            Ok::<(), String>(())
+        })
+        .unwrap();
+    b.job("fine", every(60))
+        .unwrap()
+        .run(|_| async { Ok::<(), String>(()) })
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    // The clock starts on a whole minute: that slot is due at once.
+    sleep(30.0).await;
+    let m = scheduler.metrics();
+    scheduler.shutdown().await;
+    let last = |job: &str| {
+        let store = store.clone();
+        let job = JobName::new(job).unwrap();
+        async move { store.history(&job, 1).await.unwrap().remove(0) }
+    };
+    let errs = last("errs").await;
+    assert_eq!(errs.state, RecordState::Finished(FinalState::Failed));
+    assert_eq!(errs.error.as_deref(), Some("disk full"));
+    let panics = last("panics").await;
+    assert_eq!(panics.state, RecordState::Finished(FinalState::Failed));
+    assert!(
+        panics.error.as_deref().unwrap().contains("panicked: oh no"),
+        "{panics:?}"
+    );
+    let slow = last("slow").await;
+    assert_eq!(slow.state, RecordState::Finished(FinalState::Failed));
+    assert!(
+        slow.error.as_deref().unwrap().contains("timed out"),
+        "{slow:?}"
+    );
+    assert_eq!(
+        last("fine").await.state,
+        RecordState::Finished(FinalState::Succeeded)
+    );
+    assert_eq!((m.failed, m.succeeded), (3, 1), "{m:?}");
+}
+
+/// A released lease is taken over at the backup's next read, which comes at
+/// the latest one lease period after the release (backups read once per
+/// lease period); without the release the backup would find the lease
+/// renewed and wait for it to run out.
+#[tokio::test(start_paused = true)]
+async fn shutdown_hands_a_running_run_over_to_a_backup() {
+    let (clock, store) = setup();
+    let runs = runs();
+    let lease = Duration::from_secs(30);
+    let mut schedulers = Vec::new();
+    for name in ["a", "b"] {
+        let mut b = Scheduler::builder(store.clone())
+            .clock(clock.clone())
+            .instance_id(id(name))
+            .lease(lease)
+            .shutdown_grace(Duration::from_secs(2));
+        let r = runs.clone();
+        b.job("long", every(3600))
+            .unwrap()
+            .run(move |ctx| {
+                let r = r.clone();
+                async move {
+                    record(&r, &ctx);
+                    // The first attempt runs until cancelled; a takeover finishes.
+                    if ctx.attempt() == Attempt::FIRST {
+                        ctx.cancelled().await;
+                    }
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+        schedulers.push(b.start().unwrap());
+    }
+    sleep(3601.0).await;
+    let first = runs.lock().unwrap()[0].clone();
+    let runner = if first.2 == "a" { 0 } else { 1 };
+    let backup = schedulers.remove(1 - runner);
+    let stopping = schedulers.remove(0);
+    let stopped_at = tokio::time::Instant::now();
+    let report = stopping.shutdown().await;
+    assert_eq!(report.handed_over, 1);
+    let released_at = tokio::time::Instant::now();
+    while by_slot(&runs)[&first.0].len() < 2 {
+        assert!(
+            released_at.elapsed() <= lease,
+            "no takeover within one lease of the release"
+        );
+        sleep(0.1).await;
+    }
+    let map = by_slot(&runs);
+    let attempts = &map[&first.0];
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert_eq!(attempts[1].0, Attempt::FIRST.next());
+    assert_ne!(attempts[1].1, first.2);
+    assert!(stopped_at.elapsed() <= Duration::from_secs(2) + lease);
+    backup.shutdown().await;
+    let history = store
+        .history(&JobName::new("long").unwrap(), 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        history[0].state,
+        RecordState::Finished(FinalState::Succeeded)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn catch_up_runs_missed_slots_in_order_once() {
+    let (clock, store) = setup();
+    let runs = runs();
+    let start = |name: &'static str| {
+        let mut b = Scheduler::builder(store.clone())
+            .clock(clock.clone())
+            .instance_id(id(name));
+        let r = runs.clone();
+        b.job("minutely", every(60))
+            .unwrap()
+            .catch_up(Duration::from_secs(600))
+            .run(move |ctx| {
+                let r = r.clone();
+                async move {
+                    record(&r, &ctx);
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+        b.start().unwrap()
+    };
+    let a = start("a");
+    sleep(1.0).await;
+    let b = start("b");
+    sleep(1.0).await;
+    a.shutdown().await;
+    b.shutdown().await;
+    let slots: Vec<Slot> = runs.lock().unwrap().iter().map(|r| r.0).collect();
+    // Ten minutes of window: the slots at -10 min (exclusive) .. now.
+    assert_eq!(slots.len(), 10, "{slots:?}");
+    assert!(
+        slots.windows(2).all(|w| w[0] < w[1]),
+        "in slot order: {slots:?}"
+    );
+    assert!(
+        runs.lock().unwrap().iter().all(|r| r.2 == "a"),
+        "the second instance found them done"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_catch_up_a_new_instance_waits_for_the_next_slot() {
+    let (clock, store) = setup();
+    let runs = runs();
+    clock.step(true, Duration::from_secs(30));
+    let mut b = Scheduler::builder(store.clone()).clock(clock.clone());
+    let r = runs.clone();
+    b.job("minutely", every(60))
+        .unwrap()
+        .run(move |ctx| {
+            let r = r.clone();
+            async move {
+                record(&r, &ctx);
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+    let s = b.start().unwrap();
+    sleep(29.0).await;
+    assert!(runs.lock().unwrap().is_empty());
+    sleep(2.0).await;
+    assert_eq!(runs.lock().unwrap().len(), 1);
+    s.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn jitter_spreads_claims_the_same_way_on_every_instance() {
+    let (clock, store) = setup();
+    let started: Arc<Mutex<Vec<(String, Slot, Timestamp)>>> = Arc::default();
+    let mut schedulers = Vec::new();
+    for name in ["a", "b", "c"] {
+        let mut b = Scheduler::builder(store.clone())
+            .clock(clock.clone())
+            .instance_id(id(name));
+        for job in 0..20 {
+            let st = started.clone();
+            let clk = clock.clone();
+            b.job(format!("j{job}"), every(60))
+                .unwrap()
+                .jitter(Duration::from_secs(10))
+                .run(move |ctx| {
+                    let st = st.clone();
+                    let now = clk.now();
+                    async move {
+                        st.lock()
+                            .unwrap()
+                            .push((ctx.job().to_string(), ctx.slot(), now));
+                        Ok::<_, String>(())
+                    }
+                })
+                .unwrap();
+        }
+        schedulers.push(b.start().unwrap());
+    }
+    sleep(30.0).await;
+    for s in schedulers {
+        s.shutdown().await;
+    }
+    let started = started.lock().unwrap().clone();
+    assert_eq!(started.len(), 20, "each job's slot ran once: {started:?}");
+    let offsets: Vec<i64> = started
+        .iter()
+        .map(|(_, slot, at)| at.as_millis() - slot.as_millis())
+        .collect();
+    assert!(
+        offsets.iter().all(|o| (0..10_000).contains(o)),
+        "{offsets:?}"
+    );
+    let distinct: std::collections::HashSet<i64> = offsets.iter().map(|o| o / 1000).collect();
+    assert!(distinct.len() > 3, "jitter spreads the jobs: {offsets:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn due_jobs_are_claimed_in_one_round_trip() {
+    let (clock, store) = setup();
+    let faulty = Faulty::new(store.clone());
+    let mut b = Scheduler::builder(faulty.clone()).clock(clock.clone());
+    for job in 0..500 {
+        b.job(format!("job{job}"), every(60))
+            .unwrap()
+            .run(|_| async { Ok::<_, String>(()) })
+            .unwrap();
+    }
+    let s = b.start().unwrap();
+    // The clock starts on a whole minute: that slot is due at once.
+    sleep(30.0).await;
+    assert_eq!(
+        faulty.claim_calls(),
+        1,
+        "500 jobs due at one slot: one claim_many; {:?}",
+        s.metrics()
+    );
+    assert_eq!(s.metrics().wins, 500);
+    s.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backup_reads_once_per_lease_period() {
+    let (clock, store) = setup();
+    let lease = Duration::from_secs(10);
+    let mut handles = Vec::new();
+    let mut schedulers = Vec::new();
+    for name in ["a", "b"] {
+        let f = Faulty::new(store.clone());
+        handles.push(f.clone());
+        let mut b = Scheduler::builder(f)
+            .clock(clock.clone())
+            .instance_id(id(name))
+            .lease(lease);
+        b.job("long", every(3600))
+            .unwrap()
+            .run(|ctx| async move {
+                tokio::select! {
+                    () = ctx.cancelled() => {}
+                    () = tokio::time::sleep(Duration::from_secs(100)) => {}
+                }
+                Ok::<_, String>(())
+            })
+            .unwrap();
+        schedulers.push(b.start().unwrap());
+    }
+    sleep(3600.0 + 100.0 + 5.0).await;
+    let peeks: u64 = handles.iter().map(|h| h.peeks()).sum();
+    // 100 s of a live 10 s lease: about 10 reads, never a claim.
+    assert!((9..=11).contains(&peeks), "{peeks} peeks");
+    let claims: u64 = handles.iter().map(|h| h.claim_calls()).sum();
+    assert_eq!(
+        claims, 2,
+        "one claim each; the backup never claimed a live lease"
+    );
+    for s in schedulers {
+        s.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn overlap_skip_never_runs_two_at_once() {
+    let (clock, store) = setup();
+    let active = Arc::new(std::sync::atomic::AtomicI32::new(0));
+    let max_active = Arc::new(std::sync::atomic::AtomicI32::new(0));
+    let mut schedulers = Vec::new();
+    for name in ["a", "b", "c"] {
+        let mut b = Scheduler::builder(store.clone())
+            .clock(clock.clone())
+            .instance_id(id(name));
+        let (act, max) = (active.clone(), max_active.clone());
+        b.job("slow", every(1))
+            .unwrap()
+            .overlap(Overlap::Skip)
+            .run(move |_| {
+                let (act, max) = (act.clone(), max.clone());
+                async move {
+                    let now = act.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    max.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(3500)).await;
+                    act.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+        schedulers.push(b.start().unwrap());
+    }
+    sleep(30.0).await;
+    let skipped: u64 = schedulers.iter().map(|s| s.metrics().skipped).sum();
+    for s in schedulers {
+        s.shutdown().await;
+    }
+    assert_eq!(max_active.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(skipped > 10, "{skipped}");
+    let history = store
+        .history(&JobName::new("slow").unwrap(), 100)
+        .await
+        .unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|r| r.state == RecordState::Finished(FinalState::Skipped))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn skewed_and_stepping_clocks_never_run_a_slot_twice() {
+    let (clock, store) = setup();
+    let runs = runs();
+    let stepper = TestClock::starting_at(clock.now());
+    let clocks: Vec<(&str, Arc<dyn Clock>)> = vec![
+        (
+            "ahead",
+            SkewedClock::new(clock.clone(), true, Duration::from_secs(30)),
+        ),
+        (
+            "behind",
+            SkewedClock::new(clock.clone(), false, Duration::from_secs(30)),
+        ),
+        ("true", clock.clone()),
+        ("stepper", stepper.clone()),
+    ];
+    let mut schedulers = Vec::new();
+    for (name, c) in clocks {
+        let mut b = Scheduler::builder(store.clone())
+            .clock(c)
+            .instance_id(id(name));
+        let r = runs.clone();
+        b.job("tick", every(5))
+            .unwrap()
+            .max_late(Duration::from_secs(60))
+            .run(move |ctx| {
+                let r = r.clone();
+                async move {
+                    record(&r, &ctx);
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+        schedulers.push(b.start().unwrap());
+    }
+    sleep(100.0).await;
+    stepper.step(true, Duration::from_secs(3600));
+    sleep(100.0).await;
+    for s in schedulers {
+        s.shutdown().await;
+    }
+    let map = by_slot(&runs);
+    for (slot, who) in &map {
+        assert_eq!(who.len(), 1, "slot {slot} ran {who:?}");
+    }
+    // Every slot of the true timeline, from the first run to now, ran once;
+    // the stepped instance ran slots an hour ahead, which nobody runs again.
+    let first = *map.keys().next().unwrap();
+    let now = clock.now();
+    let mut slot = first;
+    let mut checked = 0;
+    while slot.at().as_millis() + 5000 <= now.as_millis() {
+        assert_eq!(
+            map.get(&slot).map_or(0, Vec::len),
+            1,
+            "slot {slot}: {map:?}"
+        );
+        slot = Slot::from_millis(slot.as_millis() + 5000);
+        checked += 1;
+    }
+    assert!(checked >= 35, "{checked}");
+    assert!(
+        map.keys()
+            .any(|s| s.as_millis() > now.as_millis() + 3000_000),
+        "the stepped clock claims slots an hour ahead"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_only_store_skips_late_slots_locally_after_a_clock_step() {
+    let clock = TestClock::new();
+    let store = Arc::new(ClaimOnlyStore::default());
+    let runs = runs();
+    let mut b = Scheduler::builder(store).clock(clock.clone());
+    let r = runs.clone();
+    b.job("tick", every(10))
+        .unwrap()
+        .max_late(Duration::from_secs(15))
+        .run(move |ctx| {
+            let r = r.clone();
+            async move {
+                record(&r, &ctx);
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+    let s = b.start().unwrap();
+    sleep(25.0).await;
+    let before = runs.lock().unwrap().len();
+    clock.step(true, Duration::from_secs(3600));
+    sleep(1.5).await;
+    let after_step = runs.lock().unwrap().len();
+    let m = s.metrics();
+    s.shutdown().await;
+    assert!(before >= 2);
+    // At most the one slot inside the 15 s late window right after the step.
+    assert!(after_step - before <= 2, "{before} -> {after_step}");
+    assert!(m.late >= 1, "{m:?}");
+}
+
+#[tokio::test]
+async fn lease_only_options_from_configuration_are_refused_for_claim_only_stores() {
+    let store: Arc<dyn ClaimStore> = Arc::new(ClaimOnlyStore::default());
+    let cases: [(&str, JobOptions); 3] = [
+        ("overlap", {
+            let mut o = JobOptions::default();
+            o.overlap = Some(Overlap::Skip);
+            o
+        }),
+        ("max_attempts", {
+            let mut o = JobOptions::default();
+            o.max_attempts = Some(2);
+            o
+        }),
+        ("catch_up", {
+            let mut o = JobOptions::default();
+            o.catch_up = Some(Duration::from_secs(60));
+            o
+        }),
+    ];
+    for (option, opts) in cases {
+        let mut b = Scheduler::builder(store.clone());
+        let err = b
+            .job("j", every(60))
+            .unwrap()
+            .options(&opts)
+            .run(|_| async { Ok::<_, String>(()) })
+            .unwrap_err();
+        match &err {
+            ConfigError::UnsupportedOption { option: o, backend } => {
+                assert_eq!(*o, option);
+                assert_eq!(*backend, "claim-only-test");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(err.to_string().contains(option), "{err}");
+    }
+    for (option, opts) in [
+        ("lease", {
+            let mut o = SchedulerOptions::default();
+            o.lease = Some(Duration::from_secs(30));
+            o
+        }),
+        ("heartbeat", {
+            let mut o = SchedulerOptions::default();
+            o.heartbeat = Some(Duration::from_secs(5));
+            o
+        }),
+    ] {
+        let err = Scheduler::builder(store.clone())
+            .options(&opts)
+            .start()
+            .unwrap_err();
+        assert!(
+            matches!(err, ConfigError::UnsupportedOption { option: o, .. } if o == option),
+            "{err}"
+        );
+    }
+    // The same options are fine on a lease store chosen at run time.
+    let lease: Arc<dyn ClaimStore> = Arc::new(MemoryStore::new());
+    let mut opts = JobOptions::default();
+    opts.overlap = Some(Overlap::Skip);
+    opts.max_attempts = Some(2);
+    opts.catch_up = Some(Duration::from_secs(60));
+    let mut sopts = SchedulerOptions::default();
+    sopts.lease = Some(Duration::from_secs(30));
+    let mut b = Scheduler::builder(lease).options(&sopts);
+    b.job("j", every(60))
+        .unwrap()
+        .options(&opts)
+        .run(|_| async { Ok::<_, String>(()) })
+        .unwrap();
+    b.start().unwrap().shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_configuration_is_a_typed_error_at_build_time() {
+    let store = Arc::new(MemoryStore::new());
+    let err = Scheduler::builder(store.clone())
+        .lease(Duration::from_secs(10))
+        .heartbeat(Duration::from_secs(10))
+        .start()
+        .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::HeartbeatNotShorterThanLease { .. }),
+        "{err}"
+    );
+    let err = Scheduler::builder(store.clone())
+        .lease(Duration::ZERO)
+        .start()
+        .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::ZeroDuration { option: "lease" }),
+        "{err}"
+    );
+
+    let mut b = Scheduler::builder(store.clone());
+    let err = b
+        .job("j", every(60))
+        .unwrap()
+        .max_attempts(0)
+        .run(|_| async { Ok::<_, String>(()) })
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::ZeroMaxAttempts), "{err}");
+    let err = b
+        .job("j", every(60))
+        .unwrap()
+        .timeout(Duration::ZERO)
+        .run(|_| async { Ok::<_, String>(()) })
+        .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::ZeroDuration { option: "timeout" }),
+        "{err}"
+    );
+    let err = b.job("bad name", every(60)).unwrap_err();
+    assert!(matches!(err, ConfigError::InvalidJobName { .. }), "{err}");
+    b.job("j", every(60))
+        .unwrap()
+        .run(|_| async { Ok::<_, String>(()) })
+        .unwrap();
+    let err = b.job("j", every(60)).unwrap_err();
+    assert!(matches!(err, ConfigError::DuplicateJob { .. }), "{err}");
+
+    let short = Arc::new(ClaimOnlyStore::remembering(Memory::Window(
+        Duration::from_secs(60),
+    )));
+    let mut b = Scheduler::builder(short);
+    let err = b
+        .job("j", every(60))
+        .unwrap()
+        .max_late(Duration::from_secs(55))
+        .run(|_| async { Ok::<_, String>(()) })
+        .unwrap_err();
+    assert!(matches!(err, ConfigError::MemoryTooShort { .. }), "{err}");
+    assert!(
+        err.to_string().contains("could win the run a second time"),
+        "{err}"
+    );
+    b.job("j", every(60))
+        .unwrap()
+        .max_late(Duration::from_secs(50))
+        .run(|_| async { Ok::<_, String>(()) })
+        .unwrap();
+
+    let mut opts = SchedulerOptions::default();
+    opts.instance_id = Some("has space".into());
+    let err = Scheduler::builder(store)
+        .options(&opts)
+        .start()
+        .unwrap_err();
+    assert!(
+        matches!(err, ConfigError::InvalidInstanceId { .. }),
+        "{err}"
+    );
+}
