@@ -1,6 +1,8 @@
 //! Lease-only options do not compile against a claim-only store, and do
 //! against a lease store.
 
+#![allow(clippy::unwrap_used)]
+
 #[test]
 fn lease_only_options_need_a_lease_store() {
     let t = trybuild::TestCases::new();

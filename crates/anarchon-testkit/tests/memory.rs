@@ -1,5 +1,7 @@
 //! `MemoryStore` and the claim-only test store through the conformance suites.
 
+#![allow(clippy::unwrap_used)]
+
 use anarchon_testkit::{ClaimOnlyFactory, MemoryFactory};
 
 mod memory_claims {

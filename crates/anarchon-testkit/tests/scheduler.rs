@@ -2,6 +2,8 @@
 //! retries, fencing, failures, timeouts, shutdown, catch-up, jitter, clock
 //! steps and skew, batching, and the configuration errors.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -92,7 +94,8 @@ async fn a_lost_reply_is_retried_with_the_same_token_and_runs_once() {
 #[tokio::test(start_paused = true)]
 async fn a_fenced_runner_is_cancelled() {
     let (clock, store) = setup();
-    let seen: Arc<Mutex<Option<(RunContext, Option<CancelReason>)>>> = Arc::default();
+    type Seen = Option<(RunContext, Option<CancelReason>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
     let mut b = Scheduler::builder(store.clone())
         .clock(clock.clone())
         .lease(Duration::from_secs(3))
@@ -559,7 +562,7 @@ async fn skewed_and_stepping_clocks_never_run_a_slot_twice() {
     assert!(checked >= 35, "{checked}");
     assert!(
         map.keys()
-            .any(|s| s.as_millis() > now.as_millis() + 3000_000),
+            .any(|s| s.as_millis() > now.as_millis() + 3_000_000),
         "the stepped clock claims slots an hour ahead"
     );
 }
