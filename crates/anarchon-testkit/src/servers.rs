@@ -1,15 +1,15 @@
 //! Finding a test server.
 //!
 //! In order: the service's environment variable; the local default address,
-//! if something answers there; otherwise the test fails with a message that
-//! says how to provide a server. A missing server is never a silent skip.
-//! (Containers: on a machine with a Docker engine, start the services with
-//! the repository's `docker-compose.yml`; they listen on the local defaults.)
+//! if something answers there; with the `containers` feature, a container
+//! started through testcontainers when a Docker engine answers; otherwise the
+//! test fails with a message that says how to provide a server. A missing
+//! server is never a silent skip.
 
 use std::time::Duration;
 
 /// A service the backends' tests need.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Service {
     /// Redis or Valkey.
@@ -71,13 +71,15 @@ pub enum Found {
     FromEnv(String),
     /// Something answered at the local default address.
     Local(String),
+    /// A container this test process started (or reused).
+    Container(String),
 }
 
 impl Found {
     /// The URL to connect to.
     pub fn url(&self) -> &str {
         match self {
-            Found::FromEnv(url) | Found::Local(url) => url,
+            Found::FromEnv(url) | Found::Local(url) | Found::Container(url) => url,
         }
     }
 }
@@ -89,22 +91,46 @@ impl Found {
 /// A message naming the environment variable, the local default, and the
 /// commands that start the service.
 pub async fn locate(service: Service) -> Result<Found, String> {
-    if let Ok(url) = std::env::var(service.env_var())
+    locate_at(
+        service,
+        std::env::var(service.env_var()).ok(),
+        service.local_address(),
+    )
+    .await
+}
+
+async fn locate_at(
+    service: Service,
+    from_env: Option<String>,
+    local_address: &str,
+) -> Result<Found, String> {
+    if let Some(url) = from_env
         && !url.trim().is_empty()
     {
         return Ok(Found::FromEnv(url));
     }
-    let probe = tokio::net::TcpStream::connect(service.local_address());
-    match tokio::time::timeout(Duration::from_secs(2), probe).await {
-        Ok(Ok(_)) => Ok(Found::Local(service.local_default().to_owned())),
-        _ => Err(format!(
+    let probe = tokio::net::TcpStream::connect(local_address);
+    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), probe).await {
+        return Ok(Found::Local(service.local_default().to_owned()));
+    }
+    #[cfg(feature = "containers")]
+    let container_note = match containers::start(service).await {
+        Ok(url) => return Ok(Found::Container(url)),
+        Err(why) => format!("\nA container could not be started either: {why}"),
+    };
+    #[cfg(not(feature = "containers"))]
+    let container_note = String::from(
+        "\n(With a Docker engine, `--features anarchon-testkit/containers` starts one in a container.)",
+    );
+    {
+        Err(format!(
             "no {name} server for the tests: nothing answers at {addr} and {var} is not set.\n\
              Start one (`docker compose up -d` in the repository, or the commands in docs/testing.md), \
              or set {var} to its URL, or leave this backend out: `cargo xtask test-all --backends memory,...`",
             name = service.name(),
-            addr = service.local_address(),
+            addr = local_address,
             var = service.env_var(),
-        )),
+        ) + &container_note)
     }
 }
 
@@ -120,4 +146,151 @@ pub async fn require(service: Service) -> String {
 pub fn unique_prefix(stem: &str) -> String {
     let bits = anarchon_core::Token::generate().as_u128();
     format!("{stem}{:012x}", bits & 0xffff_ffff_ffff)
+}
+
+#[cfg(feature = "containers")]
+mod containers {
+    //! Test servers in containers, for machines with a Docker engine.
+    //!
+    //! Each service runs in one named container that later test processes
+    //! reuse (testcontainers' reuse), so a test run does not start a server
+    //! per test; remove them with `docker rm -f anarchon-test-<service>`.
+
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use testcontainers::core::IntoContainerPort;
+    use testcontainers::runners::AsyncRunner;
+    use testcontainers::{ContainerAsync, Image, ImageExt, ReuseDirective};
+    use testcontainers_modules::{nats, postgres, rabbitmq, redis};
+
+    use super::Service;
+
+    static URLS: Mutex<Option<HashMap<Service, String>>> = Mutex::new(None);
+
+    fn docker_answers() -> bool {
+        std::env::var_os("DOCKER_HOST").is_some()
+            || std::path::Path::new("/var/run/docker.sock").exists()
+    }
+
+    async fn run<I: Image>(
+        request: testcontainers::ContainerRequest<I>,
+        service: Service,
+        port: u16,
+    ) -> Result<u16, String> {
+        let container: ContainerAsync<I> = request
+            .with_container_name(format!(
+                "anarchon-test-{}",
+                format!("{service:?}").to_lowercase()
+            ))
+            .with_reuse(ReuseDirective::Always)
+            .start()
+            .await
+            .map_err(|e| e.to_string())?;
+        let host_port = container
+            .get_host_port_ipv4(port.tcp())
+            .await
+            .map_err(|e| e.to_string())?;
+        // Reused containers outlive this process on purpose.
+        std::mem::forget(container);
+        Ok(host_port)
+    }
+
+    pub(super) async fn start(service: Service) -> Result<String, String> {
+        if let Some(url) = URLS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|m| m.get(&service).cloned())
+        {
+            return Ok(url);
+        }
+        if !docker_answers() {
+            return Err("no Docker engine (no DOCKER_HOST, no /var/run/docker.sock)".into());
+        }
+        let url = match service {
+            Service::Redis => {
+                let port = run(redis::Redis::default().with_tag("7.4"), service, 6379).await?;
+                format!("redis://127.0.0.1:{port}")
+            }
+            Service::Postgres => {
+                let image = postgres::Postgres::default()
+                    .with_host_auth()
+                    .with_db_name("test")
+                    .with_tag("16-alpine");
+                let port = run(image, service, 5432).await?;
+                format!("postgres://postgres@127.0.0.1:{port}/test")
+            }
+            Service::Amqp => {
+                let port = run(
+                    rabbitmq::RabbitMq::default().with_tag("3.13-management"),
+                    service,
+                    5672,
+                )
+                .await?;
+                format!("amqp://guest:guest@127.0.0.1:{port}/%2f")
+            }
+            Service::Nats => {
+                let cmd = nats::NatsServerCmd::default().with_jetstream();
+                let port = run(
+                    nats::Nats::default().with_cmd(&cmd).with_tag("2.10"),
+                    service,
+                    4222,
+                )
+                .await?;
+                format!("nats://127.0.0.1:{port}")
+            }
+        };
+        URLS.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .insert(service, url.clone());
+        Ok(url)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_env_var_wins_without_a_probe() {
+        let found = locate_at(
+            Service::Redis,
+            Some("redis://elsewhere:1".into()),
+            "127.0.0.1:1",
+        )
+        .await;
+        assert_eq!(found, Ok(Found::FromEnv("redis://elsewhere:1".into())));
+    }
+
+    #[tokio::test]
+    async fn no_server_is_a_failure_that_says_what_to_do() {
+        let err = locate_at(Service::Postgres, None, "127.0.0.1:1")
+            .await
+            .unwrap_err();
+        assert!(err.contains("ANARCHON_PG_URL"), "{err}");
+        assert!(err.contains("docker compose up -d"), "{err}");
+        assert!(err.contains("--backends"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_listening_local_default_is_found() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let found = locate_at(Service::Nats, None, &address).await;
+        assert_eq!(found, Ok(Found::Local("nats://127.0.0.1:4222".into())));
+    }
+
+    #[test]
+    fn prefixes_are_unique_and_plain() {
+        let a = unique_prefix("t");
+        let b = unique_prefix("t");
+        assert_ne!(a, b);
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()),
+            "{a}"
+        );
+    }
 }
