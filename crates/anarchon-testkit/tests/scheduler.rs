@@ -754,3 +754,63 @@ async fn bad_configuration_is_a_typed_error_at_build_time() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn jitter_must_be_shorter_than_max_late() {
+    let mut b = Scheduler::builder(Arc::new(MemoryStore::new()));
+    let err = b
+        .job("j", every(60))
+        .unwrap()
+        .jitter(Duration::from_secs(90))
+        .run(|_| async { Ok::<_, String>(()) })
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::OutOfRange {
+                option: "jitter",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_scheduler_stops_it_and_hands_its_runs_over() {
+    let (clock, store) = setup();
+    let runs = runs();
+    let mut b = Scheduler::builder(store.clone())
+        .clock(clock.clone())
+        .instance_id(id("dropped"));
+    let r = runs.clone();
+    b.job("long", every(60))
+        .unwrap()
+        .run(move |ctx| {
+            let r = r.clone();
+            async move {
+                record(&r, &ctx);
+                ctx.cancelled().await;
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+    let s = b.start().unwrap();
+    sleep(1.0).await;
+    assert_eq!(runs.lock().unwrap().len(), 1);
+    drop(s);
+    sleep(120.0).await;
+    assert_eq!(runs.lock().unwrap().len(), 1, "no claims after the drop");
+    let history = store
+        .history(&JobName::new("long").unwrap(), 5)
+        .await
+        .unwrap();
+    assert_eq!(history.len(), 1);
+    let view = store.peek(&history[0].run).await.unwrap();
+    match view.state {
+        anarchon_core::RunState::Running { lease_until, .. } => {
+            assert!(lease_until < view.store_now, "the lease was released")
+        }
+        other => panic!("{other:?}"),
+    }
+}

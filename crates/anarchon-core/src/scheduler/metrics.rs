@@ -42,9 +42,10 @@ counters! {
     fenced,
     /// Store calls that failed after their retries.
     store_errors,
-    /// Runs whose handler succeeded.
+    /// Runs whose handler succeeded (not counting runs given up after
+    /// losing contact with the store, which are handed over instead).
     succeeded,
-    /// Runs whose handler failed, panicked or timed out.
+    /// Runs whose handler failed, panicked or timed out (same exception).
     failed,
     /// Runs handed over (lease released) at shutdown.
     handed_over,

@@ -346,7 +346,7 @@ where
         let driver = tokio::spawn(driver::drive(inner.clone()));
         Ok(Scheduler {
             inner,
-            driver,
+            driver: Some(driver),
             shutdown_grace: self.shutdown_grace,
         })
     }
@@ -498,6 +498,16 @@ where
             });
         }
         let jitter = o.jitter.map(|j| positive("jitter", j)).transpose()?;
+        if let Some(jitter) = jitter
+            && jitter >= max_late
+        {
+            return Err(ConfigError::OutOfRange {
+                option: "jitter",
+                reason: format!(
+                    "{jitter:?} is not shorter than max_late ({max_late:?}): claims fired late in the jitter window would be refused as too late"
+                ),
+            });
+        }
         let timeout = o.timeout.map(|t| positive("timeout", t)).transpose()?;
         let catch_up = o.catch_up.map(|c| positive("catch_up", c)).transpose()?;
         if catch_up.is_some_and(|c| c > MAX_WINDOW) {
@@ -584,12 +594,23 @@ pub(crate) struct Inner {
     pub(crate) tasks: TaskTracker,
 }
 
-/// A running scheduler. Dropping it stops nothing; call
-/// [`Scheduler::shutdown`] to stop and hand over.
+/// A running scheduler.
+///
+/// Call [`Scheduler::shutdown`] to stop it gracefully. Dropping it stops it
+/// at once: no new claims, and running handlers are cancelled and their
+/// leases released, without a grace period.
+#[must_use = "dropping a Scheduler stops it at once"]
 pub struct Scheduler {
     inner: Arc<Inner>,
-    driver: JoinHandle<()>,
+    driver: Option<JoinHandle<()>>,
     shutdown_grace: Duration,
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.inner.stop.cancel();
+        self.inner.hand_over.cancel();
+    }
 }
 
 /// What [`Scheduler::shutdown`] did.
@@ -628,10 +649,12 @@ impl Scheduler {
     /// Stops firing, waits up to the grace period for running handlers,
     /// then cancels the rest and releases their leases so a backup takes
     /// over at once.
-    pub async fn shutdown(self) -> ShutdownReport {
-        let inner = self.inner;
+    pub async fn shutdown(mut self) -> ShutdownReport {
+        let inner = self.inner.clone();
         inner.stop.cancel();
-        let _ = self.driver.await;
+        if let Some(driver) = self.driver.take() {
+            let _ = driver.await;
+        }
         inner.tasks.close();
         if tokio::time::timeout(self.shutdown_grace, inner.tasks.wait())
             .await

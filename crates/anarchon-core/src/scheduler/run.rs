@@ -172,10 +172,6 @@ pub(crate) async fn run_won(
             error: panic_message(join),
         },
     };
-    match &outcome {
-        RunOutcome::Succeeded => Metrics::add(&inner.metrics.succeeded),
-        RunOutcome::Failed { .. } => Metrics::add(&inner.metrics.failed),
-    }
     span.in_scope(|| tracing::info!(?outcome, "handler finished"));
     if let (Some(store), true) = (&lease_store, lost_contact) {
         // This runner gave the run up when it could no longer renew: it does
@@ -186,6 +182,10 @@ pub(crate) async fn run_won(
             Metrics::add(&inner.metrics.handed_over);
         }
         return;
+    }
+    match &outcome {
+        RunOutcome::Succeeded => Metrics::add(&inner.metrics.succeeded),
+        RunOutcome::Failed { .. } => Metrics::add(&inner.metrics.failed),
     }
     if let (Some(store), false) = (&lease_store, fenced) {
         let answer = with_retries("finish", || store.finish(&run, token, outcome.clone()))
