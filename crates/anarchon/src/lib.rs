@@ -46,3 +46,8 @@ pub use anarchon_sqlite as sqlite;
 #[cfg(feature = "pg")]
 #[doc(inline)]
 pub use anarchon_pg as pg;
+
+/// The Redis / Valkey backend.
+#[cfg(feature = "redis")]
+#[doc(inline)]
+pub use anarchon_redis as redis;

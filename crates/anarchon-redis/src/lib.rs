@@ -1,0 +1,1 @@
+//! anarchon's Redis backend (work in progress).
