@@ -80,6 +80,7 @@ pub struct Faulty<S: ?Sized> {
     inner: Arc<S>,
     down: AtomicBool,
     heartbeats_down: AtomicBool,
+    heartbeats_hang: AtomicBool,
     heartbeats: AtomicU64,
     claims: AtomicU64,
     peeks: AtomicU64,
@@ -92,6 +93,7 @@ impl<S: LeaseStore + ?Sized> Faulty<S> {
             inner,
             down: AtomicBool::new(false),
             heartbeats_down: AtomicBool::new(false),
+            heartbeats_hang: AtomicBool::new(false),
             heartbeats: AtomicU64::new(0),
             claims: AtomicU64::new(0),
             peeks: AtomicU64::new(0),
@@ -118,6 +120,12 @@ impl<S: LeaseStore + ?Sized> Faulty<S> {
     /// everything else works.
     pub fn set_heartbeats_down(&self, down: bool) {
         self.heartbeats_down.store(down, Ordering::SeqCst);
+    }
+
+    /// While `true`, heartbeats never answer, as on a connection whose
+    /// packets are silently dropped.
+    pub fn set_heartbeats_hang(&self, hang: bool) {
+        self.heartbeats_hang.store(hang, Ordering::SeqCst);
     }
 
     /// How many heartbeats were attempted through this handle.
@@ -196,6 +204,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
                 "faulty",
                 "heartbeats switched off by the test",
             ));
+        }
+        if self.heartbeats_hang.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
         }
         self.inner.heartbeat(run, token, lease).await
     }

@@ -814,3 +814,44 @@ async fn dropping_a_scheduler_stops_it_and_hands_its_runs_over() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_heartbeat_does_not_hold_the_runner_past_its_lease() {
+    let (clock, store) = setup();
+    let faulty = Faulty::new(store.clone());
+    let lease = Duration::from_secs(3);
+    let cancelled: Arc<Mutex<Option<(CancelReason, tokio::time::Instant)>>> = Arc::default();
+    let mut b = Scheduler::builder(faulty.clone())
+        .clock(clock.clone())
+        .lease(lease)
+        .heartbeat(Duration::from_secs(1));
+    let c = cancelled.clone();
+    b.job("long", every(60))
+        .unwrap()
+        .run(move |ctx| {
+            let c = c.clone();
+            async move {
+                ctx.cancelled().await;
+                *c.lock().unwrap() =
+                    Some((ctx.cancel_reason().unwrap(), tokio::time::Instant::now()));
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+    let s = b.start().unwrap();
+    sleep(1.5).await;
+    faulty.set_heartbeats_hang(true);
+    let cut = tokio::time::Instant::now();
+    sleep(10.0).await;
+    let (reason, at) = cancelled
+        .lock()
+        .unwrap()
+        .unwrap_or_else(|| panic!("not cancelled; {:?}, {} heartbeats", s.metrics(), faulty.heartbeats()));
+    assert_eq!(reason, CancelReason::LostContact);
+    assert!(
+        at.duration_since(cut) <= lease,
+        "cancelled {:?} after the heartbeats hung",
+        at.duration_since(cut)
+    );
+    drop(s);
+}

@@ -136,6 +136,25 @@ fn take_due(
     due
 }
 
+/// How long one store call may take before the scheduler gives up on its
+/// answer and treats it as lost (the request may still have been done; the
+/// retry with the same token finds out).
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `op`, or a temporary error if it has not answered within `limit`.
+pub(crate) async fn within<T, Fut>(limit: Duration, op: Fut) -> Result<T, StoreError>
+where
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    match tokio::time::timeout(limit, op).await {
+        Ok(answer) => answer,
+        Err(_) => Err(StoreError::unavailable(
+            "scheduler",
+            format!("the store did not answer within {limit:?}"),
+        )),
+    }
+}
+
 /// Sends `op` until it succeeds, fails for good, or [`STORE_TRIES`] runs out.
 /// Every try sends the same request, so a lost reply is answered on the retry.
 pub(crate) async fn with_retries<T, F, Fut>(what: &str, mut op: F) -> Result<T, StoreError>
@@ -146,7 +165,7 @@ where
     let mut backoff = FIRST_BACKOFF;
     let mut tries = 1;
     loop {
-        match op().await {
+        match within(CALL_TIMEOUT, op()).await {
             Ok(v) => return Ok(v),
             Err(e) if e.is_temporary() && tries < STORE_TRIES => {
                 tracing::debug!(error = %e, tries, "{what} failed; trying again with the same token");

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::context::{CancelReason, RunContext};
-use super::driver::{lease_claim, with_retries};
+use super::driver::{lease_claim, with_retries, within};
 use super::metrics::Metrics;
 use super::{Inner, JobSpec, StoreHandle};
 use crate::ids::Token;
@@ -120,7 +120,13 @@ pub(crate) async fn run_won(
             () = tokio::time::sleep_until(next_heartbeat), if renewing => {
                 let Some(store) = &lease_store else { continue };
                 let sent = Instant::now();
-                match store.heartbeat(&run, token, lease).instrument(span.clone()).await {
+                // A heartbeat that hangs must not hold the runner past its
+                // self-fence deadline.
+                let left = (last_renewal_sent + lease).saturating_duration_since(sent);
+                let answer = within(left.max(Duration::from_millis(1)), store.heartbeat(&run, token, lease))
+                    .instrument(span.clone())
+                    .await;
+                match answer {
                     Ok(Renewal::Renewed) => last_renewal_sent = sent,
                     Ok(Renewal::Fenced) => {
                         Metrics::add(&inner.metrics.fenced);
