@@ -51,3 +51,13 @@ pub use anarchon_pg as pg;
 #[cfg(feature = "redis")]
 #[doc(inline)]
 pub use anarchon_redis as redis;
+
+/// The RabbitMQ claim-only backend.
+#[cfg(feature = "amqp")]
+#[doc(inline)]
+pub use anarchon_amqp as amqp;
+
+/// The NATS backends.
+#[cfg(feature = "nats")]
+#[doc(inline)]
+pub use anarchon_nats as nats;

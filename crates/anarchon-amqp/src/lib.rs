@@ -1,0 +1,1 @@
+//! anarchon's RabbitMQ backend (work in progress).

@@ -1,0 +1,1 @@
+//! anarchon's NATS backends (work in progress).
