@@ -7,6 +7,8 @@
 //! * [`stores`]: a claim-only store, a fault-injecting wrapper, a resource
 //!   that checks fences.
 //! * [`servers`]: finding a Redis, PostgreSQL, RabbitMQ or NATS server.
+//! * [`proxy`]: a TCP proxy that injects latency, cuts, lost replies and
+//!   blackholes between a store and a real server.
 //!
 //! ```text
 //! // In a backend's tests/suite.rs:
@@ -21,10 +23,12 @@ pub mod claim;
 pub mod clock;
 pub mod factory;
 pub mod lease;
+pub mod proxy;
 pub mod scheduler;
 pub mod servers;
 pub mod stores;
 
 pub use crate::clock::{SkewedClock, TestClock};
 pub use crate::factory::{ClaimOnlyFactory, MemoryFactory, StoreFactory};
+pub use crate::proxy::FaultProxy;
 pub use crate::stores::{ClaimOnlyStore, Faulty, FencedResource};

@@ -843,10 +843,13 @@ async fn a_hanging_heartbeat_does_not_hold_the_runner_past_its_lease() {
     faulty.set_heartbeats_hang(true);
     let cut = tokio::time::Instant::now();
     sleep(10.0).await;
-    let (reason, at) = cancelled
-        .lock()
-        .unwrap()
-        .unwrap_or_else(|| panic!("not cancelled; {:?}, {} heartbeats", s.metrics(), faulty.heartbeats()));
+    let (reason, at) = cancelled.lock().unwrap().unwrap_or_else(|| {
+        panic!(
+            "not cancelled; {:?}, {} heartbeats",
+            s.metrics(),
+            faulty.heartbeats()
+        )
+    });
     assert_eq!(reason, CancelReason::LostContact);
     assert!(
         at.duration_since(cut) <= lease,

@@ -1,0 +1,277 @@
+//! A TCP proxy that injects faults between instances and a real store.
+//!
+//! Fault tests put it in front of a server and point a store's URL at
+//! [`FaultProxy::address`]. Then, while the store is in use, they add
+//! latency, cut every connection, swallow the next reply (the server did the
+//! work, the client never hears), or blackhole traffic — without touching the
+//! shared server itself.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+#[derive(Debug)]
+struct State {
+    upstream: String,
+    latency_ms: AtomicU64,
+    blackhole: AtomicBool,
+    refuse: AtomicBool,
+    swallow_next_reply: AtomicBool,
+    /// Bumped to cut every open connection.
+    generation: watch::Sender<u64>,
+    connections: AtomicU64,
+    swallowed: AtomicU64,
+}
+
+/// A fault-injecting TCP proxy on `127.0.0.1`, running until dropped.
+#[derive(Debug)]
+pub struct FaultProxy {
+    address: SocketAddr,
+    state: Arc<State>,
+    accept: JoinHandle<()>,
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut_connections();
+    }
+}
+
+impl FaultProxy {
+    /// Starts a proxy to `upstream` (`host:port`) on a free local port.
+    ///
+    /// # Errors
+    ///
+    /// If no local port can be bound.
+    pub async fn start(upstream: impl Into<String>) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let address = listener.local_addr()?;
+        let state = Arc::new(State {
+            upstream: upstream.into(),
+            latency_ms: AtomicU64::new(0),
+            blackhole: AtomicBool::new(false),
+            refuse: AtomicBool::new(false),
+            swallow_next_reply: AtomicBool::new(false),
+            generation: watch::channel(0).0,
+            connections: AtomicU64::new(0),
+            swallowed: AtomicU64::new(0),
+        });
+        let accept = tokio::spawn(accept_loop(listener, state.clone()));
+        Ok(Self {
+            address,
+            state,
+            accept,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Delays every chunk, both ways, by `latency`.
+    pub fn set_latency(&self, latency: Duration) {
+        self.state.latency_ms.store(
+            u64::try_from(latency.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+
+    /// While `true`, bytes are read and thrown away in both directions:
+    /// connections stay open and nothing answers.
+    pub fn set_blackhole(&self, on: bool) {
+        self.state.blackhole.store(on, Ordering::SeqCst);
+    }
+
+    /// While `true`, new connections are closed as soon as they are accepted.
+    pub fn set_refuse(&self, on: bool) {
+        self.state.refuse.store(on, Ordering::SeqCst);
+    }
+
+    /// Closes every open connection now (both sides).
+    pub fn cut_connections(&self) {
+        self.state.generation.send_modify(|g| *g += 1);
+    }
+
+    /// The next chunk the server sends back is thrown away and that
+    /// connection is closed: the request reached the server, its reply never
+    /// reaches the client.
+    pub fn swallow_next_reply(&self) {
+        self.state.swallow_next_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// Replies swallowed so far.
+    pub fn swallowed(&self) -> u64 {
+        self.state.swallowed.load(Ordering::SeqCst)
+    }
+}
+
+async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            continue;
+        };
+        state.connections.fetch_add(1, Ordering::SeqCst);
+        if state.refuse.load(Ordering::SeqCst) {
+            drop(client);
+            continue;
+        }
+        let state = state.clone();
+        tokio::spawn(async move {
+            let Ok(server) = TcpStream::connect(&state.upstream).await else {
+                return;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            let generation = state.generation.subscribe();
+            let up = pump(
+                client_read,
+                server_write,
+                state.clone(),
+                generation.clone(),
+                false,
+            );
+            let down = pump(server_read, client_write, state, generation, true);
+            // When either direction ends, the whole connection ends.
+            tokio::select! {
+                () = up => {}
+                () = down => {}
+            }
+        });
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    state: Arc<State>,
+    mut generation: watch::Receiver<u64>,
+    is_reply: bool,
+) {
+    generation.mark_unchanged();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = generation.changed() => return,
+        };
+        let latency = state.latency_ms.load(Ordering::SeqCst);
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+        }
+        if state.blackhole.load(Ordering::SeqCst) {
+            continue;
+        }
+        if is_reply && state.swallow_next_reply.swap(false, Ordering::SeqCst) {
+            state.swallowed.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn echo_server() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    loop {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => {
+                                if s.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    async fn round_trip(stream: &mut TcpStream, msg: &[u8]) -> std::io::Result<Vec<u8>> {
+        stream.write_all(msg).await?;
+        let mut buf = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_millis(500), stream.read_exact(&mut buf))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no reply"))??;
+        Ok(buf)
+    }
+
+    #[tokio::test]
+    async fn forwards_and_injects_faults() {
+        let proxy = FaultProxy::start(echo_server().await.to_string())
+            .await
+            .unwrap();
+        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        assert_eq!(round_trip(&mut c, b"hello").await.unwrap(), b"hello");
+
+        // A swallowed reply: the connection is closed without an answer.
+        proxy.swallow_next_reply();
+        assert!(round_trip(&mut c, b"lost").await.is_err());
+        assert_eq!(proxy.swallowed(), 1);
+
+        // Blackhole: no answer, connection open.
+        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        proxy.set_blackhole(true);
+        assert!(round_trip(&mut c, b"void").await.is_err());
+        proxy.set_blackhole(false);
+
+        // Cut: every open connection ends; new ones work.
+        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        assert_eq!(round_trip(&mut c, b"x").await.unwrap(), b"x");
+        proxy.cut_connections();
+        let mut buf = [0u8; 1];
+        let closed = tokio::time::timeout(Duration::from_millis(500), c.read(&mut buf))
+            .await
+            .unwrap();
+        assert!(matches!(closed, Ok(0) | Err(_)));
+        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        assert_eq!(round_trip(&mut c, b"again").await.unwrap(), b"again");
+
+        // Refuse: accepted and closed at once.
+        proxy.set_refuse(true);
+        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        assert!(round_trip(&mut c, b"no").await.is_err());
+        assert!(proxy.connections() >= 5);
+    }
+
+    #[tokio::test]
+    async fn adds_latency() {
+        let proxy = FaultProxy::start(echo_server().await.to_string())
+            .await
+            .unwrap();
+        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        proxy.set_latency(Duration::from_millis(300));
+        // 2 × 300 ms > the 500 ms the round trip is given.
+        assert!(round_trip(&mut c, b"slow").await.is_err());
+    }
+}
