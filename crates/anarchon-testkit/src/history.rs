@@ -1,0 +1,497 @@
+//! A Jepsen-style history of store calls, and a checker for it.
+//!
+//! [`Recorder`] wraps a lease store and logs every call: who made it, when
+//! it was invoked and when it completed (on the test's monotonic clock), and
+//! what came back — ok with the answer, failed, or unknown (the call gave no
+//! answer). [`check`] then asserts, for every run, what "exactly one runner"
+//! means, using only facts that follow from the store processing each call
+//! somewhere between its invocation and its completion:
+//!
+//! 1. at most one token wins each attempt of a run (a token's retries aside);
+//! 2. attempts of a run increase with each new winner;
+//! 3. a takeover completes only after the previous holder's lease could
+//!    have ended: at least `lease` after the invocation of that holder's
+//!    last successful renewal, or of its first claim try — otherwise the
+//!    store handed out a live lease;
+//! 4. no holder is renewed (heartbeat or finish answered `Renewed`) in a call
+//!    invoked after another token's win of the same run completed: at any
+//!    store instant at most one runner holds the run;
+//! 5. no win of a run is invoked after a claim of it completed with `Done`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anarchon_core::{
+    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseClaim, LeaseStore,
+    Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
+};
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+/// What a call was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// A claim (plain, lease or one element of a batch) with its token and lease.
+    Claim {
+        /// The claim's token.
+        token: Token,
+        /// The lease asked for.
+        lease: Duration,
+    },
+    /// A heartbeat.
+    Heartbeat {
+        /// The token.
+        token: Token,
+        /// The lease asked for.
+        lease: Duration,
+    },
+    /// A finish.
+    Finish {
+        /// The token.
+        token: Token,
+    },
+    /// A release.
+    Release {
+        /// The token.
+        token: Token,
+    },
+}
+
+/// How a call ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The claim's outcome.
+    Claimed(ClaimOutcome),
+    /// A heartbeat's, finish's or release's answer.
+    Renewal(Renewal),
+    /// The call failed; the store may or may not have done it.
+    Failed(String),
+}
+
+/// One call in the history.
+#[derive(Clone, Debug)]
+pub struct Event {
+    /// Which recorder (instance) made it.
+    pub instance: usize,
+    /// The run.
+    pub run: RunKey,
+    /// The call.
+    pub call: Call,
+    /// When it was invoked.
+    pub invoked: Instant,
+    /// When it completed; `None` if it never did (dropped).
+    pub completed: Option<Instant>,
+    /// What came back.
+    pub answer: Option<Answer>,
+}
+
+/// A shared, append-only history.
+#[derive(Clone, Default)]
+pub struct History {
+    events: Arc<Mutex<Vec<Event>>>,
+}
+
+impl fmt::Debug for History {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "History({} events)", self.len())
+    }
+}
+
+impl History {
+    /// An empty history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many calls were recorded.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A copy of the events.
+    pub fn events(&self) -> Vec<Event> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Event>> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn begin(&self, instance: usize, run: RunKey, call: Call) -> usize {
+        let mut events = self.lock();
+        events.push(Event {
+            instance,
+            run,
+            call,
+            invoked: Instant::now(),
+            completed: None,
+            answer: None,
+        });
+        events.len() - 1
+    }
+
+    fn end(&self, index: usize, answer: Answer) {
+        let mut events = self.lock();
+        if let Some(e) = events.get_mut(index) {
+            e.completed = Some(Instant::now());
+            e.answer = Some(answer);
+        }
+    }
+}
+
+/// A lease store that records every run-level call into a [`History`].
+pub struct Recorder<S: ?Sized> {
+    inner: Arc<S>,
+    instance: usize,
+    history: History,
+}
+
+impl<S: ?Sized> fmt::Debug for Recorder<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Recorder")
+            .field("instance", &self.instance)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: LeaseStore + ?Sized> Recorder<S> {
+    /// Records `inner`'s calls as instance `instance` into `history`.
+    pub fn new(inner: Arc<S>, instance: usize, history: History) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            instance,
+            history,
+        })
+    }
+}
+
+fn failed(e: &StoreError) -> Answer {
+    Answer::Failed(e.to_string())
+}
+
+#[async_trait]
+impl<S: LeaseStore + ?Sized> ClaimStore for Recorder<S> {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.claim_lease(&LeaseClaim::from_plain(req)).await
+    }
+
+    fn info(&self) -> BackendInfo {
+        self.inner.info()
+    }
+
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl<S: LeaseStore + ?Sized> LeaseStore for Recorder<S> {
+    async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
+        let i = self.history.begin(
+            self.instance,
+            req.run().clone(),
+            Call::Claim {
+                token: req.claim.token,
+                lease: req.lease,
+            },
+        );
+        let answer = self.inner.claim_lease(req).await;
+        self.history.end(
+            i,
+            match &answer {
+                Ok(o) => Answer::Claimed(o.clone()),
+                Err(e) => failed(e),
+            },
+        );
+        answer
+    }
+
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        let indices: Vec<usize> = reqs
+            .iter()
+            .map(|r| {
+                self.history.begin(
+                    self.instance,
+                    r.run().clone(),
+                    Call::Claim {
+                        token: r.claim.token,
+                        lease: r.lease,
+                    },
+                )
+            })
+            .collect();
+        let answer = self.inner.claim_many(reqs).await;
+        for (n, i) in indices.into_iter().enumerate() {
+            self.history.end(
+                i,
+                match &answer {
+                    Ok(outcomes) => match outcomes.get(n) {
+                        Some(o) => Answer::Claimed(o.clone()),
+                        None => Answer::Failed("missing from the batch answer".into()),
+                    },
+                    Err(e) => failed(e),
+                },
+            );
+        }
+        answer
+    }
+
+    async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {
+        self.inner.peek(run).await
+    }
+
+    async fn heartbeat(
+        &self,
+        run: &RunKey,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Renewal, StoreError> {
+        let i = self
+            .history
+            .begin(self.instance, run.clone(), Call::Heartbeat { token, lease });
+        let answer = self.inner.heartbeat(run, token, lease).await;
+        self.history.end(
+            i,
+            match &answer {
+                Ok(r) => Answer::Renewal(*r),
+                Err(e) => failed(e),
+            },
+        );
+        answer
+    }
+
+    async fn finish(
+        &self,
+        run: &RunKey,
+        token: Token,
+        outcome: RunOutcome,
+    ) -> Result<Renewal, StoreError> {
+        let i = self
+            .history
+            .begin(self.instance, run.clone(), Call::Finish { token });
+        let answer = self.inner.finish(run, token, outcome).await;
+        self.history.end(
+            i,
+            match &answer {
+                Ok(r) => Answer::Renewal(*r),
+                Err(e) => failed(e),
+            },
+        );
+        answer
+    }
+
+    async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        let i = self
+            .history
+            .begin(self.instance, run.clone(), Call::Release { token });
+        let answer = self.inner.release(run, token).await;
+        self.history.end(
+            i,
+            match &answer {
+                Ok(r) => Answer::Renewal(*r),
+                Err(e) => failed(e),
+            },
+        );
+        answer
+    }
+
+    async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        self.inner.history(job, limit).await
+    }
+
+    async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
+        self.inner.collect_garbage(keep).await
+    }
+}
+
+/// What the checker found wrong, one line per violation.
+#[derive(Debug, Default)]
+pub struct Violations(pub Vec<String>);
+
+/// Counts from a checked history.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    /// Runs that appear in the history.
+    pub runs: usize,
+    /// Distinct winning tokens.
+    pub wins: usize,
+    /// Of those, takeovers (attempt > 1).
+    pub takeovers: usize,
+    /// Calls that failed or never completed.
+    pub uncertain: usize,
+}
+
+/// Checks the history; returns counts, or every violation found.
+///
+/// # Errors
+///
+/// [`Violations`] listing each broken property with the run and tokens.
+pub fn check(history: &History) -> Result<Summary, Violations> {
+    let events = history.events();
+    let mut by_run: HashMap<RunKey, Vec<&Event>> = HashMap::new();
+    for e in &events {
+        by_run.entry(e.run.clone()).or_default().push(e);
+    }
+    let mut problems = Vec::new();
+    let mut summary = Summary {
+        runs: by_run.len(),
+        uncertain: events
+            .iter()
+            .filter(|e| !matches!(e.answer, Some(Answer::Claimed(_) | Answer::Renewal(_))))
+            .count(),
+        ..Summary::default()
+    };
+    for (run, events) in &by_run {
+        // Wins: token → (attempt, first completion).
+        struct Win {
+            token: Token,
+            attempt: Attempt,
+            invoked: Instant,
+            completed: Instant,
+            lease: Duration,
+        }
+        let mut wins: Vec<Win> = Vec::new();
+        for e in events {
+            if let (
+                Call::Claim { token, lease },
+                Some(Answer::Claimed(ClaimOutcome::Won(w))),
+                Some(done),
+            ) = (&e.call, &e.answer, e.completed)
+            {
+                match wins.iter_mut().find(|x| x.token == *token) {
+                    Some(known) => {
+                        if known.attempt != w.attempt {
+                            problems.push(format!(
+                                "{run}: token {token} was told two attempts, {} and {}",
+                                known.attempt, w.attempt
+                            ));
+                        }
+                        known.invoked = known.invoked.min(e.invoked);
+                        known.completed = known.completed.min(done);
+                    }
+                    None => wins.push(Win {
+                        token: *token,
+                        attempt: w.attempt,
+                        invoked: e.invoked,
+                        completed: done,
+                        lease: *lease,
+                    }),
+                }
+            }
+        }
+        // A win may have been made by an earlier try of the same token whose
+        // reply was lost: the lease can have started at the first try.
+        for w in &mut wins {
+            for e in events.iter() {
+                if matches!(e.call, Call::Claim { token, .. } if token == w.token) {
+                    w.invoked = w.invoked.min(e.invoked);
+                }
+            }
+        }
+        summary.wins += wins.len();
+        summary.takeovers += wins.iter().filter(|w| w.attempt.get() > 1).count();
+        wins.sort_by_key(|w| (w.attempt, w.completed));
+        // 1. One winner per attempt.
+        for pair in wins.windows(2) {
+            if pair[0].attempt == pair[1].attempt {
+                problems.push(format!(
+                    "{run}: attempt {} won by two tokens, {} and {}",
+                    pair[0].attempt, pair[0].token, pair[1].token
+                ));
+            }
+        }
+        // 2. Attempts increase with each new winner, in completion order.
+        let mut by_time: Vec<&Win> = wins.iter().collect();
+        by_time.sort_by_key(|w| w.completed);
+        for pair in by_time.windows(2) {
+            if pair[1].attempt <= pair[0].attempt && pair[1].invoked > pair[0].completed {
+                problems.push(format!(
+                    "{run}: a later winner {} got attempt {} after {} got {}",
+                    pair[1].token, pair[1].attempt, pair[0].token, pair[0].attempt
+                ));
+            }
+        }
+        // Successful renewals per token: invocation times.
+        let renewed = |token: Token| {
+            events.iter().filter(move |e| {
+                matches!(e.call, Call::Heartbeat { token: t, .. } | Call::Finish { token: t } if t == token)
+                    && e.answer == Some(Answer::Renewal(Renewal::Renewed))
+            })
+        };
+        for pair in by_time.windows(2) {
+            let (old, new) = (pair[0], pair[1]);
+            if new.attempt <= old.attempt {
+                continue;
+            }
+            // 3. A takeover only after the old lease could have ended.
+            let finished = events.iter().any(|e| {
+                matches!(e.call, Call::Finish { token } if token == old.token)
+                    && e.answer == Some(Answer::Renewal(Renewal::Renewed))
+            });
+            let released = events.iter().any(|e| {
+                matches!(e.call, Call::Release { token } if token == old.token)
+                    && e.answer != Some(Answer::Renewal(Renewal::Fenced))
+            });
+            if !finished && !released {
+                let last_renewal = renewed(old.token)
+                    .filter(|e| matches!(e.call, Call::Heartbeat { .. }))
+                    .map(|e| {
+                        (
+                            e.invoked,
+                            match e.call {
+                                Call::Heartbeat { lease, .. } => lease,
+                                _ => old.lease,
+                            },
+                        )
+                    })
+                    .chain(std::iter::once((old.invoked, old.lease)))
+                    .max_by_key(|(at, _)| *at);
+                if let Some((at, lease)) = last_renewal
+                    && new.completed < at + lease
+                {
+                    problems.push(format!(
+                        "{run}: {} took over attempt {} only {:?} after {}'s renewal was sent, inside its {lease:?} lease",
+                        new.token,
+                        new.attempt,
+                        new.completed.duration_since(at),
+                        old.token
+                    ));
+                }
+            }
+            // 4. The old holder is never renewed after the new win completed.
+            for e in renewed(old.token) {
+                if e.invoked > new.completed {
+                    problems.push(format!(
+                        "{run}: {} was renewed after {} had won attempt {}",
+                        old.token, new.token, new.attempt
+                    ));
+                }
+            }
+        }
+        // 5. No win after Done.
+        let done_at = events
+            .iter()
+            .filter(|e| matches!(e.answer, Some(Answer::Claimed(ClaimOutcome::Done(_)))))
+            .filter_map(|e| e.completed)
+            .min();
+        if let Some(done_at) = done_at {
+            for w in &wins {
+                if w.invoked > done_at {
+                    problems.push(format!("{run}: {} won after the run was done", w.token));
+                }
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(summary)
+    } else {
+        Err(Violations(problems))
+    }
+}

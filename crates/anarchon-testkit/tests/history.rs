@@ -1,0 +1,247 @@
+//! The randomized history test over `MemoryStore`: four schedulers, five
+//! jobs, random faults on every instance's connection; every store call is
+//! recorded and the checker asserts "one runner per run" on the history.
+//!
+//! The seed is printed; `ANARCHON_SEED=<n> cargo test -p anarchon-testkit
+//! --test history` replays it. `ANARCHON_HISTORY_SECONDS` lengthens the run
+//! (a soak).
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anarchon_core::{Clock, InstanceId, MemoryStore, Schedule, Scheduler, Timestamp};
+use anarchon_testkit::history::{self, History, Recorder};
+use anarchon_testkit::{Faulty, TestClock};
+
+/// splitmix64: small, fast, and the same everywhere.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("ANARCHON_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| anarchon_core::Token::generate().as_u128() as u64)
+}
+
+#[tokio::test(start_paused = true)]
+async fn random_faults_never_give_a_run_two_runners() {
+    let seed = seed();
+    println!("history test seed: {seed} (replay with ANARCHON_SEED={seed})");
+    let seconds: u64 = std::env::var("ANARCHON_HISTORY_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(180);
+    let mut rng = Rng(seed);
+
+    let now = anarchon_core::SystemClock.now().as_millis();
+    let clock = TestClock::starting_at(Timestamp::from_millis(now - now.rem_euclid(60_000)));
+    let store = Arc::new(MemoryStore::with_clock(clock.clone()));
+    let history = History::new();
+    let lease = Duration::from_secs(2);
+
+    let mut faulty = Vec::new();
+    let mut schedulers = Vec::new();
+    for instance in 0..4 {
+        let f = Faulty::new(store.clone());
+        faulty.push(f.clone());
+        let recorder = Recorder::new(f, instance, history.clone());
+        let mut b = Scheduler::builder(recorder)
+            .clock(clock.clone())
+            .instance_id(InstanceId::new(&format!("i{instance}")).unwrap())
+            .lease(lease)
+            .heartbeat(Duration::from_millis(500));
+        for job in 0..5u64 {
+            // Jobs of different lengths: some finish at once, some outlive
+            // several heartbeats and get caught by faults.
+            let work = Duration::from_millis(job * 900);
+            b.job(
+                format!("job{job}"),
+                Schedule::every(Duration::from_secs(1 + job % 3)).unwrap(),
+            )
+            .unwrap()
+            .max_attempts(3)
+            .run(move |ctx| async move {
+                tokio::select! {
+                    () = tokio::time::sleep(work) => {}
+                    () = ctx.cancelled() => {}
+                }
+                Ok::<_, String>(())
+            })
+            .unwrap();
+        }
+        schedulers.push(b.start().unwrap());
+    }
+
+    // The fault driver: every so often, pick an instance and a fault.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200 + rng.below(1500))).await;
+        let i = rng.below(4) as usize;
+        match rng.below(6) {
+            0 => faulty[i].set_down(true),
+            1 => faulty[i].set_heartbeats_down(true),
+            2 => faulty[i].set_heartbeats_hang(true),
+            3 => store.lose_replies(1 + rng.below(3) as u32),
+            _ => {
+                faulty[i].set_down(false);
+                faulty[i].set_heartbeats_down(false);
+                faulty[i].set_heartbeats_hang(false);
+            }
+        }
+    }
+    for f in &faulty {
+        f.set_down(false);
+        f.set_heartbeats_down(false);
+        f.set_heartbeats_hang(false);
+    }
+    for s in schedulers {
+        s.shutdown().await;
+    }
+
+    match history::check(&history) {
+        Ok(summary) => {
+            println!("seed {seed}: {summary:?} over {} calls", history.len());
+            assert!(summary.wins > 100, "the test ran runs: {summary:?}");
+            assert!(
+                summary.takeovers > 0,
+                "faults caused takeovers: {summary:?}"
+            );
+            assert!(
+                summary.uncertain > 0,
+                "faults caused failed calls: {summary:?}"
+            );
+        }
+        Err(violations) => panic!(
+            "seed {seed}: {} violations:\n{}",
+            violations.0.len(),
+            violations.0.join("\n")
+        ),
+    }
+}
+
+#[test]
+fn the_checker_catches_two_winners() {
+    // A store that says yes to everyone, recorded: the checker must object.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let history = History::new();
+        let yes = Arc::new(Yes);
+        let a = Recorder::new(yes.clone(), 0, history.clone());
+        let b = Recorder::new(yes, 1, history.clone());
+        let run = anarchon_core::RunKey::new(
+            anarchon_core::JobName::new("j").unwrap(),
+            anarchon_core::Slot::from_millis(0),
+        );
+        use anarchon_core::LeaseStore;
+        let claim = |t| anarchon_testkit::lease::lease_claim(run.clone(), t, "x");
+        a.claim_lease(&claim(anarchon_core::Token::generate()))
+            .await
+            .unwrap();
+        b.claim_lease(&claim(anarchon_core::Token::generate()))
+            .await
+            .unwrap();
+        let err = history::check(&history).unwrap_err();
+        assert!(
+            err.0.iter().any(|v| v.contains("won by two tokens")),
+            "{err:?}"
+        );
+    });
+}
+
+/// A broken store: every claim wins attempt 1, every renewal succeeds.
+struct Yes;
+
+#[async_trait::async_trait]
+impl anarchon_core::ClaimStore for Yes {
+    async fn claim(
+        &self,
+        _: &anarchon_core::ClaimRequest,
+    ) -> Result<anarchon_core::ClaimOutcome, anarchon_core::StoreError> {
+        Ok(won())
+    }
+    fn info(&self) -> anarchon_core::BackendInfo {
+        anarchon_core::BackendInfo {
+            name: "yes",
+            memory: anarchon_core::Memory::Forever,
+        }
+    }
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn anarchon_core::LeaseStore>> {
+        Some(self)
+    }
+}
+
+fn won() -> anarchon_core::ClaimOutcome {
+    anarchon_core::ClaimOutcome::Won(anarchon_core::Win {
+        attempt: anarchon_core::Attempt::FIRST,
+        fence: None,
+    })
+}
+
+#[async_trait::async_trait]
+impl anarchon_core::LeaseStore for Yes {
+    async fn claim_lease(
+        &self,
+        _: &anarchon_core::LeaseClaim,
+    ) -> Result<anarchon_core::ClaimOutcome, anarchon_core::StoreError> {
+        Ok(won())
+    }
+    async fn peek(
+        &self,
+        _: &anarchon_core::RunKey,
+    ) -> Result<anarchon_core::RunView, anarchon_core::StoreError> {
+        Err(anarchon_core::StoreError::invalid("yes", "no peeking"))
+    }
+    async fn heartbeat(
+        &self,
+        _: &anarchon_core::RunKey,
+        _: anarchon_core::Token,
+        _: Duration,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        Ok(anarchon_core::Renewal::Renewed)
+    }
+    async fn finish(
+        &self,
+        _: &anarchon_core::RunKey,
+        _: anarchon_core::Token,
+        _: anarchon_core::RunOutcome,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        Ok(anarchon_core::Renewal::Renewed)
+    }
+    async fn release(
+        &self,
+        _: &anarchon_core::RunKey,
+        _: anarchon_core::Token,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        Ok(anarchon_core::Renewal::Renewed)
+    }
+    async fn history(
+        &self,
+        _: &anarchon_core::JobName,
+        _: usize,
+    ) -> Result<Vec<anarchon_core::RunRecord>, anarchon_core::StoreError> {
+        Ok(Vec::new())
+    }
+    async fn collect_garbage(&self, _: Duration) -> Result<u64, anarchon_core::StoreError> {
+        Ok(0)
+    }
+}
