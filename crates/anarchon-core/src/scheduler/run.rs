@@ -169,9 +169,17 @@ pub(crate) async fn run_won(
     };
 
     let outcome = match result {
-        _ if timed_out => RunOutcome::Failed {
-            error: format!("timed out after {:?}", job.timeout.unwrap_or_default()),
-        },
+        // A timed-out run failed whatever the handler returned; keep what it
+        // said, it usually tells why it was slow.
+        _ if timed_out => {
+            let limit = job.timeout.unwrap_or_default();
+            RunOutcome::Failed {
+                error: match &result {
+                    Ok(Err(said)) => format!("timed out after {limit:?}: {said}"),
+                    _ => format!("timed out after {limit:?}"),
+                },
+            }
+        }
         Ok(Ok(())) => RunOutcome::Succeeded,
         Ok(Err(error)) => RunOutcome::Failed { error },
         Err(join) => RunOutcome::Failed {
