@@ -1,1 +1,16 @@
-//! anarchon's pg lease backend (work in progress).
+#![doc = include_str!("../README.md")]
+
+mod error;
+pub mod migrate;
+mod options;
+mod sql;
+mod store;
+
+pub use crate::error::PgError;
+pub use crate::migrate::SCHEMA_VERSION;
+pub use crate::options::{MAX_TABLE_NAME_LEN, PgOptions, TableName};
+pub use crate::store::PgStore;
+
+/// The sqlx types this crate's API uses ([`PgStore::from_pool`],
+/// [`migrate::migrate_to`]).
+pub use sqlx::{PgConnection, PgPool};

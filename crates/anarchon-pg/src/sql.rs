@@ -1,0 +1,68 @@
+//! The SQL text of one store, rendered once from the `.sql` files.
+//!
+//! **Invariant:** the only text pasted into SQL is a [`TableName`], which was
+//! validated as `[a-z_][a-z0-9_]*` before it could exist; every value travels
+//! as a bind parameter. That is what the `AssertSqlSafe` below asserts.
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use crate::options::TableName;
+
+/// `template` with `{{table}}` replaced by the table name.
+pub(crate) fn render(template: &str, table: &TableName) -> String {
+    template.replace("{{table}}", table.as_str())
+}
+
+/// [`render`], as text sqlx accepts.
+pub(crate) fn sql(template: &str, table: &TableName) -> SqlStr {
+    AssertSqlSafe(render(template, table)).into_sql_str()
+}
+
+/// Every statement a store sends after it was opened.
+#[derive(Clone)]
+pub(crate) struct Statements {
+    pub(crate) claim: SqlStr,
+    pub(crate) heartbeat: SqlStr,
+    pub(crate) finish: SqlStr,
+    pub(crate) release: SqlStr,
+    pub(crate) peek: SqlStr,
+    pub(crate) history: SqlStr,
+    pub(crate) collect_garbage: SqlStr,
+}
+
+impl Statements {
+    pub(crate) fn new(table: &TableName) -> Self {
+        Self {
+            claim: sql(include_str!("../sql/claim.sql"), table),
+            heartbeat: sql(include_str!("../sql/heartbeat.sql"), table),
+            finish: sql(include_str!("../sql/finish.sql"), table),
+            release: sql(include_str!("../sql/release.sql"), table),
+            peek: sql(include_str!("../sql/peek.sql"), table),
+            history: sql(include_str!("../sql/history.sql"), table),
+            collect_garbage: sql(include_str!("../sql/collect_garbage.sql"), table),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_placeholder_is_replaced() {
+        let table = TableName::new("t_x").unwrap();
+        let s = Statements::new(&table);
+        for text in [
+            &s.claim,
+            &s.heartbeat,
+            &s.finish,
+            &s.release,
+            &s.peek,
+            &s.history,
+            &s.collect_garbage,
+        ] {
+            assert!(!text.as_str().contains("{{"), "{}", text.as_str());
+            assert!(text.as_str().contains("\"t_x"), "{}", text.as_str());
+        }
+    }
+}

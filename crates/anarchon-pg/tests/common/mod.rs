@@ -1,0 +1,103 @@
+//! What the PostgreSQL tests share: the server, a factory with its own
+//! table per test, and clean-up.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+
+use anarchon_pg::{PgOptions, PgStore, TableName};
+use anarchon_testkit::StoreFactory;
+use anarchon_testkit::servers::{Service, require, unique_prefix};
+use async_trait::async_trait;
+use sqlx::{Connection, PgConnection};
+
+/// The test server's URL (`ANARCHON_PG_URL` or the local default); fails
+/// the test with instructions when there is none.
+pub async fn url() -> String {
+    require(Service::Postgres).await
+}
+
+/// A fresh, unused table name.
+pub fn fresh_table() -> TableName {
+    TableName::new(&unique_prefix("anarchon_t_")).expect("unique_prefix makes valid table names")
+}
+
+/// A plain connection to the test server, for checks from the outside.
+pub async fn admin(url: &str) -> PgConnection {
+    PgConnection::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the test server: {e}"))
+}
+
+/// One table per test; every [`StoreFactory::instance`] is a new
+/// [`PgStore`] with its own pool. The table and its objects are dropped
+/// when the factory is, even when the test failed.
+pub struct PgFactory {
+    url: String,
+    table: TableName,
+}
+
+impl PgFactory {
+    /// A factory on a fresh table.
+    pub async fn new() -> Self {
+        Self {
+            url: url().await,
+            table: fresh_table(),
+        }
+    }
+
+    /// The server's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The factory's table.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// The options every instance uses: a small pool of its own.
+    pub fn options(&self) -> PgOptions {
+        PgOptions::new(&self.url)
+            .table_name(self.table.clone())
+            .pool_size(2)
+    }
+
+    /// A store with `options`.
+    pub async fn store_with(&self, options: PgOptions) -> PgStore {
+        PgStore::connect_with(options)
+            .await
+            .unwrap_or_else(|e| panic!("cannot open a PostgreSQL store: {e}"))
+    }
+}
+
+#[async_trait]
+impl StoreFactory for PgFactory {
+    type Store = PgStore;
+
+    async fn instance(&self) -> Arc<PgStore> {
+        Arc::new(self.store_with(self.options()).await)
+    }
+}
+
+impl Drop for PgFactory {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let table = self.table.clone();
+        // Drop runs inside the test's runtime (or while unwinding): clean up
+        // on a thread of our own with a runtime of its own.
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                if let Ok(mut conn) = PgConnection::connect(&url).await {
+                    let _ = anarchon_pg::migrate::drop_schema(&mut conn, &table).await;
+                    let _ = conn.close().await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}

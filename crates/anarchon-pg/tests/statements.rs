@@ -1,0 +1,174 @@
+//! Statements per call, counted where sqlx sends them.
+//!
+//! sqlx reports every statement it executes as a `sqlx::query` tracing
+//! event carrying the SQL text. This binary installs a subscriber that
+//! records those events, and checks that each store call — a claim, a batch
+//! claim of 50 runs, a heartbeat, finish, release, peek, history read and
+//! garbage collection — is exactly one statement on the wire (and that the
+//! store's own counter agrees). A claim that ran BEGIN / SELECT / INSERT /
+//! COMMIT from the client would show four or more.
+
+mod common;
+
+use std::sync::{Mutex, Once};
+use std::time::Duration;
+
+use anarchon_core::{
+    ClaimOutcome, ClaimRequest, InstanceId, JobName, LeaseClaim, LeaseStore, MaxAttempts, Overlap,
+    Renewal, RunKey, RunOutcome, Slot, Token,
+};
+use anarchon_testkit::StoreFactory;
+use common::PgFactory;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+/// The SQL of every statement sqlx executed in this process.
+static SENT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+struct SqlText(String);
+
+impl Visit for SqlText {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if matches!(field.name(), "summary" | "db.statement") {
+            self.0.push_str(value);
+            self.0.push('\n');
+        }
+    }
+
+    fn record_debug(&mut self, _field: &Field, _value: &dyn std::fmt::Debug) {}
+}
+
+impl<S: Subscriber> Layer<S> for Capture {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        if event.metadata().target() == "sqlx::query" {
+            let mut text = SqlText(String::new());
+            event.record(&mut text);
+            SENT.lock().expect("lock").push(text.0);
+        }
+    }
+}
+
+fn install() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Capture))
+            .expect("the only subscriber of this test binary");
+    });
+}
+
+/// Statements sent so far that name `table`.
+fn sent_to(table: &str) -> usize {
+    let quoted = format!("\"{table}");
+    SENT.lock()
+        .expect("lock")
+        .iter()
+        .filter(|sql| sql.contains(&quoted))
+        .count()
+}
+
+fn claim(job: &str, slot: i64) -> LeaseClaim {
+    LeaseClaim {
+        claim: ClaimRequest {
+            run: RunKey::new(JobName::new(job).expect("job"), Slot::from_millis(slot)),
+            token: Token::generate(),
+            instance: InstanceId::new("counter").expect("id"),
+            max_late: Duration::from_secs(60),
+        },
+        lease: Duration::from_secs(30),
+        overlap: Overlap::Skip,
+        max_attempts: MaxAttempts::DEFAULT,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_store_call_is_one_statement() {
+    install();
+    let factory = PgFactory::new().await;
+    let store = factory.instance().await;
+    let table = factory.table().as_str().to_owned();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let base = now - now.rem_euclid(1000) + 600_000;
+
+    // One statement per call, checked call by call.
+    let expect_one = {
+        let table = table.clone();
+        let store = store.clone();
+        move |what: &str, before: (usize, u64)| {
+            let wire = sent_to(&table) - before.0;
+            let counted = store.statements_sent() - before.1;
+            assert_eq!(wire, 1, "{what}: {wire} statements on the wire");
+            assert_eq!(counted, 1, "{what}: the store counted {counted}");
+        }
+    };
+    let mark = || (sent_to(&table), store.statements_sent());
+
+    const CLAIMS: i64 = 100;
+    let before = mark();
+    let mut held = Vec::new();
+    for i in 0..CLAIMS {
+        let c = claim(&format!("single-{i}"), base);
+        let outcome = store.claim_lease(&c).await.expect("claim");
+        assert!(matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
+        held.push(c);
+    }
+    assert_eq!(
+        sent_to(&table) - before.0,
+        CLAIMS as usize,
+        "{CLAIMS} claims, one statement each"
+    );
+    assert_eq!(store.statements_sent() - before.1, CLAIMS as u64);
+
+    let batch: Vec<LeaseClaim> = (0..50)
+        .map(|i| claim(&format!("batch-{i}"), base))
+        .collect();
+    let before = mark();
+    let outcomes = store.claim_many(&batch).await.expect("claim_many");
+    assert_eq!(outcomes.len(), 50);
+    expect_one("a batch of 50 claims", before);
+
+    let first = &held[0];
+    let (run, token) = (first.run().clone(), first.claim.token);
+    let before = mark();
+    assert_eq!(
+        store
+            .heartbeat(&run, token, Duration::from_secs(30))
+            .await
+            .expect("heartbeat"),
+        Renewal::Renewed
+    );
+    expect_one("heartbeat", before);
+    let before = mark();
+    store.peek(&run).await.expect("peek");
+    expect_one("peek", before);
+    let before = mark();
+    assert_eq!(
+        store.release(&run, token).await.expect("release"),
+        Renewal::Renewed
+    );
+    expect_one("release", before);
+    let second = &held[1];
+    let before = mark();
+    assert_eq!(
+        store
+            .finish(second.run(), second.claim.token, RunOutcome::Succeeded)
+            .await
+            .expect("finish"),
+        Renewal::Renewed
+    );
+    expect_one("finish", before);
+    let before = mark();
+    store.history(&run.job, 10).await.expect("history");
+    expect_one("history", before);
+    let before = mark();
+    store
+        .collect_garbage(Duration::from_secs(3600))
+        .await
+        .expect("gc");
+    expect_one("collect_garbage", before);
+}
