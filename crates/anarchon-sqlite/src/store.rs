@@ -1,0 +1,868 @@
+//! `SqliteStore`: the lease flowchart in one `BEGIN IMMEDIATE` transaction.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anarchon_core::time::millis;
+use anarchon_core::{
+    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState, InstanceId,
+    JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey, RunOutcome,
+    RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
+};
+use async_trait::async_trait;
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteRow};
+use sqlx::{FromRow, Row, SqliteConnection, SqlitePool};
+
+use crate::BACKEND;
+use crate::error::{Error, bad_value, code, primary_code, store_error};
+use crate::options::SqliteOptions;
+use crate::sql::Sql;
+
+/// How long `open` waits between tries while another process holds the
+/// lock it needs to switch a new file to WAL mode.
+const WAL_RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// A lease store in a SQLite file, shared by the processes of one host.
+///
+/// Open it with [`SqliteStore::open`] or [`SqliteStore::connect`]. Each
+/// handle has its own connection pool; every process (or every simulated
+/// instance in a test) opens its own.
+///
+/// # How it works
+///
+/// * Every claim is one `BEGIN IMMEDIATE` transaction: it takes SQLite's
+///   single write lock first (waiting up to the busy timeout), then reads
+///   the run and writes the answer, so no two claims can read the same "no
+///   record". [`LeaseStore::claim_many`] makes all its claims in one
+///   transaction.
+/// * [`LeaseStore::peek`] is one plain `SELECT`, without a transaction: a
+///   backup takes the write lock only when a lease has run out.
+/// * Heartbeat, finish and release are one `UPDATE` each, matching the
+///   token and `state = 'running'`: no match means
+///   [`Renewal::Fenced`].
+/// * The store's clock is SQLite's `'now'` on this host, in UTC
+///   milliseconds, read inside each statement.
+/// * Fence numbers come from a per-job counter row, incremented inside the
+///   claim transaction; collection never deletes it.
+/// * Tokens are stored as hyphenated lowercase UUID text.
+///
+/// # Cancel safety
+///
+/// Every method is cancel-safe in the sense of the store contract: a claim
+/// whose future is dropped before `COMMIT` is rolled back; one dropped after
+/// is recognised by its token when it is sent again.
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    sql: Arc<Sql>,
+    options: Arc<SqliteOptions>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.options.get_path())
+            .field("table_prefix", &self.options.get_table_prefix())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file from a URL such as
+    /// `sqlite://anarchon.db`; see [`SqliteOptions::from_url`].
+    ///
+    /// # Errors
+    ///
+    /// As [`SqliteOptions::from_url`] and [`Self::open`].
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::open(SqliteOptions::from_url(url)?).await
+    }
+
+    /// Opens the database file, switches it to WAL mode and creates or
+    /// migrates the store's tables.
+    ///
+    /// Safe when several processes open the same new file at once: the
+    /// migration runs inside `BEGIN IMMEDIATE` and re-reads the schema
+    /// version under the lock.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::InvalidTablePrefix`] / [`Error::InvalidOption`] before
+    ///   anything touches the file;
+    /// * [`Error::MissingDirectory`] when the file's directory does not exist;
+    /// * [`Error::NotADatabase`] for a file that is not SQLite;
+    /// * [`Error::Locked`] when another connection holds the lock past the
+    ///   busy timeout;
+    /// * [`Error::WalUnavailable`], [`Error::SchemaTooNew`], or
+    ///   [`Error::Sqlite`] for anything else.
+    pub async fn open(options: SqliteOptions) -> Result<Self, Error> {
+        options.validate()?;
+        let sql = Sql::render(options.get_table_prefix())?;
+        let path = options.get_path().to_path_buf();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            return Err(Error::MissingDirectory {
+                directory: dir.to_path_buf(),
+                path,
+            });
+        }
+        let connect = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .busy_timeout(options.get_busy_timeout());
+        let pool = SqlitePoolOptions::new()
+            .max_connections(options.get_max_connections())
+            .acquire_timeout(
+                options
+                    .get_busy_timeout()
+                    .saturating_mul(2)
+                    .max(Duration::from_secs(5)),
+            )
+            .connect_with(connect)
+            .await
+            .map_err(|e| open_error(&options, "opening the file", e))?;
+        let store = Self {
+            pool,
+            sql: Arc::new(sql),
+            options: Arc::new(options),
+        };
+        store.use_wal().await?;
+        store.migrate().await?;
+        tracing::debug!(path = ?store.options.get_path(), prefix = store.options.get_table_prefix(), "SQLite store open");
+        Ok(store)
+    }
+
+    /// The options the store was opened with.
+    pub fn options(&self) -> &SqliteOptions {
+        &self.options
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        self.options.get_path()
+    }
+
+    /// The schema version of the store's tables.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the database cannot be read.
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar::<_, i64>(self.sql.schema_version.clone())
+            .fetch_optional(&self.pool)
+            .await
+            .map(|v| v.unwrap_or(0))
+            .map_err(|e| self.err("reading the schema version", e))
+    }
+
+    /// Closes the pool: waits for connections in use to come back, then
+    /// closes them all. Later calls fail with a temporary error.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    /// Switches the file to write-ahead logging (a setting the file keeps).
+    /// Changing the mode needs a lock that SQLite's busy handler does not
+    /// wait for, so a few processes opening a new file at once take turns
+    /// here, up to the busy timeout.
+    async fn use_wal(&self) -> Result<(), Error> {
+        let started = Instant::now();
+        loop {
+            let answer = sqlx::query_scalar::<_, String>("PRAGMA journal_mode = WAL")
+                .fetch_one(&self.pool)
+                .await;
+            match answer {
+                Ok(mode) if mode.eq_ignore_ascii_case("wal") => return Ok(()),
+                Ok(mode) => {
+                    return Err(Error::WalUnavailable {
+                        path: self.path().to_path_buf(),
+                        mode,
+                    });
+                }
+                Err(e) if is_busy(&e) && started.elapsed() < self.options.get_busy_timeout() => {
+                    tokio::time::sleep(WAL_RETRY_PAUSE).await;
+                }
+                Err(e) => return Err(open_error(&self.options, "switching to WAL mode", e)),
+            }
+        }
+    }
+
+    /// Creates or upgrades the tables: versioned migrations inside one
+    /// `BEGIN IMMEDIATE` transaction, the version re-read under the lock.
+    async fn migrate(&self) -> Result<(), Error> {
+        let latest = Sql::latest_version();
+        let fail = |doing: &'static str| move |e| open_error(&self.options, doing, e);
+        // Fast path, without the write lock: already up to date.
+        let table = format!("{}_schema", self.options.get_table_prefix());
+        let exists: i64 = sqlx::query_scalar(self.sql.schema_exists.clone())
+            .bind(&table)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(fail("reading the schema version"))?;
+        if exists > 0 {
+            let found = sqlx::query_scalar::<_, i64>(self.sql.schema_version.clone())
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(fail("reading the schema version"))?
+                .unwrap_or(0);
+            if found == latest {
+                return Ok(());
+            }
+            self.check_not_too_new(found)?;
+        }
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(fail("locking the database to migrate the schema"))?;
+        sqlx::raw_sql(self.sql.schema_table.clone())
+            .execute(&mut *tx)
+            .await
+            .map_err(fail("creating the schema-version table"))?;
+        let found = sqlx::query_scalar::<_, i64>(self.sql.schema_version.clone())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(fail("reading the schema version"))?
+            .unwrap_or(0);
+        self.check_not_too_new(found)?;
+        for (version, migration) in self.sql.migrations.iter().filter(|(v, _)| *v > found) {
+            sqlx::raw_sql(migration.clone())
+                .execute(&mut *tx)
+                .await
+                .map_err(fail("migrating the schema"))?;
+            sqlx::query(self.sql.set_schema_version.clone())
+                .bind(*version)
+                .execute(&mut *tx)
+                .await
+                .map_err(fail("recording the schema version"))?;
+            tracing::info!(path = ?self.path(), prefix = self.options.get_table_prefix(), version, "SQLite schema migrated");
+        }
+        tx.commit()
+            .await
+            .map_err(fail("committing the schema migration"))?;
+        Ok(())
+    }
+
+    fn check_not_too_new(&self, found: i64) -> Result<(), Error> {
+        let supported = Sql::latest_version();
+        if found > supported {
+            return Err(Error::SchemaTooNew {
+                path: self.path().to_path_buf(),
+                prefix: self.options.get_table_prefix().to_owned(),
+                found,
+                supported,
+            });
+        }
+        Ok(())
+    }
+
+    fn err(&self, doing: &str, e: sqlx::Error) -> StoreError {
+        if is_busy(&e) {
+            let doing = format!(
+                "{doing}: the database stayed locked longer than the busy timeout ({:?})",
+                self.options.get_busy_timeout()
+            );
+            return store_error(&doing, e);
+        }
+        store_error(doing, e)
+    }
+
+    /// One claim inside an open `BEGIN IMMEDIATE` transaction: the steps of
+    /// the lease flowchart, as `MemoryStore` writes them. `batch_now` is the
+    /// store's clock as the transaction's first read saw it: every claim of
+    /// a batch decides on the same instant.
+    async fn claim_in(
+        &self,
+        conn: &mut SqliteConnection,
+        req: &LeaseClaim,
+        batch_now: &mut Option<Timestamp>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let run = req.run();
+        let job = run.job.as_str();
+        let slot = run.slot.as_millis();
+        let row: ClaimRow = sqlx::query_as(self.sql.read_run.clone())
+            .bind(job)
+            .bind(slot)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| self.err("reading the run", e))?;
+        let now = *batch_now.get_or_insert(Timestamp::from_millis(row.now));
+        let existing = parse_state(row.state.as_deref())?;
+        match existing {
+            // 1. No record, or only a `missed` one.
+            None | Some(RecordState::Missed) => {
+                if now.since(run.slot.at()) > req.claim.max_late {
+                    if existing.is_none() {
+                        self.write_run(conn, run, Written::ended(RecordState::Missed, now))
+                            .await?;
+                    }
+                    return Ok(ClaimOutcome::Late);
+                }
+                if req.overlap == Overlap::Skip && self.another_run_is_live(conn, run, now).await? {
+                    let skipped = RecordState::Finished(FinalState::Skipped);
+                    self.write_run(conn, run, Written::ended(skipped, now))
+                        .await?;
+                    return Ok(ClaimOutcome::Overlap);
+                }
+                let fence = self.next_fence(conn, &run.job).await?;
+                let written = Written {
+                    state: RecordState::Running,
+                    attempt: Some(Attempt::FIRST),
+                    token: Some(req.claim.token),
+                    fence: Some(fence),
+                    instance: Some(&req.claim.instance),
+                    started_at: Some(now),
+                    finished_at: None,
+                    lease_until: Some(now.saturating_add(req.lease)),
+                };
+                self.write_run(conn, run, written).await?;
+                Ok(ClaimOutcome::Won(Win {
+                    attempt: Attempt::FIRST,
+                    fence: Some(fence),
+                }))
+            }
+            // 3. Finished.
+            Some(RecordState::Finished(state)) => Ok(ClaimOutcome::Done(state)),
+            Some(RecordState::Running) => {
+                let attempt = match row.attempt {
+                    None => Attempt::FIRST,
+                    Some(n) => parse_attempt(n)?,
+                };
+                let lease_until = row.lease_until.map_or(now, Timestamp::from_millis);
+                // 2. Our own claim, sent again.
+                if row.token.as_deref() == Some(req.claim.token.to_string().as_str()) {
+                    let fence = row.fence.map(parse_fence).transpose()?;
+                    return Ok(ClaimOutcome::Won(Win { attempt, fence }));
+                }
+                // 4. Someone else's live lease.
+                if lease_until >= now {
+                    return Ok(ClaimOutcome::Running {
+                        lease_until,
+                        store_now: now,
+                    });
+                }
+                // 5. The lease ran out.
+                if req.max_attempts.allows_after(attempt) {
+                    let fence = self.next_fence(conn, &run.job).await?;
+                    let attempt = attempt.next();
+                    let changed = sqlx::query(self.sql.take_over.clone())
+                        .bind(job)
+                        .bind(slot)
+                        .bind(i64::from(attempt.get()))
+                        .bind(req.claim.token.to_string())
+                        .bind(fence_value(fence)?)
+                        .bind(req.claim.instance.as_str())
+                        .bind(now.saturating_add(req.lease).as_millis())
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(|e| self.err("taking the run over", e))?
+                        .rows_affected();
+                    expect_one_row("taking the run over", changed)?;
+                    Ok(ClaimOutcome::Won(Win {
+                        attempt,
+                        fence: Some(fence),
+                    }))
+                } else {
+                    let changed = sqlx::query(self.sql.interrupt.clone())
+                        .bind(job)
+                        .bind(slot)
+                        .bind(now.as_millis())
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(|e| self.err("marking the run interrupted", e))?
+                        .rows_affected();
+                    expect_one_row("marking the run interrupted", changed)?;
+                    Ok(ClaimOutcome::Done(FinalState::Interrupted))
+                }
+            }
+        }
+    }
+
+    async fn another_run_is_live(
+        &self,
+        conn: &mut SqliteConnection,
+        run: &RunKey,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar::<_, bool>(self.sql.live_run_exists.clone())
+            .bind(run.job.as_str())
+            .bind(run.slot.as_millis())
+            .bind(now.as_millis())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| self.err("checking for a live run of the job", e))
+    }
+
+    async fn next_fence(
+        &self,
+        conn: &mut SqliteConnection,
+        job: &JobName,
+    ) -> Result<Fence, StoreError> {
+        let n: i64 = sqlx::query_scalar(self.sql.next_fence.clone())
+            .bind(job.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| self.err("assigning a fence", e))?;
+        parse_fence(n)
+    }
+
+    async fn write_run(
+        &self,
+        conn: &mut SqliteConnection,
+        run: &RunKey,
+        w: Written<'_>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(self.sql.write_run.clone())
+            .bind(run.job.as_str())
+            .bind(run.slot.as_millis())
+            .bind(w.state.as_str())
+            .bind(w.attempt.map(|a| i64::from(a.get())))
+            .bind(w.token.map(|t| t.to_string()))
+            .bind(w.fence.map(fence_value).transpose()?)
+            .bind(w.instance.map(InstanceId::as_str))
+            .bind(w.started_at.map(Timestamp::as_millis))
+            .bind(w.finished_at.map(Timestamp::as_millis))
+            .bind(w.lease_until.map(Timestamp::as_millis))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err("writing the run", e))?;
+        Ok(())
+    }
+
+    /// Runs `update` (heartbeat, finish, release): one statement that
+    /// matches the token of a running run.
+    async fn update_held(
+        &self,
+        doing: &str,
+        query: sqlx::query::Query<'_, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+    ) -> Result<Renewal, StoreError> {
+        let changed = query
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(doing, e))?
+            .rows_affected();
+        Ok(if changed == 1 {
+            Renewal::Renewed
+        } else {
+            Renewal::Fenced
+        })
+    }
+}
+
+/// A record as the claim writes it.
+struct Written<'a> {
+    state: RecordState,
+    attempt: Option<Attempt>,
+    token: Option<Token>,
+    fence: Option<Fence>,
+    instance: Option<&'a InstanceId>,
+    started_at: Option<Timestamp>,
+    finished_at: Option<Timestamp>,
+    lease_until: Option<Timestamp>,
+}
+
+impl Written<'_> {
+    /// A slot nobody ran (missed, skipped), ended at `now`.
+    fn ended(state: RecordState, now: Timestamp) -> Self {
+        Self {
+            state,
+            attempt: None,
+            token: None,
+            fence: None,
+            instance: None,
+            started_at: None,
+            finished_at: Some(now),
+            lease_until: None,
+        }
+    }
+}
+
+/// The clock and the run, read at the start of a claim.
+struct ClaimRow {
+    now: i64,
+    state: Option<String>,
+    attempt: Option<i64>,
+    token: Option<String>,
+    fence: Option<i64>,
+    lease_until: Option<i64>,
+}
+
+impl<'r> FromRow<'r, SqliteRow> for ClaimRow {
+    fn from_row(row: &'r SqliteRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            now: row.try_get("now")?,
+            state: row.try_get("state")?,
+            attempt: row.try_get("attempt")?,
+            token: row.try_get("token")?,
+            fence: row.try_get("fence")?,
+            lease_until: row.try_get("lease_until")?,
+        })
+    }
+}
+
+/// What `peek` reads.
+struct PeekRow {
+    now: i64,
+    state: Option<String>,
+    attempt: Option<i64>,
+    lease_until: Option<i64>,
+}
+
+impl<'r> FromRow<'r, SqliteRow> for PeekRow {
+    fn from_row(row: &'r SqliteRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            now: row.try_get("now")?,
+            state: row.try_get("state")?,
+            attempt: row.try_get("attempt")?,
+            lease_until: row.try_get("lease_until")?,
+        })
+    }
+}
+
+/// One run of a job's history.
+struct HistoryRow {
+    slot: i64,
+    state: String,
+    attempt: Option<i64>,
+    fence: Option<i64>,
+    instance: Option<String>,
+    started_at: Option<i64>,
+    finished_at: Option<i64>,
+    lease_until: Option<i64>,
+    error: Option<String>,
+}
+
+impl<'r> FromRow<'r, SqliteRow> for HistoryRow {
+    fn from_row(row: &'r SqliteRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            slot: row.try_get("slot")?,
+            state: row.try_get("state")?,
+            attempt: row.try_get("attempt")?,
+            fence: row.try_get("fence")?,
+            instance: row.try_get("instance")?,
+            started_at: row.try_get("started_at")?,
+            finished_at: row.try_get("finished_at")?,
+            lease_until: row.try_get("lease_until")?,
+            error: row.try_get("error")?,
+        })
+    }
+}
+
+impl HistoryRow {
+    fn into_record(self, job: &JobName) -> Result<RunRecord, StoreError> {
+        let state =
+            RecordState::parse(&self.state).ok_or_else(|| bad_value("run state", &self.state))?;
+        let instance = self
+            .instance
+            .map(|i| InstanceId::new(&i).map_err(|_| bad_value("instance id", &i)))
+            .transpose()?;
+        Ok(RunRecord {
+            run: RunKey::new(job.clone(), Slot::from_millis(self.slot)),
+            state,
+            attempt: self.attempt.map(parse_attempt).transpose()?,
+            fence: self.fence.map(parse_fence).transpose()?,
+            instance,
+            started_at: self.started_at.map(Timestamp::from_millis),
+            finished_at: self.finished_at.map(Timestamp::from_millis),
+            lease_until: self.lease_until.map(Timestamp::from_millis),
+            error: self.error,
+        })
+    }
+}
+
+fn parse_state(text: Option<&str>) -> Result<Option<RecordState>, StoreError> {
+    text.map(|s| RecordState::parse(s).ok_or_else(|| bad_value("run state", s)))
+        .transpose()
+}
+
+fn parse_attempt(n: i64) -> Result<Attempt, StoreError> {
+    u32::try_from(n)
+        .ok()
+        .and_then(Attempt::new)
+        .ok_or_else(|| bad_value("attempt", n))
+}
+
+fn parse_fence(n: i64) -> Result<Fence, StoreError> {
+    u64::try_from(n)
+        .map(Fence::new)
+        .map_err(|_| bad_value("fence", n))
+}
+
+fn fence_value(fence: Fence) -> Result<i64, StoreError> {
+    i64::try_from(fence.get()).map_err(|_| bad_value("fence", fence.get()))
+}
+
+fn expect_one_row(doing: &str, changed: u64) -> Result<(), StoreError> {
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::protocol(
+            BACKEND,
+            format!("{doing} changed {changed} rows inside the claim transaction; expected 1"),
+        ))
+    }
+}
+
+fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(primary_code(e), Some(code::BUSY | code::LOCKED))
+}
+
+/// An error while opening, with the file's name and the cases a user can fix.
+fn open_error(options: &SqliteOptions, doing: &'static str, e: sqlx::Error) -> Error {
+    let path = options.get_path().to_path_buf();
+    match primary_code(&e) {
+        Some(code::NOTADB) => Error::NotADatabase {
+            path,
+            message: match &e {
+                sqlx::Error::Database(db) => db.message().to_owned(),
+                other => other.to_string(),
+            },
+        },
+        Some(code::BUSY | code::LOCKED) => Error::Locked {
+            path,
+            busy_timeout: options.get_busy_timeout(),
+            doing,
+        },
+        _ if matches!(e, sqlx::Error::PoolTimedOut) => Error::Locked {
+            path,
+            busy_timeout: options.get_busy_timeout(),
+            doing,
+        },
+        _ => Error::Sqlite {
+            path,
+            doing,
+            source: e,
+        },
+    }
+}
+
+#[async_trait]
+impl ClaimStore for SqliteStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.claim_lease(&LeaseClaim::from_plain(req)).await
+    }
+
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: BACKEND,
+            memory: Memory::UntilCollected,
+        }
+    }
+
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
+    async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
+        let mut outcomes = self.claim_many(std::slice::from_ref(req)).await?;
+        outcomes
+            .pop()
+            .ok_or_else(|| StoreError::protocol(BACKEND, "a claim produced no outcome"))
+    }
+
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err("starting the claim transaction", e))?;
+        let mut outcomes = Vec::with_capacity(reqs.len());
+        let mut now = None;
+        for req in reqs {
+            outcomes.push(self.claim_in(&mut tx, req, &mut now).await?);
+        }
+        tx.commit()
+            .await
+            .map_err(|e| self.err("committing the claim", e))?;
+        Ok(outcomes)
+    }
+
+    async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {
+        let row: PeekRow = sqlx::query_as(self.sql.peek.clone())
+            .bind(run.job.as_str())
+            .bind(run.slot.as_millis())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err("reading the run", e))?;
+        let now = Timestamp::from_millis(row.now);
+        let state = match parse_state(row.state.as_deref())? {
+            None => RunState::Absent,
+            Some(RecordState::Missed) => RunState::Missed,
+            Some(RecordState::Finished(f)) => RunState::Finished(f),
+            Some(RecordState::Running) => RunState::Running {
+                attempt: match row.attempt {
+                    None => Attempt::FIRST,
+                    Some(n) => parse_attempt(n)?,
+                },
+                lease_until: row.lease_until.map_or(now, Timestamp::from_millis),
+            },
+        };
+        Ok(RunView {
+            store_now: now,
+            state,
+        })
+    }
+
+    async fn heartbeat(
+        &self,
+        run: &RunKey,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Renewal, StoreError> {
+        let query = sqlx::query(self.sql.heartbeat.clone())
+            .bind(run.job.as_str())
+            .bind(run.slot.as_millis())
+            .bind(token.to_string())
+            .bind(millis(lease));
+        self.update_held("renewing the lease", query).await
+    }
+
+    async fn finish(
+        &self,
+        run: &RunKey,
+        token: Token,
+        outcome: RunOutcome,
+    ) -> Result<Renewal, StoreError> {
+        let (state, error) = match outcome {
+            RunOutcome::Succeeded => (FinalState::Succeeded, None),
+            RunOutcome::Failed { error } => (FinalState::Failed, Some(error)),
+        };
+        let query = sqlx::query(self.sql.finish.clone())
+            .bind(run.job.as_str())
+            .bind(run.slot.as_millis())
+            .bind(token.to_string())
+            .bind(state.as_str())
+            .bind(error);
+        self.update_held("recording the outcome", query).await
+    }
+
+    async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        let query = sqlx::query(self.sql.release.clone())
+            .bind(run.job.as_str())
+            .bind(run.slot.as_millis())
+            .bind(token.to_string());
+        self.update_held("releasing the lease", query).await
+    }
+
+    async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        let rows: Vec<HistoryRow> = sqlx::query_as(self.sql.history.clone())
+            .bind(job.as_str())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("reading the history", e))?;
+        rows.into_iter().map(|r| r.into_record(job)).collect()
+    }
+
+    async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
+        let deleted = sqlx::query(self.sql.collect_garbage.clone())
+            .bind(millis(keep))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err("collecting old runs", e))?
+            .rows_affected();
+        Ok(deleted)
+    }
+}
+
+impl SqliteStore {
+    /// The jobs that have records, in name order: what `anarchon history`
+    /// lists when no job is named.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] if the database cannot be read, or holds a job name
+    /// this crate would not have written.
+    pub async fn jobs(&self) -> Result<Vec<JobName>, StoreError> {
+        let names: Vec<String> = sqlx::query_scalar(self.sql.jobs.clone())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("listing the jobs", e))?;
+        names
+            .into_iter()
+            .map(|n| JobName::new(&n).map_err(|_| bad_value("job name", &n)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anarchon_core::MaxAttempts;
+    use sqlx::SqlSafeStr as _;
+
+    #[tokio::test]
+    async fn the_overlap_check_reads_only_the_live_runs_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            SqliteStore::open(SqliteOptions::new(dir.path().join("plan.db")).table_prefix("plan"))
+                .await
+                .unwrap();
+        // A job with a finished history and one live run.
+        let job = JobName::new("busy-job").unwrap();
+        let now = chrono_free_now_ms();
+        for i in 0..50 {
+            let run = RunKey::new(job.clone(), Slot::from_millis(now - 50_000 + i * 1000));
+            let token = Token::generate();
+            let claim = LeaseClaim {
+                claim: ClaimRequest {
+                    run: run.clone(),
+                    token,
+                    instance: InstanceId::new("plan").unwrap(),
+                    max_late: Duration::from_secs(3600),
+                },
+                lease: Duration::from_secs(30),
+                overlap: Overlap::Allow,
+                max_attempts: MaxAttempts::DEFAULT,
+            };
+            assert!(matches!(
+                store.claim_lease(&claim).await.unwrap(),
+                ClaimOutcome::Won(_)
+            ));
+            if i < 49 {
+                store
+                    .finish(&run, token, RunOutcome::Succeeded)
+                    .await
+                    .unwrap();
+            }
+        }
+        let explain = format!("EXPLAIN QUERY PLAN {}", store.sql.live_run_exists.as_str());
+        let rows = sqlx::query(sqlx::AssertSqlSafe(explain).into_sql_str())
+            .bind(job.as_str())
+            .bind(now)
+            .bind(now)
+            .fetch_all(&store.pool)
+            .await
+            .unwrap();
+        let plan: Vec<String> = rows
+            .iter()
+            .map(|r| r.try_get::<String, _>("detail").unwrap())
+            .collect();
+        println!("overlap check plan:\n  {}", plan.join("\n  "));
+        assert!(
+            plan.iter().any(|d| d.starts_with("SEARCH plan_runs USING")
+                && d.contains("INDEX plan_runs_live (job=? AND lease_until>?)")),
+            "the overlap check must search the partial index of live runs: {plan:?}"
+        );
+        assert!(
+            !plan.iter().any(|d| d.contains("SCAN plan_runs")),
+            "the overlap check must not scan the runs: {plan:?}"
+        );
+    }
+
+    fn chrono_free_now_ms() -> i64 {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        i64::try_from(since.as_millis()).unwrap()
+    }
+}

@@ -1,0 +1,48 @@
+//! What the SQLite tests share: a factory with a database file per test.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anarchon_sqlite::{SqliteOptions, SqliteStore};
+use anarchon_testkit::StoreFactory;
+use async_trait::async_trait;
+
+/// A fresh database file in its own temporary directory; every
+/// `instance()` opens its own pool on it, as separate processes would.
+pub struct SqliteFactory {
+    dir: tempfile::TempDir,
+}
+
+impl SqliteFactory {
+    /// A factory with a new, empty directory.
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temporary directory"),
+        }
+    }
+
+    /// The test's database file.
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("anarchon.db")
+    }
+
+    /// Default options for the test's file.
+    pub fn options(&self) -> SqliteOptions {
+        SqliteOptions::new(self.path())
+    }
+}
+
+#[async_trait]
+impl StoreFactory for SqliteFactory {
+    type Store = SqliteStore;
+
+    async fn instance(&self) -> Arc<SqliteStore> {
+        Arc::new(
+            SqliteStore::open(self.options())
+                .await
+                .expect("open the test database"),
+        )
+    }
+}

@@ -1,0 +1,365 @@
+//! Opening, migrating and locking: bad input gets a clear error, nothing
+//! is lost, and the schema is created once however many pools race for it.
+
+mod common;
+
+use std::time::Duration;
+
+use anarchon_core::{
+    ClaimOutcome, ClaimRequest, InstanceId, JobName, LeaseClaim, LeaseStore, MaxAttempts, Overlap,
+    RunKey, RunOutcome, RunState, Slot, StoreErrorKind, Token,
+};
+use anarchon_sqlite::{Error, SqliteOptions, SqliteStore};
+use common::SqliteFactory;
+use futures::future::join_all;
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+use sqlx::{AssertSqlSafe, SqlitePool};
+
+fn claim(job: &str, slot: Slot, token: Token) -> LeaseClaim {
+    LeaseClaim {
+        claim: ClaimRequest {
+            run: RunKey::new(JobName::new(job).expect("job name"), slot),
+            token,
+            instance: InstanceId::new("test").expect("instance id"),
+            max_late: Duration::from_secs(60),
+        },
+        lease: Duration::from_secs(30),
+        overlap: Overlap::Allow,
+        max_attempts: MaxAttempts::DEFAULT,
+    }
+}
+
+fn next_minute() -> Slot {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis() as i64;
+    Slot::from_millis(now - now % 60_000 + 60_000)
+}
+
+/// A plain pool on the file, as another program would open it.
+async fn raw_pool(factory: &SqliteFactory) -> SqlitePool {
+    SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(SqliteConnectOptions::new().filename(factory.path()))
+        .await
+        .expect("a plain pool on the test file")
+}
+
+#[tokio::test]
+async fn a_bad_table_prefix_is_refused_before_any_sql_is_sent() {
+    let factory = SqliteFactory::new();
+    for prefix in [
+        "x; DROP TABLE y",
+        "a-b",
+        "",
+        "1st",
+        "sqlite_master",
+        "naïve",
+    ] {
+        let err = SqliteStore::open(factory.options().table_prefix(prefix))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidTablePrefix { .. }),
+            "{prefix:?}: {err}"
+        );
+        assert!(err.to_string().contains("invalid table prefix"), "{err}");
+    }
+    assert!(
+        !factory.path().exists(),
+        "a refused prefix must not even create the file"
+    );
+    let err = SqliteStore::connect("sqlite://x.db?table_prefix=a%20b")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidTablePrefix { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_missing_directory_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no").join("such");
+    let path = missing.join("anarchon.db");
+    let err = SqliteStore::open(SqliteOptions::new(&path))
+        .await
+        .unwrap_err();
+    match &err {
+        Error::MissingDirectory { directory, .. } => assert_eq!(directory, &missing),
+        other => panic!("expected MissingDirectory, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains(&missing.display().to_string()), "{text}");
+    assert!(text.contains("does not exist"), "{text}");
+    assert!(!missing.exists(), "the store must not create directories");
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_sqlite_is_named_and_left_alone() {
+    let factory = SqliteFactory::new();
+    let content = "this is a shopping list, not a database\n".repeat(200);
+    std::fs::write(factory.path(), &content).unwrap();
+    let err = SqliteStore::open(factory.options()).await.unwrap_err();
+    match &err {
+        Error::NotADatabase { path, .. } => assert_eq!(path, &factory.path()),
+        other => panic!("expected NotADatabase, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains(&factory.path().display().to_string()),
+        "{text}"
+    );
+    assert!(text.contains("is not a SQLite database"), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(factory.path()).unwrap(),
+        content,
+        "the file must be left as it was"
+    );
+}
+
+#[tokio::test]
+async fn opening_again_keeps_the_runs_and_the_schema() {
+    let factory = SqliteFactory::new();
+    let slot = next_minute();
+    let token = Token::generate();
+    {
+        let store = SqliteStore::open(factory.options()).await.unwrap();
+        assert_eq!(
+            store.schema_version().await.unwrap(),
+            anarchon_sqlite::schema_version()
+        );
+        assert!(matches!(
+            store
+                .claim_lease(&claim("kept", slot, token))
+                .await
+                .unwrap(),
+            ClaimOutcome::Won(_)
+        ));
+        store.close().await;
+    }
+    let store = SqliteStore::open(factory.options()).await.unwrap();
+    assert_eq!(
+        store.schema_version().await.unwrap(),
+        anarchon_sqlite::schema_version()
+    );
+    let run = RunKey::new(JobName::new("kept").unwrap(), slot);
+    assert!(
+        matches!(
+            store.peek(&run).await.unwrap().state,
+            RunState::Running { .. }
+        ),
+        "the run claimed before must still be there"
+    );
+    assert_eq!(
+        store
+            .finish(&run, token, RunOutcome::Succeeded)
+            .await
+            .unwrap(),
+        anarchon_core::Renewal::Renewed,
+        "the token of the first opening still holds the run"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_pools_opening_a_new_file_at_once_migrate_it_once() {
+    let factory = SqliteFactory::new();
+    let opened = join_all((0..8).map(|_| SqliteStore::open(factory.options()))).await;
+    let stores: Vec<SqliteStore> = opened
+        .into_iter()
+        .map(|r| r.expect("every concurrent open succeeds"))
+        .collect();
+    let raw = raw_pool(&factory).await;
+    let rows: Vec<(i64, i64)> = sqlx::query_as("SELECT id, version FROM anarchon_schema")
+        .fetch_all(&raw)
+        .await
+        .unwrap();
+    assert_eq!(rows, [(1, anarchon_sqlite::schema_version())]);
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&raw)
+        .await
+        .unwrap();
+    assert_eq!(mode, "wal");
+    // And they work together: one winner.
+    let slot = next_minute();
+    let outcomes = join_all(
+        stores
+            .iter()
+            .map(|s| async move { s.claim_lease(&claim("race", slot, Token::generate())).await }),
+    )
+    .await;
+    let won = outcomes
+        .into_iter()
+        .filter(|o| matches!(o.as_ref().unwrap(), ClaimOutcome::Won(_)))
+        .count();
+    assert_eq!(won, 1);
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused() {
+    let factory = SqliteFactory::new();
+    SqliteStore::open(factory.options())
+        .await
+        .unwrap()
+        .close()
+        .await;
+    let raw = raw_pool(&factory).await;
+    sqlx::query("UPDATE anarchon_schema SET version = 99")
+        .execute(&raw)
+        .await
+        .unwrap();
+    let err = SqliteStore::open(factory.options()).await.unwrap_err();
+    match err {
+        Error::SchemaTooNew {
+            found, supported, ..
+        } => {
+            assert_eq!(found, 99);
+            assert_eq!(supported, anarchon_sqlite::schema_version());
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn two_prefixes_in_one_file_are_two_stores() {
+    let factory = SqliteFactory::new();
+    let a = SqliteStore::open(factory.options().table_prefix("team_a"))
+        .await
+        .unwrap();
+    let b = SqliteStore::open(factory.options().table_prefix("team_b"))
+        .await
+        .unwrap();
+    let slot = next_minute();
+    for store in [&a, &b] {
+        let outcome = store
+            .claim_lease(&claim("same-job", slot, Token::generate()))
+            .await
+            .unwrap();
+        assert!(matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_url_opens_the_file() {
+    let factory = SqliteFactory::new();
+    let url = format!(
+        "sqlite://{}?table_prefix=from_url&busy_timeout_ms=1500",
+        factory.path().display()
+    );
+    let store = SqliteStore::connect(&url).await.unwrap();
+    assert_eq!(store.path(), factory.path());
+    assert_eq!(store.options().get_table_prefix(), "from_url");
+    assert_eq!(
+        store.options().get_busy_timeout(),
+        Duration::from_millis(1500)
+    );
+    let raw = raw_pool(&factory).await;
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sqlite_master WHERE name IN ('from_url_runs', 'from_url_jobs', 'from_url_schema')",
+    )
+    .fetch_one(&raw)
+    .await
+    .unwrap();
+    assert_eq!(n, 3);
+}
+
+/// Another program holds the write lock longer than the busy timeout:
+/// writes fail with a temporary error naming the busy timeout, the plain
+/// read still answers (WAL), and the same claim succeeds once the lock goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_past_the_busy_timeout_is_a_temporary_error() {
+    let factory = SqliteFactory::new();
+    let busy = Duration::from_millis(200);
+    let store = SqliteStore::open(factory.options().busy_timeout(busy))
+        .await
+        .unwrap();
+    let slot = next_minute();
+    let mine = claim("locked", slot, Token::generate());
+
+    let raw = raw_pool(&factory).await;
+    let mut holder = raw.begin_with("BEGIN IMMEDIATE").await.unwrap();
+    sqlx::query(AssertSqlSafe(
+        "INSERT INTO anarchon_jobs (job, last_fence) VALUES ('holder', 0)",
+    ))
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+
+    let err = store.claim_lease(&mine).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    assert!(err.is_temporary());
+    assert!(err.to_string().contains("busy timeout"), "{err}");
+    let err = store
+        .heartbeat(mine.run(), mine.claim.token, Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(err.is_temporary(), "{err}");
+    let view = store
+        .peek(mine.run())
+        .await
+        .expect("a plain read does not wait for the writer");
+    assert_eq!(view.state, RunState::Absent);
+
+    // Opening a store whose tables do not exist yet needs the lock too.
+    let err = SqliteStore::open(factory.options().table_prefix("other").busy_timeout(busy))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Locked { .. }), "{err:?}");
+    assert!(err.is_temporary());
+    assert!(
+        err.to_string()
+            .contains(&factory.path().display().to_string()),
+        "{err}"
+    );
+
+    holder.rollback().await.unwrap();
+    let outcome = store.claim_lease(&mine).await.unwrap();
+    assert!(
+        matches!(outcome, ClaimOutcome::Won(_)),
+        "the retried claim wins once the lock is gone: {outcome:?}"
+    );
+}
+
+/// A retried batch with the same tokens gets the same answers (the lease
+/// ends and wins; `store_now` is the clock at each answer, so it moves).
+#[tokio::test]
+async fn a_retried_batch_gets_the_same_answers() {
+    let factory = SqliteFactory::new();
+    let a = SqliteStore::open(factory.options()).await.unwrap();
+    let b = SqliteStore::open(factory.options()).await.unwrap();
+    let slot = next_minute();
+    let batch: Vec<LeaseClaim> = (0..20)
+        .map(|i| claim(&format!("batch-{i}"), slot, Token::generate()))
+        .collect();
+    for c in batch.iter().step_by(2) {
+        let theirs = claim(c.run().job.as_str(), slot, Token::generate());
+        assert!(matches!(
+            b.claim_lease(&theirs).await.unwrap(),
+            ClaimOutcome::Won(_)
+        ));
+    }
+    let first = a.claim_many(&batch).await.unwrap();
+    let again = a.claim_many(&batch).await.unwrap();
+    let strip = |o: &ClaimOutcome| match o {
+        ClaimOutcome::Running { lease_until, .. } => format!("running until {lease_until}"),
+        other => format!("{other:?}"),
+    };
+    assert_eq!(
+        first.iter().map(strip).collect::<Vec<_>>(),
+        again.iter().map(strip).collect::<Vec<_>>()
+    );
+    for (i, o) in first.iter().enumerate() {
+        match (i % 2, o) {
+            (0, ClaimOutcome::Running { .. }) | (1, ClaimOutcome::Won(_)) => {}
+            _ => panic!("claim {i}: {o:?}"),
+        }
+    }
+    // One transaction, one clock reading: every answer names the same now.
+    let nows: std::collections::HashSet<_> = first
+        .iter()
+        .filter_map(|o| match o {
+            ClaimOutcome::Running { store_now, .. } => Some(*store_now),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(nows.len(), 1, "{nows:?}");
+}
