@@ -1,6 +1,275 @@
-//! The `anarchon` daemon (work in progress).
+#![doc = include_str!("../README.md")]
 
-fn main() {
-    eprintln!("anarchon: not built yet");
-    std::process::exit(2);
+mod app;
+mod backend;
+mod config;
+mod error;
+mod runner;
+mod show;
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anarchon::{JobName, Schedule, Timestamp};
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use crate::backend::{Backend, Opened, redact};
+use crate::config::{Crontab, DEFAULT_STORE};
+use crate::error::Error;
+use crate::runner::Orphans;
+
+/// Leaderless distributed cron: every instance runs the same crontab, and
+/// for each run exactly one of them wins it.
+#[derive(Debug, Parser)]
+#[command(name = "anarchon", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the crontab's jobs until Ctrl-C or SIGTERM.
+    Run {
+        /// The crontab (TOML).
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// The store URL; overrides the crontab's `store` (default
+        /// sqlite://anarchon.db).
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+    },
+    /// Show recent runs: slot, state, attempt, instance, duration, error.
+    History {
+        /// Only this job (default: every job in the store).
+        job: Option<String>,
+        /// Read the store URL from this crontab.
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// The store URL (default sqlite://anarchon.db).
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+        /// How many runs to show.
+        #[arg(short = 'n', long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Print the next slots of a cron expression, to check it before
+    /// deploying it.
+    Next {
+        /// The cron expression: 5 fields, or 6 with seconds first.
+        cron: String,
+        /// The IANA time zone it is read in.
+        #[arg(long, value_name = "ZONE", default_value = "UTC")]
+        tz: String,
+        /// How many slots.
+        #[arg(short = 'n', long, default_value_t = 5)]
+        count: usize,
+    },
+    /// Check a crontab without running anything or opening the store.
+    Check {
+        /// The crontab (TOML).
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// The store URL to check the options against.
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "anarchon: error: cannot start the async runtime: {e}"
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "anarchon: error: {e:#}");
+            let configuration = e
+                .downcast_ref::<Error>()
+                .is_some_and(Error::is_configuration);
+            ExitCode::from(if configuration { 2 } else { 1 })
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ANARCHON_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+async fn dispatch(command: Cmd) -> anyhow::Result<()> {
+    match command {
+        Cmd::Run { config, store } => run(&config, store).await,
+        Cmd::History {
+            job,
+            config,
+            store,
+            limit,
+        } => history(job, config.as_deref(), store, limit).await,
+        Cmd::Next { cron, tz, count } => {
+            let schedule = Schedule::cron_in(&cron, &tz)
+                .map_err(|source| Error::config(None, None, source))?;
+            write_out(&show::next_slots(&schedule, now(), count))
+        }
+        Cmd::Check { config, store } => check(&config, store),
+    }
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_datetime(&chrono::Utc::now())
+}
+
+/// The store URL: `--store`, else the crontab's, else the default.
+fn store_url(flag: Option<String>, crontab: Option<&Crontab>) -> String {
+    flag.or_else(|| crontab.and_then(|c| c.store.clone()))
+        .unwrap_or_else(|| DEFAULT_STORE.to_owned())
+}
+
+async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
+    let crontab = Crontab::load(path)?;
+    let url = store_url(store, Some(&crontab));
+    let backend = Backend::parse(&url)?;
+    // Everything the core would refuse is found before the store is
+    // opened (or a SQLite file created).
+    validate(&crontab, &backend)?;
+    if crontab.jobs.is_empty() {
+        tracing::warn!(config = %path.display(), "the crontab has no [[job]]: nothing to run");
+    }
+    let opened = backend.open().await?;
+    let orphans = Arc::new(Orphans::default());
+    let scheduler = app::start(&crontab, opened.claim_store(), &orphans)?;
+    tracing::info!(
+        store = %redact(&url),
+        instance = %scheduler.instance_id(),
+        jobs = crontab.jobs.len(),
+        "anarchon running; Ctrl-C or SIGTERM stops it and hands running jobs over"
+    );
+    let signal = shutdown_signal().await?;
+    tracing::info!(
+        signal,
+        "shutting down: no new runs; waiting for running commands"
+    );
+    let report = scheduler.shutdown().await;
+    orphans.reap(crontab.kill_grace).await;
+    let Opened::Sqlite(store) = &opened;
+    store.close().await;
+    tracing::info!(handed_over = report.handed_over, "stopped");
+    Ok(())
+}
+
+/// Waits for Ctrl-C (SIGINT) or SIGTERM and says which.
+async fn shutdown_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+async fn history(
+    job: Option<String>,
+    config: Option<&Path>,
+    store: Option<String>,
+    limit: usize,
+) -> anyhow::Result<()> {
+    let crontab = config.map(Crontab::load).transpose()?;
+    let url = store_url(store, crontab.as_ref());
+    let backend = Backend::parse(&url)?;
+    let Backend::Sqlite(options) = &backend;
+    if !options.get_path().exists() {
+        return Err(Error::NoDatabase {
+            path: options.get_path().to_path_buf(),
+        }
+        .into());
+    }
+    let Opened::Sqlite(store) = backend.open().await?;
+    let jobs = match job {
+        Some(name) => {
+            vec![JobName::new(&name).map_err(|source| Error::config(None, None, source))?]
+        }
+        None => store.jobs().await.map_err(Error::from)?,
+    };
+    let runs = show::history(store.as_ref(), &jobs, limit).await?;
+    store.close().await;
+    if runs.is_empty() {
+        let which = match jobs.as_slice() {
+            [one] => format!(" for job {one:?}"),
+            _ => String::new(),
+        };
+        write_out(&format!("no runs recorded{which}\n"))
+    } else {
+        write_out(&show::history_table(&runs))
+    }
+}
+
+/// Checks the crontab against the backend's kind without opening it: the
+/// jobs through the core's builder, the scheduler options as the core will
+/// check them at start.
+fn validate(crontab: &Crontab, backend: &Backend) -> Result<(), Error> {
+    let stand_in = backend.stand_in();
+    app::build(crontab, stand_in.clone(), &Arc::default())?;
+    app::check_scheduler_options(crontab, &stand_in)
+}
+
+fn check(path: &Path, store: Option<String>) -> anyhow::Result<()> {
+    let crontab = Crontab::load(path)?;
+    let url = store_url(store, Some(&crontab));
+    let backend = Backend::parse(&url)?;
+    validate(&crontab, &backend)?;
+    let mut text = format!(
+        "{}: {} job(s) OK; store {} = {}\n",
+        path.display(),
+        crontab.jobs.len(),
+        redact(&url),
+        backend.describe()
+    );
+    let now = now();
+    for job in &crontab.jobs {
+        let next = job
+            .schedule
+            .next_after(now)
+            .map_or_else(|| "never".to_owned(), |s| s.to_string());
+        text.push_str(&format!(
+            "  {:<24} {}  next {}  runs {}\n",
+            job.name, job.schedule, next, job.command
+        ));
+    }
+    write_out(&text)
+}
+
+/// Writes to stdout; a reader that went away (`anarchon history | head`)
+/// is not an error.
+fn write_out(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(e).context("cannot write to stdout"))
+        }
+        _ => Ok(()),
+    }
 }

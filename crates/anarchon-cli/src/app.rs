@@ -1,0 +1,232 @@
+//! From a crontab to a scheduler, on the core's run-time path.
+//!
+//! Options read from the file go through [`JobBuilder::options`] and
+//! [`SchedulerBuilder::options`] over an `Arc<dyn ClaimStore>`, so the
+//! core itself refuses what the chosen store cannot honour (lease-only
+//! options on a claim-only store) with its typed
+//! [`ConfigError::UnsupportedOption`].
+//!
+//! [`JobBuilder::options`]: anarchon::JobBuilder::options
+//! [`SchedulerBuilder::options`]: anarchon::SchedulerBuilder::options
+
+use std::sync::Arc;
+
+use anarchon::{ClaimStore, ConfigError, Scheduler, SchedulerBuilder};
+
+use crate::config::Crontab;
+use crate::error::Error;
+use crate::runner::{self, Orphans, Spec};
+
+/// A scheduler builder with every job of `crontab` added, over `store`.
+///
+/// # Errors
+///
+/// [`Error::Config`] naming the job the core refused.
+pub(crate) fn build(
+    crontab: &Crontab,
+    store: Arc<dyn ClaimStore>,
+    orphans: &Arc<Orphans>,
+) -> Result<SchedulerBuilder<dyn ClaimStore>, Error> {
+    let mut builder = Scheduler::builder(store).options(&crontab.scheduler);
+    if let Some(keep) = crontab.history_retention {
+        builder = builder.history_retention(keep);
+    }
+    for job in &crontab.jobs {
+        let in_job = |source: ConfigError| {
+            Error::config(
+                Some(format!("{}:{}", crontab.path.display(), job.line)),
+                Some(job.name.clone()),
+                source,
+            )
+        };
+        let spec = Arc::new(Spec {
+            command: job.command.clone(),
+            env: job.env.clone(),
+            working_dir: job.working_dir.clone(),
+            kill_grace: crontab.kill_grace,
+        });
+        let orphans = orphans.clone();
+        builder
+            .job(&job.name, job.schedule.clone())
+            .map_err(in_job)?
+            .options(&job.options)
+            .run(move |ctx| runner::run(ctx, spec.clone(), orphans.clone()))
+            .map_err(in_job)?;
+    }
+    Ok(builder)
+}
+
+/// Builds and starts the scheduler on the current runtime.
+///
+/// # Errors
+///
+/// As [`build`], and the scheduler-wide options the core refuses.
+pub(crate) fn start(
+    crontab: &Crontab,
+    store: Arc<dyn ClaimStore>,
+    orphans: &Arc<Orphans>,
+) -> Result<Scheduler, Error> {
+    build(crontab, store, orphans)?
+        .start()
+        .map_err(|source| Error::config(Some(crontab.path.display().to_string()), None, source))
+}
+
+/// What `anarchon check` checks beyond the jobs: the scheduler-wide options
+/// as the core will check them at start, without starting anything.
+pub(crate) fn check_scheduler_options(
+    crontab: &Crontab,
+    store: &Arc<dyn ClaimStore>,
+) -> Result<(), Error> {
+    let fail = |source| Error::config(Some(crontab.path.display().to_string()), None, source);
+    let options = &crontab.scheduler;
+    let is_lease = store.clone().as_lease_store().is_some();
+    let name = store.info().name;
+    if !is_lease {
+        for (set, option) in [
+            (options.lease.is_some(), "lease"),
+            (options.heartbeat.is_some(), "heartbeat"),
+        ] {
+            if set {
+                return Err(fail(ConfigError::UnsupportedOption {
+                    option,
+                    backend: name,
+                }));
+            }
+        }
+    }
+    let lease = options.lease.unwrap_or(anarchon::scheduler::DEFAULT_LEASE);
+    let heartbeat = options
+        .heartbeat
+        .unwrap_or_else(|| anarchon::scheduler::DEFAULT_HEARTBEAT.min(lease / 3));
+    for (option, d) in [("lease", lease), ("heartbeat", heartbeat)] {
+        if d.is_zero() {
+            return Err(fail(ConfigError::ZeroDuration { option }));
+        }
+    }
+    if heartbeat >= lease {
+        return Err(fail(ConfigError::HeartbeatNotShorterThanLease {
+            heartbeat,
+            lease,
+        }));
+    }
+    if let Some(id) = &options.instance_id {
+        anarchon::InstanceId::new(id).map_err(fail)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use anarchon_testkit::ClaimOnlyStore;
+
+    use super::*;
+
+    fn crontab(text: &str) -> Crontab {
+        Crontab::parse(Path::new("test.toml"), text).unwrap()
+    }
+
+    fn claim_only() -> Arc<dyn ClaimStore> {
+        Arc::new(ClaimOnlyStore::default())
+    }
+
+    fn unsupported(err: Error) -> (Option<String>, &'static str, &'static str) {
+        match err {
+            Error::Config { job, source, .. } => match *source {
+                ConfigError::UnsupportedOption { option, backend } => (job, option, backend),
+                other => panic!("expected UnsupportedOption, got {other:?}"),
+            },
+            other => panic!("expected UnsupportedOption, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn lease_only_job_options_are_refused_on_a_claim_only_store() {
+        for (line, option) in [
+            ("overlap = \"skip\"", "overlap"),
+            ("max_attempts = 2", "max_attempts"),
+            ("catch_up = \"1h\"", "catch_up"),
+        ] {
+            let tab = crontab(&format!(
+                "[[job]]\nname = \"nightly\"\nschedule = \"0 3 * * *\"\ncommand = \"true\"\n{line}\n"
+            ));
+            let err = build(&tab, claim_only(), &Arc::default()).unwrap_err();
+            let text = err.to_string();
+            assert_eq!(
+                unsupported(err),
+                (Some("nightly".into()), option, "claim-only-test"),
+                "{text}"
+            );
+            assert!(text.starts_with("test.toml:2: job \"nightly\": "), "{text}");
+            // The same crontab suits a lease store.
+            let lease: Arc<dyn ClaimStore> = Arc::new(anarchon::MemoryStore::new());
+            build(&tab, lease, &Arc::default()).unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn lease_only_scheduler_options_are_refused_at_start_and_by_check() {
+        for (line, option) in [
+            ("lease = \"10s\"", "lease"),
+            ("heartbeat = \"1s\"", "heartbeat"),
+        ] {
+            let tab = crontab(&format!(
+                "[scheduler]\n{line}\n[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"true\"\n"
+            ));
+            let err = start(&tab, claim_only(), &Arc::default()).unwrap_err();
+            assert_eq!(unsupported(err), (None, option, "claim-only-test"));
+            let err = check_scheduler_options(&tab, &claim_only()).unwrap_err();
+            assert_eq!(unsupported(err), (None, option, "claim-only-test"));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_plain_crontab_starts_on_a_claim_only_store() {
+        let tab = crontab(
+            "[[job]]\nname = \"a\"\nevery = \"1h\"\ncommand = \"true\"\nmax_late = \"30s\"\njitter = \"5s\"\ntimeout = \"1m\"\n",
+        );
+        check_scheduler_options(&tab, &claim_only()).unwrap();
+        let scheduler = start(&tab, claim_only(), &Arc::default()).unwrap();
+        assert_eq!(scheduler.backend().name, "claim-only-test");
+        scheduler.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn the_core_names_the_job_it_refuses() {
+        let tab = crontab("[[job]]\nname = \"no spaces\"\nevery = \"1m\"\ncommand = \"true\"\n");
+        let err = build(&tab, claim_only(), &Arc::default()).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::Config { source, .. } if matches!(**source, ConfigError::InvalidJobName { .. })
+            ),
+            "{err:?}"
+        );
+        let tab = crontab(
+            "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"true\"\n[[job]]\nname = \"a\"\nevery = \"2m\"\ncommand = \"true\"\n",
+        );
+        let err = build(&tab, claim_only(), &Arc::default()).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::Config { source, .. } if matches!(**source, ConfigError::DuplicateJob { .. })
+            ),
+            "{err:?}"
+        );
+        let tab = crontab(
+            "[scheduler]\nlease = \"3s\"\nheartbeat = \"3s\"\n[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"true\"\n",
+        );
+        let lease: Arc<dyn ClaimStore> = Arc::new(anarchon::MemoryStore::new());
+        let by_check = check_scheduler_options(&tab, &lease).unwrap_err();
+        let by_start = start(&tab, lease, &Arc::default()).unwrap_err();
+        assert_eq!(by_check.to_string(), by_start.to_string());
+        assert!(
+            matches!(
+                by_start,
+                Error::Config { ref source, .. } if matches!(**source, ConfigError::HeartbeatNotShorterThanLease { .. })
+            ),
+            "{by_start:?}"
+        );
+    }
+}

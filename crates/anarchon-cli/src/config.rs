@@ -1,0 +1,496 @@
+//! The crontab: a TOML file of jobs, read strictly.
+//!
+//! Unknown keys are errors, not warnings: a misspelt `overlap` that was
+//! silently ignored would let runs pile up. Every error names the file, the
+//! line and the column.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anarchon::{JobOptions, Overlap, Schedule, SchedulerOptions};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use toml::Spanned;
+
+use crate::error::Error;
+
+/// The store used when neither the crontab nor `--store` names one.
+pub(crate) const DEFAULT_STORE: &str = "sqlite://anarchon.db";
+/// How long a cancelled command has between SIGTERM and SIGKILL unless the
+/// crontab says otherwise.
+pub(crate) const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// A crontab as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    /// The store's URL.
+    store: Option<String>,
+    #[serde(default)]
+    scheduler: SchedulerSection,
+    #[serde(default, rename = "job")]
+    jobs: Vec<JobSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SchedulerSection {
+    lease: Option<Dur>,
+    heartbeat: Option<Dur>,
+    shutdown_grace: Option<Dur>,
+    kill_grace: Option<Dur>,
+    history_retention: Option<Dur>,
+    instance_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobSection {
+    name: Spanned<String>,
+    schedule: Option<String>,
+    every: Option<Dur>,
+    time_zone: Option<String>,
+    command: Command,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    working_dir: Option<PathBuf>,
+    overlap: Option<OverlapSetting>,
+    max_attempts: Option<u32>,
+    catch_up: Option<Dur>,
+    max_late: Option<Dur>,
+    jitter: Option<Dur>,
+    timeout: Option<Dur>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum OverlapSetting {
+    Allow,
+    Skip,
+}
+
+/// A duration written the human way: `"30s"`, `"5m"`, `"1h 30m"`.
+#[derive(Clone, Copy, Debug)]
+struct Dur(Duration);
+
+impl<'de> Deserialize<'de> for Dur {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Dur;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as \"30s\", \"5m\" or \"1h 30m\"")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Dur, E> {
+                humantime::parse_duration(v).map(Dur).map_err(|e| {
+                    E::custom(format!(
+                        "invalid duration {v:?}: {e}; write e.g. \"30s\", \"5m\" or \"1h 30m\""
+                    ))
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// What a job runs: an argv array, run as it is, or a string, run by
+/// `sh -c`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Command {
+    /// The program and its arguments.
+    Argv(Vec<String>),
+    /// A shell command line.
+    Shell(String),
+}
+
+impl Command {
+    /// The program and arguments to execute.
+    pub(crate) fn argv(&self) -> Vec<String> {
+        match self {
+            Command::Argv(argv) => argv.clone(),
+            Command::Shell(line) => vec!["sh".into(), "-c".into(), line.clone()],
+        }
+    }
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Command::Argv(argv) => write!(f, "{argv:?}"),
+            Command::Shell(line) => write!(f, "sh -c {line:?}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Command {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Command;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "a command: an array of strings (program and arguments) or a string (run with sh -c)",
+                )
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Command, E> {
+                if v.trim().is_empty() {
+                    return Err(E::custom("the command is empty"));
+                }
+                Ok(Command::Shell(v.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Command, A::Error> {
+                let mut argv = Vec::new();
+                while let Some(arg) = seq.next_element::<String>()? {
+                    argv.push(arg);
+                }
+                match argv.first() {
+                    None => Err(de::Error::custom("the command array is empty")),
+                    Some(program) if program.is_empty() => {
+                        Err(de::Error::custom("the program (first element) is empty"))
+                    }
+                    Some(_) => Ok(Command::Argv(argv)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A crontab, read and checked: ready to build a scheduler from.
+#[derive(Debug)]
+pub(crate) struct Crontab {
+    /// Where it was read from.
+    pub(crate) path: PathBuf,
+    /// The store URL it names, if any.
+    pub(crate) store: Option<String>,
+    /// Scheduler options (the run-time path of the core).
+    pub(crate) scheduler: SchedulerOptions,
+    /// How long a cancelled command has between SIGTERM and SIGKILL.
+    pub(crate) kill_grace: Duration,
+    /// How long the store keeps run records.
+    pub(crate) history_retention: Option<Duration>,
+    /// The jobs, in file order.
+    pub(crate) jobs: Vec<Job>,
+}
+
+/// One job of a crontab.
+#[derive(Debug)]
+pub(crate) struct Job {
+    /// The name as written (the core validates it).
+    pub(crate) name: String,
+    /// Where the job's name is in the file.
+    pub(crate) line: usize,
+    /// When it runs.
+    pub(crate) schedule: Schedule,
+    /// What it runs.
+    pub(crate) command: Command,
+    /// Extra environment for the command.
+    pub(crate) env: BTreeMap<String, String>,
+    /// The command's working directory.
+    pub(crate) working_dir: Option<PathBuf>,
+    /// Job options (the run-time path of the core).
+    pub(crate) options: JobOptions,
+}
+
+impl Crontab {
+    /// Reads and checks the crontab at `path`.
+    pub(crate) fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Reads and checks crontab text; `path` is only for messages.
+    pub(crate) fn parse(path: &Path, text: &str) -> Result<Self, Error> {
+        let file: File = toml::from_str(text).map_err(|e| {
+            let (line, column) = e
+                .span()
+                .map_or((1, 1), |span| line_column(text, span.start));
+            Error::Parse {
+                path: path.to_path_buf(),
+                line,
+                column,
+                message: e.message().trim().to_owned(),
+            }
+        })?;
+        let mut scheduler = SchedulerOptions::default();
+        scheduler.lease = file.scheduler.lease.map(|d| d.0);
+        scheduler.heartbeat = file.scheduler.heartbeat.map(|d| d.0);
+        scheduler.shutdown_grace = file.scheduler.shutdown_grace.map(|d| d.0);
+        scheduler.instance_id = file.scheduler.instance_id;
+        let mut jobs = Vec::with_capacity(file.jobs.len());
+        for section in file.jobs {
+            jobs.push(job(path, text, section)?);
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            store: file.store,
+            scheduler,
+            kill_grace: file
+                .scheduler
+                .kill_grace
+                .map_or(DEFAULT_KILL_GRACE, |d| d.0),
+            history_retention: file.scheduler.history_retention.map(|d| d.0),
+            jobs,
+        })
+    }
+}
+
+fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {
+    let (line, column) = line_column(text, s.name.span().start);
+    let name = s.name.into_inner();
+    let fail = |message: String| Error::Job {
+        path: path.to_path_buf(),
+        line,
+        column,
+        job: name.clone(),
+        message,
+    };
+    let schedule = match (&s.schedule, s.every, &s.time_zone) {
+        (Some(_), Some(_), _) => {
+            return Err(fail(
+                "give either `schedule` (a cron expression) or `every` (an interval), not both"
+                    .into(),
+            ));
+        }
+        (None, None, _) => {
+            return Err(fail(
+                "no schedule: add `schedule = \"*/5 * * * *\"` (cron) or `every = \"5m\"`".into(),
+            ));
+        }
+        (None, Some(_), Some(_)) => {
+            return Err(fail(
+                "`time_zone` applies to a cron `schedule`; an `every` interval is aligned to UTC"
+                    .into(),
+            ));
+        }
+        (Some(expr), None, zone) => Schedule::cron_in(expr, zone.as_deref().unwrap_or("UTC"))
+            .map_err(|e| fail(e.to_string()))?,
+        (None, Some(every), None) => Schedule::every(every.0).map_err(|e| fail(e.to_string()))?,
+    };
+    if let Some(bad) = s
+        .env
+        .keys()
+        .find(|k| k.is_empty() || k.contains('=') || k.contains('\0'))
+    {
+        return Err(fail(format!("invalid environment variable name {bad:?}")));
+    }
+    let mut options = JobOptions::default();
+    options.max_late = s.max_late.map(|d| d.0);
+    options.jitter = s.jitter.map(|d| d.0);
+    options.timeout = s.timeout.map(|d| d.0);
+    options.overlap = s.overlap.map(|o| match o {
+        OverlapSetting::Allow => Overlap::Allow,
+        OverlapSetting::Skip => Overlap::Skip,
+    });
+    options.max_attempts = s.max_attempts;
+    options.catch_up = s.catch_up.map(|d| d.0);
+    Ok(Job {
+        name,
+        line,
+        schedule,
+        command: s.command,
+        env: s.env,
+        working_dir: s.working_dir,
+        options,
+    })
+}
+
+/// The 1-based line and column (in characters) of byte `offset` in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Crontab, Error> {
+        Crontab::parse(Path::new("test.toml"), text)
+    }
+
+    #[test]
+    fn reads_every_setting() {
+        let tab = parse(
+            r#"
+store = "sqlite://cron.db"
+
+[scheduler]
+lease = "20s"
+heartbeat = "5s"
+shutdown_grace = "3s"
+kill_grace = "2s"
+history_retention = "2days"
+instance_id = "web-1"
+
+[[job]]
+name = "report"
+schedule = "0 3 * * *"
+time_zone = "Europe/Athens"
+command = ["/usr/bin/report", "--daily"]
+env = { REPORT_DIR = "/tmp" }
+working_dir = "/tmp"
+overlap = "skip"
+max_attempts = 2
+catch_up = "1h"
+max_late = "90s"
+jitter = "10s"
+timeout = "30m"
+
+[[job]]
+name = "ping"
+every = "30s"
+command = "echo ping | cat"
+"#,
+        )
+        .unwrap();
+        assert_eq!(tab.store.as_deref(), Some("sqlite://cron.db"));
+        assert_eq!(tab.scheduler.lease, Some(Duration::from_secs(20)));
+        assert_eq!(tab.scheduler.heartbeat, Some(Duration::from_secs(5)));
+        assert_eq!(tab.scheduler.instance_id.as_deref(), Some("web-1"));
+        assert_eq!(tab.kill_grace, Duration::from_secs(2));
+        assert_eq!(tab.history_retention, Some(Duration::from_secs(2 * 86400)));
+        let report = &tab.jobs[0];
+        assert_eq!(report.name, "report");
+        assert_eq!(report.line, 13);
+        assert_eq!(
+            report.command,
+            Command::Argv(vec!["/usr/bin/report".into(), "--daily".into()])
+        );
+        assert_eq!(report.options.overlap, Some(Overlap::Skip));
+        assert_eq!(report.options.max_attempts, Some(2));
+        assert_eq!(report.options.catch_up, Some(Duration::from_secs(3600)));
+        assert_eq!(report.options.max_late, Some(Duration::from_secs(90)));
+        assert_eq!(report.options.timeout, Some(Duration::from_secs(1800)));
+        assert_eq!(report.env["REPORT_DIR"], "/tmp");
+        assert_eq!(
+            report.schedule.time_zone().map(|z| z.name()),
+            Some("Europe/Athens")
+        );
+        let ping = &tab.jobs[1];
+        assert_eq!(
+            ping.command.argv(),
+            ["sh", "-c", "echo ping | cat"].map(String::from)
+        );
+        assert!(ping.schedule.time_zone().is_none());
+        assert_eq!(ping.options.overlap, None);
+    }
+
+    #[test]
+    fn malformed_toml_gives_line_and_column() {
+        let err =
+            parse("[[job]]\nname = \"a\"\nschedule = \"* * * * *\ncommand = \"x\"\n").unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, Error::Parse { line: 3, .. }), "{text}");
+        assert!(text.starts_with("test.toml:3:"), "{text}");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_place() {
+        let err =
+            parse("[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"x\"\noverlapp = \"skip\"\n")
+                .unwrap_err();
+        let text = err.to_string();
+        match &err {
+            Error::Parse {
+                line,
+                column,
+                message,
+                ..
+            } => {
+                assert_eq!((*line, *column), (5, 1), "{text}");
+                assert!(message.contains("unknown field `overlapp`"), "{text}");
+                assert!(message.contains("overlap"), "lists the known keys: {text}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let err = parse("colour = \"red\"\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `colour`"), "{err}");
+        let err = parse("[scheduler]\nleese = \"1s\"\n").unwrap_err();
+        assert!(err.to_string().contains("unknown field `leese`"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_say_what_is_expected() {
+        for (text, says) in [
+            (
+                "[[job]]\nname = \"a\"\nevery = \"soon\"\ncommand = \"x\"\n",
+                "invalid duration \"soon\"",
+            ),
+            (
+                "[[job]]\nname = \"a\"\nevery = 5\ncommand = \"x\"\n",
+                "a duration such as",
+            ),
+            (
+                "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = []\n",
+                "the command array is empty",
+            ),
+            (
+                "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"  \"\n",
+                "the command is empty",
+            ),
+            (
+                "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = 3\n",
+                "an array of strings",
+            ),
+            (
+                "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"x\"\noverlap = \"sometimes\"\n",
+                "unknown variant `sometimes`",
+            ),
+            (
+                "[[job]]\nname = \"a\"\nevery = \"1m\"\n",
+                "missing field `command`",
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(says), "{text:?}: {err}");
+            assert!(err.starts_with("test.toml:"), "{err}");
+        }
+    }
+
+    #[test]
+    fn schedules_must_be_one_and_valid() {
+        for (text, says) in [
+            ("[[job]]\nname = \"a\"\ncommand = \"x\"\n", "no schedule"),
+            (
+                "[[job]]\nname = \"a\"\nschedule = \"* * * * *\"\nevery = \"1m\"\ncommand = \"x\"\n",
+                "not both",
+            ),
+            (
+                "[[job]]\nname = \"a\"\nevery = \"1m\"\ntime_zone = \"UTC\"\ncommand = \"x\"\n",
+                "`time_zone` applies to a cron",
+            ),
+            (
+                "[[job]]\nname = \"a\"\nschedule = \"61 * * * *\"\ncommand = \"x\"\n",
+                "minute field",
+            ),
+            (
+                "[[job]]\nname = \"a\"\nschedule = \"0 3 * * *\"\ntime_zone = \"Mars/Base\"\ncommand = \"x\"\n",
+                "unknown time zone",
+            ),
+        ] {
+            let err = parse(text).unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, Error::Job { line: 2, .. }), "{msg}");
+            assert!(msg.contains(says), "{text:?}: {msg}");
+            assert!(msg.starts_with("test.toml:2:8: job \"a\""), "{msg}");
+        }
+    }
+
+    #[test]
+    fn line_column_counts_characters() {
+        assert_eq!(line_column("abc", 0), (1, 1));
+        assert_eq!(line_column("a\nbc", 3), (2, 2));
+        assert_eq!(line_column("é\né", 4), (2, 2));
+        assert_eq!(line_column("x", 99), (1, 2));
+    }
+}

@@ -1,0 +1,191 @@
+//! What the read-only commands print: `history` and `next`.
+
+use std::fmt::Write as _;
+
+use anarchon::{JobName, LeaseStore, RecordState, RunRecord, Schedule, Timestamp};
+use chrono::{Local, SecondsFormat};
+
+use crate::error::Error;
+
+/// The runs of `jobs`, newest slot first, at most `limit` in all.
+pub(crate) async fn history(
+    store: &dyn LeaseStore,
+    jobs: &[JobName],
+    limit: usize,
+) -> Result<Vec<RunRecord>, Error> {
+    let mut runs = Vec::new();
+    for job in jobs {
+        runs.extend(store.history(job, limit).await?);
+    }
+    runs.sort_by(|a, b| b.run.slot.cmp(&a.run.slot).then(a.run.job.cmp(&b.run.job)));
+    runs.truncate(limit);
+    Ok(runs)
+}
+
+/// A table of runs: slot (local and UTC), job, state, attempt, instance,
+/// duration, error.
+pub(crate) fn history_table(runs: &[RunRecord]) -> String {
+    let header = [
+        "SLOT (LOCAL)",
+        "SLOT (UTC)",
+        "JOB",
+        "STATE",
+        "ATTEMPT",
+        "INSTANCE",
+        "DURATION",
+        "ERROR",
+    ];
+    let rows: Vec<[String; 8]> = runs
+        .iter()
+        .map(|r| {
+            let at = r.run.slot.at().to_datetime();
+            [
+                at.with_timezone(&Local)
+                    .format("%Y-%m-%d %H:%M:%S %:z")
+                    .to_string(),
+                at.to_rfc3339_opts(SecondsFormat::Secs, true),
+                r.run.job.to_string(),
+                state(r),
+                r.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
+                r.instance
+                    .as_ref()
+                    .map_or_else(|| "-".into(), ToString::to_string),
+                duration(r.started_at, r.finished_at, r.state),
+                r.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[&str]| {
+        let mut text = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                text.push_str(cell);
+            } else {
+                let _ = write!(text, "{cell:<width$}  ", width = widths[i]);
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&header);
+    for row in &rows {
+        line(&row.each_ref().map(String::as_str));
+    }
+    out
+}
+
+fn state(r: &RunRecord) -> String {
+    match r.state {
+        RecordState::Running => "running".into(),
+        other => other.as_str().into(),
+    }
+}
+
+fn duration(start: Option<Timestamp>, end: Option<Timestamp>, state: RecordState) -> String {
+    match (start, end) {
+        (Some(s), Some(e)) => humantime::format_duration(round(e.since(s))).to_string(),
+        (Some(_), None) if state == RecordState::Running => "(running)".into(),
+        _ => "-".into(),
+    }
+}
+
+/// Milliseconds are enough for a table.
+fn round(d: std::time::Duration) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The next `count` slots of `schedule` after `now`, one per line: the
+/// local time in the schedule's zone and the UTC instant.
+pub(crate) fn next_slots(schedule: &Schedule, now: Timestamp, count: usize) -> String {
+    let mut out = String::new();
+    let mut after = now;
+    for _ in 0..count {
+        let Some(slot) = schedule.next_after(after) else {
+            break;
+        };
+        let at = slot.at().to_datetime();
+        let utc = at.to_rfc3339_opts(SecondsFormat::Secs, true);
+        match schedule.time_zone() {
+            Some(zone) => {
+                let local = at.with_timezone(&zone).format("%Y-%m-%d %H:%M:%S %Z (%a)");
+                let _ = writeln!(out, "{local}  =  {utc}");
+            }
+            None => {
+                let _ = writeln!(out, "{utc}");
+            }
+        }
+        after = slot.at();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use anarchon::{Attempt, FinalState, InstanceId, RunKey, Slot};
+
+    use super::*;
+
+    #[test]
+    fn next_slots_are_local_and_utc() {
+        let s = Schedule::cron_in("30 3 * * *", "Europe/Athens").unwrap();
+        // 2027-03-27 12:00 UTC: the next day is the spring-forward day.
+        let text = next_slots(&s, Timestamp::from_millis(1_806_148_800_000), 2);
+        assert_eq!(
+            text,
+            "2027-03-28 04:00:00 EEST (Sun)  =  2027-03-28T01:00:00Z\n\
+             2027-03-29 03:30:00 EEST (Mon)  =  2027-03-29T00:30:00Z\n"
+        );
+        let every = Schedule::every(Duration::from_secs(60)).unwrap();
+        assert_eq!(
+            next_slots(&every, Timestamp::from_millis(30_000), 1),
+            "1970-01-01T00:01:00Z\n"
+        );
+    }
+
+    #[test]
+    fn the_history_table_has_a_row_per_run() {
+        let job = JobName::new("backup").unwrap();
+        let runs = vec![
+            RunRecord {
+                run: RunKey::new(job.clone(), Slot::from_millis(1_800_000_000_000)),
+                state: RecordState::Finished(FinalState::Failed),
+                attempt: Some(Attempt::FIRST.next()),
+                fence: None,
+                instance: Some(InstanceId::new("host-1-abc").unwrap()),
+                started_at: Some(Timestamp::from_millis(1_800_000_000_010)),
+                finished_at: Some(Timestamp::from_millis(1_800_000_001_510)),
+                lease_until: None,
+                error: Some("exit status 3".into()),
+            },
+            RunRecord {
+                run: RunKey::new(job, Slot::from_millis(1_799_999_940_000)),
+                state: RecordState::Missed,
+                attempt: None,
+                fence: None,
+                instance: None,
+                started_at: None,
+                finished_at: Some(Timestamp::from_millis(1_800_000_000_000)),
+                lease_until: None,
+                error: None,
+            },
+        ];
+        let table = history_table(&runs);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        assert!(lines[0].starts_with("SLOT (LOCAL)"), "{table}");
+        assert!(lines[1].contains("2027-01-15T08:00:00Z"), "{table}");
+        assert!(lines[1].contains("failed"), "{table}");
+        assert!(lines[1].contains("1s 500ms"), "{table}");
+        assert!(lines[1].ends_with("exit status 3"), "{table}");
+        assert!(lines[2].contains("missed"), "{table}");
+    }
+}

@@ -1,0 +1,143 @@
+//! What the CLI's tests share: running the binary, and killing what it
+//! started even when a test fails.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+
+/// The `anarchon` binary, with info logs.
+pub fn anarchon() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_anarchon"));
+    cmd.env("ANARCHON_LOG", "info");
+    cmd
+}
+
+/// Daemons started by a test, and the process groups of commands they
+/// ran: all killed with SIGKILL when the test ends, passed or failed.
+#[derive(Default)]
+pub struct Fleet {
+    pub daemons: Vec<Daemon>,
+    pub groups: Vec<i32>,
+}
+
+/// One `anarchon run`, its output going to files.
+pub struct Daemon {
+    pub child: Child,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+}
+
+impl Daemon {
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last lines of its stderr, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    /// Sends `signal` to the daemon.
+    pub fn signal(&self, signal: Signal) {
+        let pid = i32::try_from(self.child.id()).expect("pid fits in i32");
+        kill(Pid::from_raw(pid), signal).expect("signal the daemon");
+    }
+
+    /// Waits up to `limit` for the daemon to exit; its exit code.
+    pub fn wait(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.child.try_wait().expect("wait for the daemon") {
+                return Some(status.code().unwrap_or(-1));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Fleet {
+    /// Starts `anarchon run --config config`, logging into `dir`.
+    pub fn start(&mut self, config: &Path, dir: &Path) -> usize {
+        let n = self.daemons.len();
+        let stdout = dir.join(format!("daemon-{n}.out"));
+        let stderr = dir.join(format!("daemon-{n}.err"));
+        let child = anarchon()
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(File::create(&stdout).expect("daemon stdout file"))
+            .stderr(File::create(&stderr).expect("daemon stderr file"))
+            .spawn()
+            .expect("start anarchon");
+        self.daemons.push(Daemon {
+            child,
+            stdout,
+            stderr,
+        });
+        n
+    }
+
+    /// Every daemon's log tail, for failure messages.
+    pub fn logs(&self) -> String {
+        self.daemons
+            .iter()
+            .map(|d| format!("--- daemon {} ---\n{}", d.pid(), d.log_tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for daemon in &mut self.daemons {
+            let _ = daemon.child.kill();
+            let _ = daemon.child.wait();
+        }
+        for group in &self.groups {
+            let _ = killpg(Pid::from_raw(*group), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or fails after
+/// `limit` with `what` and `context()`.
+pub fn wait_for<T>(
+    limit: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+    context: impl Fn() -> String,
+) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "gave up after {limit:?} waiting for {what}\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet).
+pub fn is_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
