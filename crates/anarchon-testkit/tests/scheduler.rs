@@ -43,10 +43,14 @@ fn id(name: &str) -> InstanceId {
     InstanceId::new(name).unwrap()
 }
 
-/// A clock and a memory store on it, starting at a whole minute.
+/// A clock and a memory store on it, starting half-way through an hour: on
+/// a whole minute (so a per-minute slot is due at once), never on a whole
+/// hour (so an hourly job's first slot is 30 minutes away, whatever the
+/// real time).
 fn setup() -> (Arc<TestClock>, Arc<MemoryStore>) {
     let now = anarchon_core::SystemClock.now().as_millis();
-    let clock = TestClock::starting_at(Timestamp::from_millis(now - now.rem_euclid(60_000)));
+    let half_past = now - now.rem_euclid(3_600_000) + 1_800_000;
+    let clock = TestClock::starting_at(Timestamp::from_millis(half_past));
     let store = Arc::new(MemoryStore::with_clock(clock.clone()));
     (clock, store)
 }
