@@ -1,1 +1,26 @@
-//! anarchon's Redis backend (work in progress).
+#![doc = include_str!("../README.md")]
+
+mod error;
+mod idmp;
+mod keys;
+mod lease;
+mod link;
+mod options;
+mod scan;
+mod server;
+mod stream_id;
+
+use std::time::Duration;
+
+pub use crate::error::RedisStoreError;
+pub use crate::idmp::{IDMP_MIN_VERSION, RedisIdmpStore};
+pub use crate::lease::RedisLeaseStore;
+pub use crate::options::{EvictionCheck, KeyPrefix, MAX_PREFIX_LEN, RedisOptions, redact};
+pub use crate::scan::RedisScriptStore;
+pub use crate::server::{EvictionFinding, ServerInfo, Version};
+pub use crate::stream_id::RedisStreamIdStore;
+
+/// The shortest memory (script window, IDMP duration) a claim-only
+/// strategy accepts: the scheduler's clock-skew margin, the least any job
+/// needs on top of its `max_late`.
+pub const MIN_MEMORY: Duration = anarchon_core::scheduler::SKEW_MARGIN;

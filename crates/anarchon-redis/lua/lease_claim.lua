@@ -1,0 +1,110 @@
+-- anarchon, Redis `lease` strategy: the claim flowchart as one atomic step
+-- on Redis's own clock (TIME). Mirrors anarchon-core's MemoryStore step by step.
+--
+-- KEYS[1] runs   hash: slot -> run record (JSON)
+-- KEYS[2] slots  sorted set: every recorded slot, scored by the slot
+-- KEYS[3] live   sorted set: the running slots, scored by their lease end
+-- KEYS[4] fence  counter: the job's last fence (never deleted)
+-- ARGV[1] slot (ms)  ARGV[2] token  ARGV[3] instance  ARGV[4] max_late (ms)
+-- ARGV[5] lease (ms) ARGV[6] 'skip' or 'allow'  ARGV[7] max_attempts
+--
+-- Returns {kind, attempt, fence, lease_until, now, state}; kind is one of
+-- won, running, done, late, overlap.
+
+local function check(key, want)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= 'none' and found ~= want then
+    return 'WRONGTYPE anarchon: key ' .. key .. ' holds a ' .. found .. ' but must be a ' .. want
+  end
+end
+local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
+  or check(KEYS[4], 'string')
+if bad then return redis.error_reply(bad) end
+
+local function int(n) return string.format('%.0f', n) end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+local slot, token, instance = ARGV[1], ARGV[2], ARGV[3]
+local max_late, lease = tonumber(ARGV[4]), tonumber(ARGV[5])
+local max_attempts = tonumber(ARGV[7])
+
+local rec = nil
+local raw = redis.call('HGET', KEYS[1], slot)
+if raw then
+  local ok, decoded = pcall(cjson.decode, raw)
+  if not ok or type(decoded) ~= 'table' then
+    return redis.error_reply('ERR anarchon: the record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' is not valid JSON')
+  end
+  rec = decoded
+end
+local state = rec and rec.state or nil
+
+local function write(r)
+  redis.call('HSET', KEYS[1], slot, cjson.encode(r))
+  redis.call('ZADD', KEYS[2], slot, slot)
+end
+
+-- 1. No record, or only a `missed` one.
+if state == nil or state == 'missed' then
+  if now - tonumber(slot) > max_late then
+    if state == nil then write({state = 'missed', finished = int(now)}) end
+    return {'late', 0, 0, 0, now, ''}
+  end
+  if ARGV[6] == 'skip' then
+    -- Live runs only: lease end >= now. At most two, one may be this slot.
+    local live = redis.call('ZRANGEBYSCORE', KEYS[3], int(now), '+inf', 'LIMIT', 0, 2)
+    for _, other in ipairs(live) do
+      if other ~= slot then
+        write({state = 'skipped', finished = int(now)})
+        return {'overlap', 0, 0, 0, now, ''}
+      end
+    end
+  end
+  local fence = redis.call('INCR', KEYS[4])
+  local lease_until = now + lease
+  write({state = 'running', attempt = '1', token = token, fence = int(fence),
+         instance = instance, started = int(now), lease = int(lease_until)})
+  redis.call('ZADD', KEYS[3], int(lease_until), slot)
+  return {'won', 1, fence, lease_until, now, 'running'}
+end
+
+-- 3. Finished (succeeded, failed, interrupted, skipped).
+if state ~= 'running' then
+  return {'done', 0, 0, 0, now, state}
+end
+
+local attempt, fence, lease_until = tonumber(rec.attempt), tonumber(rec.fence), tonumber(rec.lease)
+if not attempt or not fence or not lease_until then
+  return redis.error_reply('ERR anarchon: the running record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' lacks attempt, fence or lease')
+end
+
+-- 2. Our own claim, sent again.
+if rec.token == token then
+  return {'won', attempt, fence, lease_until, now, 'running'}
+end
+
+-- 4. Someone else's live lease.
+if lease_until >= now then
+  return {'running', attempt, fence, lease_until, now, 'running'}
+end
+
+-- 5. The lease ran out.
+if attempt < max_attempts then
+  fence = redis.call('INCR', KEYS[4])
+  attempt = attempt + 1
+  lease_until = now + lease
+  rec.attempt = int(attempt)
+  rec.token = token
+  rec.fence = int(fence)
+  rec.instance = instance
+  rec.lease = int(lease_until)
+  write(rec)
+  redis.call('ZADD', KEYS[3], int(lease_until), slot)
+  return {'won', attempt, fence, lease_until, now, 'running'}
+end
+rec.state = 'interrupted'
+rec.finished = int(now)
+write(rec)
+redis.call('ZREM', KEYS[3], slot)
+return {'done', 0, 0, 0, now, 'interrupted'}

@@ -1,0 +1,50 @@
+-- anarchon, Redis `lease` strategy: garbage collection for one job.
+-- Deletes the records of runs whose slot is more than `keep` before now,
+-- except running runs whose lease ended less than `keep` ago (a backup may
+-- still take them over). The fence counter is never touched.
+--
+-- KEYS[1] runs (hash)  KEYS[2] slots (sorted set)  KEYS[3] live (sorted set)
+-- ARGV[1] keep (ms)  ARGV[2] the most records to delete in this call
+--
+-- Returns {deleted, more}: more is 1 when the limit stopped the collection.
+
+local function check(key, want)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= 'none' and found ~= want then
+    return 'WRONGTYPE anarchon: key ' .. key .. ' holds a ' .. found .. ' but must be a ' .. want
+  end
+end
+local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
+if bad then return redis.error_reply(bad) end
+
+local function int(n) return string.format('%.0f', n) end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local cutoff = now - tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+
+local deleted, kept = 0, 0
+while deleted < limit do
+  local slots = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. int(cutoff), 'LIMIT', kept, 100)
+  if #slots == 0 then return {deleted, 0} end
+  for _, slot in ipairs(slots) do
+    local keep = false
+    local raw = redis.call('HGET', KEYS[1], slot)
+    if raw then
+      local ok, r = pcall(cjson.decode, raw)
+      if ok and type(r) == 'table' and r.state == 'running' then
+        local lease_until = tonumber(r.lease)
+        keep = lease_until ~= nil and lease_until >= cutoff
+      end
+    end
+    if keep then
+      kept = kept + 1
+    else
+      redis.call('HDEL', KEYS[1], slot)
+      redis.call('ZREM', KEYS[2], slot)
+      redis.call('ZREM', KEYS[3], slot)
+      deleted = deleted + 1
+    end
+  end
+end
+return {deleted, 1}

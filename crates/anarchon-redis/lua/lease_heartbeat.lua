@@ -1,0 +1,51 @@
+-- anarchon, Redis `lease` strategy: heartbeat, release and finish.
+-- One script for the three steps a runner takes on its own run; each is
+-- allowed only while the run is running under the caller's token.
+--
+-- KEYS[1] runs (hash)  KEYS[2] live (sorted set)
+-- ARGV[1] slot  ARGV[2] token  ARGV[3] step: 'renew', 'release' or 'finish'
+-- renew:   ARGV[4] lease (ms)
+-- finish:  ARGV[4] final state  ARGV[5] '1' if there is an error  ARGV[6] error
+--
+-- Returns {1, now} if the token holds the run (the step was done), else {0, now}.
+
+local function check(key, want)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= 'none' and found ~= want then
+    return 'WRONGTYPE anarchon: key ' .. key .. ' holds a ' .. found .. ' but must be a ' .. want
+  end
+end
+local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset')
+if bad then return redis.error_reply(bad) end
+
+local function int(n) return string.format('%.0f', n) end
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local slot, token, step = ARGV[1], ARGV[2], ARGV[3]
+
+local raw = redis.call('HGET', KEYS[1], slot)
+if not raw then return {0, now} end
+local ok, rec = pcall(cjson.decode, raw)
+if not ok or type(rec) ~= 'table' then
+  return redis.error_reply('ERR anarchon: the record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' is not valid JSON')
+end
+if rec.state ~= 'running' or rec.token ~= token then return {0, now} end
+
+if step == 'renew' then
+  local lease_until = now + tonumber(ARGV[4])
+  rec.lease = int(lease_until)
+  redis.call('ZADD', KEYS[2], int(lease_until), slot)
+elseif step == 'release' then
+  -- A lease is alive while its end >= now: one millisecond ago has run out.
+  rec.lease = int(now - 1)
+  redis.call('ZADD', KEYS[2], int(now - 1), slot)
+elseif step == 'finish' then
+  rec.state = ARGV[4]
+  rec.finished = int(now)
+  if ARGV[5] == '1' then rec.error = ARGV[6] else rec.error = nil end
+  redis.call('ZREM', KEYS[2], slot)
+else
+  return redis.error_reply('ERR anarchon: unknown step ' .. step)
+end
+redis.call('HSET', KEYS[1], slot, cjson.encode(rec))
+return {1, now}

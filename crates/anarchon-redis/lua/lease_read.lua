@@ -1,0 +1,49 @@
+-- anarchon, Redis `lease` strategy: peek and history, read-only.
+--
+-- KEYS[1] runs (hash)  KEYS[2] slots (sorted set)
+-- ARGV[1] 'peek' with ARGV[2] slot, or 'history' with ARGV[2] the last rank
+-- to read (limit - 1, or -1 for all)
+--
+-- Returns {now, record, record, ...}; a record is
+-- {slot, state, attempt, fence, instance, started, finished, lease, has_error, error}
+-- with '' for what the run does not have. peek returns {now} for no record.
+
+local function check(key, want)
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= 'none' and found ~= want then
+    return 'WRONGTYPE anarchon: key ' .. key .. ' holds a ' .. found .. ' but must be a ' .. want
+  end
+end
+local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset')
+if bad then return redis.error_reply(bad) end
+
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+local function record(slot)
+  local raw = redis.call('HGET', KEYS[1], slot)
+  if not raw then return nil end
+  local ok, r = pcall(cjson.decode, raw)
+  if not ok or type(r) ~= 'table' then
+    return {slot, 'corrupt', '', '', '', '', '', '', '0', ''}
+  end
+  local has_error = '0'
+  if r.error ~= nil then has_error = '1' end
+  return {slot, r.state or '', r.attempt or '', r.fence or '', r.instance or '',
+          r.started or '', r.finished or '', r.lease or '', has_error, r.error or ''}
+end
+
+local out = {now}
+if ARGV[1] == 'peek' then
+  local r = record(ARGV[2])
+  if r then out[2] = r end
+elseif ARGV[1] == 'history' then
+  local slots = redis.call('ZREVRANGE', KEYS[2], 0, ARGV[2])
+  for _, slot in ipairs(slots) do
+    local r = record(slot)
+    if r then out[#out + 1] = r end
+  end
+else
+  return redis.error_reply('ERR anarchon: unknown read ' .. ARGV[1])
+end
+return out

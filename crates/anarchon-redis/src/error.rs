@@ -1,0 +1,263 @@
+//! The crate's one error type, and how Redis errors map onto it.
+
+use std::time::Duration;
+
+use anarchon_core::StoreError;
+use deadpool_redis::redis::{ErrorKind, RedisError, ServerErrorKind};
+
+/// Something went wrong building or using a Redis store.
+///
+/// Messages never contain the connection URL or a password. Store calls
+/// return it as a [`StoreError`] (see [`RedisStoreError::into_store_error`]);
+/// constructors return it as it is.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisStoreError {
+    /// The key prefix is empty, too long or has a character that is not
+    /// plain in a Redis key (braces would break the hash tag).
+    #[error("invalid key prefix {prefix:?}: {reason}")]
+    InvalidPrefix {
+        /// The prefix as given (cut to 80 characters).
+        prefix: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The connection URL does not parse. The URL itself is not repeated.
+    #[error("invalid Redis URL: {reason}")]
+    InvalidUrl {
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// An option of a strategy is out of its range.
+    #[error("the {option} of the `{strategy}` strategy is out of range: {reason}")]
+    InvalidOption {
+        /// The strategy, e.g. `script`.
+        strategy: &'static str,
+        /// The option, e.g. `window`.
+        option: &'static str,
+        /// The range and what was given.
+        reason: String,
+    },
+
+    /// Redis could not be reached or did not answer in time. Temporary.
+    #[error("Redis is unreachable while {during}: {cause}")]
+    Unavailable {
+        /// What the store was doing.
+        during: &'static str,
+        /// What happened, without the URL.
+        cause: String,
+        /// The client's error.
+        #[source]
+        source: Option<RedisError>,
+    },
+
+    /// Redis refused the credentials or an ACL rule denied a command or key.
+    #[error(
+        "Redis refused access while {during}: {detail} (check the user name, the password and the ACL rules for the key prefix)"
+    )]
+    AccessDenied {
+        /// What the store was doing.
+        during: &'static str,
+        /// Redis's answer (it never contains the password).
+        detail: String,
+    },
+
+    /// A key the store uses holds another type than the store expects.
+    #[error(
+        "a key of the store holds the wrong type while {during}: {detail}; another program writes under this key prefix, or the prefix was used by another strategy: choose another prefix or delete the key"
+    )]
+    WrongType {
+        /// What the store was doing.
+        during: &'static str,
+        /// Redis's answer, naming the key when the store's scripts found it.
+        detail: String,
+    },
+
+    /// The server lacks a feature the strategy needs.
+    #[error(
+        "the `{strategy}` strategy needs {needs}, but the server is {found}; use the `script` strategy instead (RedisScriptStore): the same claim as one Lua script, on any Redis 6.2+ or Valkey"
+    )]
+    ServerTooOld {
+        /// The strategy.
+        strategy: &'static str,
+        /// What it needs, e.g. `Redis 8.6 or newer (XADD IDMP)`.
+        needs: &'static str,
+        /// What the server says it is, e.g. `Redis 7.0.15`.
+        found: String,
+    },
+
+    /// The server may evict keys and the options say to refuse such a server.
+    #[error(
+        "Redis has maxmemory-policy {policy}: {why}; refused because the options ask for `noeviction` (set `maxmemory-policy noeviction`, or allow it with EvictionCheck::Warn)"
+    )]
+    EvictionPolicy {
+        /// The server's policy.
+        policy: String,
+        /// What the policy can do to the store's keys.
+        why: &'static str,
+    },
+
+    /// An `idmp` stream exists with a shorter IDMP duration or a smaller
+    /// size than the options ask for.
+    #[error(
+        "the stream {key} remembers idempotency ids for {found_duration_s} s and {found_maxsize} per job, but the store was built for {want_duration_s} s and {want_maxsize}: it could forget a claim sooner than promised; align the options, or move the jobs to a new key prefix"
+    )]
+    IdmpConfig {
+        /// The stream.
+        key: String,
+        /// Its IDMP-DURATION.
+        found_duration_s: i64,
+        /// Its IDMP-MAXSIZE.
+        found_maxsize: i64,
+        /// The duration asked for.
+        want_duration_s: u64,
+        /// The size asked for.
+        want_maxsize: u64,
+    },
+
+    /// Redis answered with an error the store does not expect.
+    #[error("Redis answered an error while {during}: {detail}")]
+    Server {
+        /// What the store was doing.
+        during: &'static str,
+        /// Redis's answer.
+        detail: String,
+        /// The client's error.
+        #[source]
+        source: Option<RedisError>,
+    },
+
+    /// Redis answered something that is not what the store's scripts return.
+    #[error("unexpected answer from Redis while {during}: {detail}")]
+    Protocol {
+        /// What the store was doing.
+        during: &'static str,
+        /// What was wrong with the answer.
+        detail: String,
+    },
+}
+
+impl RedisStoreError {
+    /// Whether sending the same request again may succeed.
+    pub fn is_temporary(&self) -> bool {
+        matches!(self, RedisStoreError::Unavailable { .. })
+    }
+
+    /// This error as the core's [`StoreError`] for the strategy `backend`:
+    /// unavailable (temporary), invalid (configuration, credentials, key
+    /// types, server) or protocol.
+    pub fn into_store_error(self, backend: &'static str) -> StoreError {
+        let message = self.to_string();
+        let error = match &self {
+            RedisStoreError::Unavailable { .. } => StoreError::unavailable(backend, message),
+            RedisStoreError::Server { .. } | RedisStoreError::Protocol { .. } => {
+                StoreError::protocol(backend, message)
+            }
+            _ => StoreError::invalid(backend, message),
+        };
+        error.with_source(self)
+    }
+
+    pub(crate) fn protocol(during: &'static str, detail: impl Into<String>) -> Self {
+        RedisStoreError::Protocol {
+            during,
+            detail: detail.into(),
+        }
+    }
+
+    pub(crate) fn timeout(during: &'static str, after: Duration) -> Self {
+        RedisStoreError::Unavailable {
+            during,
+            cause: format!("no answer within {after:?}"),
+            source: None,
+        }
+    }
+
+    /// Sorts a client error into the store's kinds.
+    pub(crate) fn from_redis(during: &'static str, err: RedisError) -> Self {
+        let code = err.code().unwrap_or_default().to_owned();
+        let detail = match err.detail() {
+            Some(d) if !code.is_empty() => format!("{code} {d}"),
+            Some(d) => d.to_owned(),
+            None => err.to_string(),
+        };
+        let kind = err.kind();
+        if err.is_io_error()
+            || err.is_timeout()
+            || err.is_connection_dropped()
+            || err.is_connection_refusal()
+        {
+            return RedisStoreError::Unavailable {
+                during,
+                cause: err.to_string(),
+                source: Some(err),
+            };
+        }
+        match (kind, code.as_str()) {
+            (ErrorKind::AuthenticationFailed, _)
+            | (ErrorKind::Server(ServerErrorKind::NoPerm), _)
+            | (_, "WRONGPASS" | "NOAUTH" | "NOPERM") => {
+                RedisStoreError::AccessDenied { during, detail }
+            }
+            (_, "WRONGTYPE") => RedisStoreError::WrongType { during, detail },
+            (
+                ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::ReadOnly,
+                ),
+                _,
+            )
+            | (_, "BUSY" | "OOM" | "LOADING" | "MASTERDOWN" | "READONLY") => {
+                RedisStoreError::Unavailable {
+                    during,
+                    cause: detail,
+                    source: Some(err),
+                }
+            }
+            _ => RedisStoreError::Server {
+                during,
+                detail,
+                source: Some(err),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anarchon_core::StoreErrorKind;
+
+    #[test]
+    fn kinds_map_onto_store_errors() {
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let e = RedisStoreError::from_redis("claiming", refused);
+        assert!(e.is_temporary(), "{e}");
+        assert_eq!(
+            e.into_store_error("redis-lease").kind(),
+            StoreErrorKind::Unavailable
+        );
+
+        let too_old = RedisStoreError::ServerTooOld {
+            strategy: "idmp",
+            needs: "Redis 8.6 or newer (XADD IDMP)",
+            found: "Redis 7.0.15".into(),
+        };
+        assert!(too_old.to_string().contains("`script` strategy"));
+        assert_eq!(
+            too_old.into_store_error("redis-idmp").kind(),
+            StoreErrorKind::Invalid
+        );
+        assert_eq!(
+            RedisStoreError::protocol("reading", "odd")
+                .into_store_error("redis-lease")
+                .kind(),
+            StoreErrorKind::Protocol
+        );
+    }
+}

@@ -1,0 +1,313 @@
+//! The `idmp` strategy: idempotent XADD (Redis 8.6+).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anarchon_core::{
+    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseStore, Memory,
+    StoreError, Token, Win,
+};
+use async_trait::async_trait;
+use deadpool_redis::redis::{self, Value};
+
+use crate::MIN_MEMORY;
+use crate::error::RedisStoreError;
+use crate::keys::job_key;
+use crate::link::{Call, Link, Lua, check, int, text};
+use crate::options::{KeyPrefix, RedisOptions};
+use crate::server::{ServerInfo, Version};
+use crate::stream_id::entry_token;
+
+const BACKEND: &str = "redis-idmp";
+
+static SETUP: Lua = Lua::new("idmp_setup", include_str!("../lua/idmp_setup.lua"));
+static SCRIPTS: [&Lua; 1] = [&SETUP];
+
+/// The first Redis with `XADD ... IDMP`.
+pub const IDMP_MIN_VERSION: Version = Version::new(8, 6, 0);
+
+/// The Redis `idmp` strategy (Redis 8.6+): claim-only, remembers a claim
+/// for its IDMP duration.
+///
+/// A claim is `XADD {p:job}:idmp IDMP <job> <slot> * slot .. token ..`:
+/// every instance is the same producer (the job's name) sending the same
+/// message id (the slot), so Redis stores the first and answers every
+/// repeat with the first entry's ID. The store then reads that entry
+/// (`XRANGE`) and compares tokens. Two round trips per claim.
+///
+/// Before the first claim of a job, a script creates the job's stream and
+/// sets its `IDMP-DURATION` (the `duration` given here) and `IDMP-MAXSIZE`
+/// (10,000, the most Redis allows) in one step. It never reconfigures an
+/// existing stream — `XCFGSET` clears the stream's idempotency memory, which
+/// could let a slot be claimed twice — and refuses one configured shorter
+/// or smaller than asked.
+///
+/// Redis keeps at most IDMP-MAXSIZE ids per producer, so a job is
+/// remembered for `duration` or its last 10,000 slots, whichever is
+/// shorter: a job firing more often than every `duration / 10000` forgets
+/// sooner than [`ClaimStore::info`] says.
+///
+/// The constructor reads the server version and refuses anything older
+/// than Redis 8.6 (and Valkey), naming the `script` strategy, which gives
+/// the same claim everywhere.
+pub struct RedisIdmpStore {
+    link: Link,
+    prefix: KeyPrefix,
+    duration: Duration,
+    /// Jobs whose stream is known to be set up, for the connection generation.
+    ready: Mutex<(u64, HashSet<JobName>)>,
+    lost_entries: AtomicU64,
+}
+
+impl fmt::Debug for RedisIdmpStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisIdmpStore")
+            .field("prefix", &self.prefix)
+            .field("duration", &self.duration)
+            .field("server", &self.link.server().describe())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisIdmpStore {
+    /// The duration [`RedisIdmpStore::connect`] callers usually want:
+    /// 10 minutes, enough for `max_late` up to 9 min 50 s.
+    pub const DEFAULT_DURATION: Duration = Duration::from_secs(600);
+    /// The longest IDMP duration Redis accepts: one day.
+    pub const MAX_DURATION: Duration = Duration::from_secs(86_400);
+    /// IDMP-MAXSIZE: how many slots per job Redis remembers at most.
+    pub const MAX_SIZE: u32 = 10_000;
+
+    /// Connects, checks that the server is Redis 8.6 or newer, checks the
+    /// eviction policy and loads the set-up script. Claims are remembered
+    /// for `duration`: whole seconds, from [`MIN_MEMORY`] to one day.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisStoreError::ServerTooOld`] on Redis before 8.6 and on Valkey
+    /// (use [`RedisScriptStore`](crate::RedisScriptStore));
+    /// [`RedisStoreError::InvalidOption`] for a duration out of range;
+    /// otherwise as [`crate::RedisLeaseStore::connect`].
+    pub async fn connect(opts: &RedisOptions, duration: Duration) -> Result<Self, RedisStoreError> {
+        let invalid = |reason: String| RedisStoreError::InvalidOption {
+            strategy: "idmp",
+            option: "duration",
+            reason,
+        };
+        if duration.subsec_nanos() != 0 {
+            return Err(invalid(format!(
+                "{duration:?} is not whole seconds (Redis keeps IDMP ids for whole seconds)"
+            )));
+        }
+        if duration < MIN_MEMORY || duration > Self::MAX_DURATION {
+            return Err(invalid(format!(
+                "{duration:?} is outside {MIN_MEMORY:?} ..= {:?}: the duration must outlast max_late plus the clock-skew margin, and Redis accepts at most one day",
+                Self::MAX_DURATION
+            )));
+        }
+        let link = Link::connect(opts, BACKEND, &SCRIPTS).await?;
+        let server = link.server();
+        if server.product != "Redis" || server.version < IDMP_MIN_VERSION {
+            return Err(RedisStoreError::ServerTooOld {
+                strategy: "idmp",
+                needs: "Redis 8.6 or newer (XADD ... IDMP)",
+                found: server.describe(),
+            });
+        }
+        Ok(Self {
+            link,
+            prefix: opts.prefix.clone(),
+            duration,
+            ready: Mutex::new((0, HashSet::new())),
+            lost_entries: AtomicU64::new(0),
+        })
+    }
+
+    /// The server as the store found it at start-up.
+    pub fn server(&self) -> &ServerInfo {
+        self.link.server()
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &KeyPrefix {
+        &self.prefix
+    }
+
+    /// How long a claim is remembered (IDMP-DURATION).
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// How many times the store found a different server `run_id` on a new
+    /// connection.
+    pub fn server_changes(&self) -> u64 {
+        self.link.server_changes()
+    }
+
+    /// Creates and configures the job's stream unless this connection
+    /// already did.
+    async fn set_up(&self, job: &JobName, key: &str) -> Result<(), RedisStoreError> {
+        let generation = self.link.generation();
+        {
+            let ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+            if ready.0 == generation && ready.1.contains(job) {
+                return Ok(());
+            }
+        }
+        let during = "setting up an idmp stream";
+        let call = Call {
+            lua: &SETUP,
+            keys: vec![key.to_owned()],
+            args: vec![
+                self.duration.as_secs().to_string(),
+                Self::MAX_SIZE.to_string(),
+            ],
+        };
+        let reply = self
+            .link
+            .eval(&[], std::slice::from_ref(&call), during)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| RedisStoreError::protocol(during, "no answer"))?;
+        let Value::Array(items) = check(reply, during)? else {
+            return Err(RedisStoreError::protocol(during, "not an array"));
+        };
+        let duration = items.get(1).and_then(int).unwrap_or(-1);
+        let maxsize = items.get(2).and_then(int).unwrap_or(-1);
+        let want_duration = self.duration.as_secs();
+        let want_maxsize = u64::from(Self::MAX_SIZE);
+        if u64::try_from(duration).is_ok_and(|d| d >= want_duration)
+            && u64::try_from(maxsize).is_ok_and(|m| m >= want_maxsize)
+        {
+            let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+            if ready.0 != generation {
+                *ready = (generation, HashSet::new());
+            }
+            ready.1.insert(job.clone());
+            Ok(())
+        } else {
+            Err(RedisStoreError::IdmpConfig {
+                key: key.to_owned(),
+                found_duration_s: duration,
+                found_maxsize: maxsize,
+                want_duration_s: want_duration,
+                want_maxsize,
+            })
+        }
+    }
+
+    fn forget_set_up(&self, job: &JobName) {
+        self.ready
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .remove(job);
+    }
+
+    async fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, RedisStoreError> {
+        let during = "claiming";
+        let key = job_key(&self.prefix, &req.run.job, "idmp");
+        let slot = req.run.slot.as_millis().to_string();
+        // Entries far older than the IDMP memory can go; never one that an
+        // id Redis still remembers could point to.
+        let keep_ms = (2 * self.duration.as_millis() + 3_600_000) as i64;
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let mut id = None;
+        for _ in 0..2 {
+            self.set_up(&req.run.job, &key).await?;
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            let xadd = pipe
+                .cmd("XADD")
+                .arg(&key)
+                .arg("NOMKSTREAM")
+                .arg("IDMP")
+                .arg(req.run.job.as_str())
+                .arg(&slot);
+            if now_ms > keep_ms {
+                xadd.arg("MINID").arg("~").arg(now_ms - keep_ms);
+            }
+            xadd.arg("*")
+                .arg("slot")
+                .arg(&slot)
+                .arg("token")
+                .arg(req.token.to_string())
+                .arg("instance")
+                .arg(req.instance.as_str());
+            let reply = self
+                .link
+                .query(&pipe, during)
+                .await?
+                .into_iter()
+                .next()
+                .ok_or_else(|| RedisStoreError::protocol(during, "no answer"))?;
+            match check(reply, during)? {
+                // NOMKSTREAM: the stream is gone (deleted by hand); set it up again.
+                Value::Nil => self.forget_set_up(&req.run.job),
+                other => {
+                    id = Some(text(&other).ok_or_else(|| {
+                        RedisStoreError::protocol(during, "XADD did not answer an ID")
+                    })?);
+                    break;
+                }
+            }
+        }
+        let id = id.ok_or_else(|| {
+            RedisStoreError::protocol(during, "the idmp stream vanished twice while claiming")
+        })?;
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("XRANGE").arg(&key).arg(&id).arg(&id);
+        let range = self
+            .link
+            .query(&pipe, during)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| RedisStoreError::protocol(during, "no answer"))?;
+        Ok(match entry_token(check(range, during)?) {
+            Some(t) if Token::parse(&t) == Some(req.token) => ClaimOutcome::Won(Win {
+                attempt: Attempt::FIRST,
+                fence: None,
+            }),
+            Some(_) => ClaimOutcome::Lost,
+            None => {
+                self.lost_entries.fetch_add(1, Ordering::SeqCst);
+                tracing::warn!(
+                    backend = BACKEND,
+                    job = %req.run.job,
+                    slot = %req.run.slot,
+                    entry = %id,
+                    "the first claim's entry is gone (trimmed or deleted); treating the claim as lost"
+                );
+                ClaimOutcome::Lost
+            }
+        })
+    }
+}
+
+#[async_trait]
+impl ClaimStore for RedisIdmpStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.try_claim(req)
+            .await
+            .map_err(|e| e.into_store_error(BACKEND))
+    }
+
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: BACKEND,
+            memory: Memory::Window(self.duration),
+        }
+    }
+
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        None
+    }
+}

@@ -1,0 +1,649 @@
+//! The `lease` strategy: a full lease store, each step one Lua script.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anarchon_core::time::millis;
+use anarchon_core::{
+    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState, InstanceId,
+    JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey, RunOutcome,
+    RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
+};
+use async_trait::async_trait;
+use deadpool_redis::redis::{self, Value};
+
+use crate::error::RedisStoreError;
+use crate::keys::{LeaseKeys, jobs_key};
+use crate::link::{Call, Link, Lua, check, int, text};
+use crate::options::{KeyPrefix, RedisOptions};
+use crate::server::ServerInfo;
+
+const BACKEND: &str = "redis-lease";
+
+static CLAIM: Lua = Lua::new("lease_claim", include_str!("../lua/lease_claim.lua"));
+static STEP: Lua = Lua::new(
+    "lease_heartbeat",
+    include_str!("../lua/lease_heartbeat.lua"),
+);
+static READ: Lua = Lua::new("lease_read", include_str!("../lua/lease_read.lua"));
+static GC: Lua = Lua::new("lease_gc", include_str!("../lua/lease_gc.lua"));
+static SCRIPTS: [&Lua; 4] = [&CLAIM, &STEP, &READ, &GC];
+
+/// How many records one garbage-collection script deletes at most, so a
+/// long backlog does not block Redis in one go.
+const GC_BATCH: u32 = 1000;
+/// How many jobs one garbage-collection round trip covers.
+const GC_JOBS_PER_TRIP: usize = 64;
+
+/// The Redis `lease` strategy: a [`LeaseStore`].
+///
+/// Every step — claim, heartbeat, finish, release, peek, history — is one
+/// Lua script run by EVALSHA, so it is atomic and uses Redis's clock
+/// (`TIME`); [`claim_many`](LeaseStore::claim_many) sends all its claims in
+/// one round trip. The claim follows the flowchart of
+/// [`MemoryStore`](anarchon_core::MemoryStore) step by step.
+///
+/// Keys of job `j` under prefix `p` (all with the hash tag `{p:j}`):
+/// `{p:j}:runs` (hash: slot → run record), `{p:j}:slots` (sorted set of
+/// recorded slots), `{p:j}:live` (sorted set of running slots by lease end:
+/// the overlap check reads only live runs), `{p:j}:fence` (the fence
+/// counter, never deleted). `{p}:jobs` lists the jobs for
+/// [`collect_garbage`](LeaseStore::collect_garbage).
+///
+/// Records are kept until [`collect_garbage`](LeaseStore::collect_garbage)
+/// removes them, which the scheduler calls with its history retention.
+///
+/// # Cancel safety
+///
+/// Each call is one script, which Redis runs whole or not at all. If the
+/// future is dropped after sending, the step may have happened; sending the
+/// same claim again (same token) answers `Won` for the caller's own claim.
+pub struct RedisLeaseStore {
+    link: Link,
+    prefix: KeyPrefix,
+    /// Jobs known to be in `{p}:jobs`, for the connection generation.
+    registered: Mutex<(u64, HashSet<JobName>)>,
+}
+
+impl fmt::Debug for RedisLeaseStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLeaseStore")
+            .field("prefix", &self.prefix)
+            .field("server", &self.link.server().describe())
+            .finish_non_exhaustive()
+    }
+}
+
+fn store_err(e: RedisStoreError) -> StoreError {
+    e.into_store_error(BACKEND)
+}
+
+impl RedisLeaseStore {
+    /// Connects, checks the server (eviction policy, persistence) and loads
+    /// the scripts.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisStoreError`]: unreachable, access denied, a bad URL, or an
+    /// eviction policy the options refuse.
+    pub async fn connect(opts: &RedisOptions) -> Result<Self, RedisStoreError> {
+        let link = Link::connect(opts, BACKEND, &SCRIPTS).await?;
+        Ok(Self {
+            link,
+            prefix: opts.prefix.clone(),
+            registered: Mutex::new((0, HashSet::new())),
+        })
+    }
+
+    /// The server as the store found it at start-up.
+    pub fn server(&self) -> &ServerInfo {
+        self.link.server()
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &KeyPrefix {
+        &self.prefix
+    }
+
+    /// How many times the store found a different server `run_id` on a new
+    /// connection (a restart or a failover: see the crate docs).
+    pub fn server_changes(&self) -> u64 {
+        self.link.server_changes()
+    }
+
+    /// Reads the server's `run_id` now; `true` (and a loud log) if it
+    /// changed since the store last looked.
+    ///
+    /// # Errors
+    ///
+    /// [`RedisStoreError`] if Redis cannot be read.
+    pub async fn check_server(&self) -> Result<bool, RedisStoreError> {
+        self.link.check_server().await
+    }
+
+    fn claim_call(&self, req: &LeaseClaim) -> Call {
+        let run = req.run();
+        let keys = LeaseKeys::new(&self.prefix, &run.job);
+        Call {
+            lua: &CLAIM,
+            keys: vec![keys.runs, keys.slots, keys.live, keys.fence],
+            args: vec![
+                run.slot.as_millis().to_string(),
+                req.claim.token.to_string(),
+                req.claim.instance.as_str().to_owned(),
+                millis(req.claim.max_late).to_string(),
+                millis(req.lease).to_string(),
+                match req.overlap {
+                    Overlap::Skip => "skip",
+                    Overlap::Allow => "allow",
+                }
+                .to_owned(),
+                req.max_attempts.get().to_string(),
+            ],
+        }
+    }
+
+    /// An SADD of the jobs not yet in `{p}:jobs` on this connection.
+    fn registration<'a>(
+        &self,
+        jobs: impl Iterator<Item = &'a JobName>,
+    ) -> (u64, Vec<JobName>, Vec<redis::Cmd>) {
+        let generation = self.link.generation();
+        let mut registered = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+        if registered.0 != generation {
+            *registered = (generation, HashSet::new());
+        }
+        let mut seen = HashSet::new();
+        let new: Vec<JobName> = jobs
+            .filter(|job| !registered.1.contains(*job) && seen.insert(*job))
+            .cloned()
+            .collect();
+        let mut prelude = Vec::new();
+        if !new.is_empty() {
+            let mut sadd = redis::cmd("SADD");
+            sadd.arg(jobs_key(&self.prefix));
+            for job in &new {
+                sadd.arg(job.as_str());
+            }
+            prelude.push(sadd);
+        }
+        (generation, new, prelude)
+    }
+
+    fn registered(&self, generation: u64, jobs: Vec<JobName>) {
+        let mut registered = self.registered.lock().unwrap_or_else(|p| p.into_inner());
+        if registered.0 == generation {
+            registered.1.extend(jobs);
+        }
+    }
+
+    async fn claims(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, RedisStoreError> {
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let during = "claiming";
+        let (generation, new, prelude) = self.registration(reqs.iter().map(|r| &r.run().job));
+        let calls: Vec<Call> = reqs.iter().map(|r| self.claim_call(r)).collect();
+        let replies = self.link.eval(&prelude, &calls, during).await?;
+        self.registered(generation, new);
+        replies
+            .into_iter()
+            .map(|v| parse_claim(check(v, during)?))
+            .collect()
+    }
+
+    /// One heartbeat, release or finish step.
+    async fn step(
+        &self,
+        run: &RunKey,
+        token: Token,
+        step: &str,
+        extra: Vec<String>,
+        during: &'static str,
+    ) -> Result<Renewal, StoreError> {
+        let keys = LeaseKeys::new(&self.prefix, &run.job);
+        let mut args = vec![
+            run.slot.as_millis().to_string(),
+            token.to_string(),
+            step.to_owned(),
+        ];
+        args.extend(extra);
+        let call = Call {
+            lua: &STEP,
+            keys: vec![keys.runs, keys.live],
+            args,
+        };
+        let reply = self.one(call, during).await?;
+        match reply.first().and_then(int) {
+            Some(1) => Ok(Renewal::Renewed),
+            Some(0) => Ok(Renewal::Fenced),
+            _ => Err(store_err(RedisStoreError::protocol(
+                during,
+                "the step answered neither 1 nor 0",
+            ))),
+        }
+    }
+
+    /// Runs one script and returns its answer as an array.
+    async fn one(&self, call: Call, during: &'static str) -> Result<Vec<Value>, StoreError> {
+        let reply = self
+            .link
+            .eval(&[], std::slice::from_ref(&call), during)
+            .await
+            .map_err(store_err)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| store_err(RedisStoreError::protocol(during, "no answer")))?;
+        match check(reply, during).map_err(store_err)? {
+            Value::Array(items) => Ok(items),
+            other => Err(store_err(RedisStoreError::protocol(
+                during,
+                format!("expected an array, got {other:?}"),
+            ))),
+        }
+    }
+
+    async fn read(
+        &self,
+        job: &JobName,
+        args: Vec<String>,
+        during: &'static str,
+    ) -> Result<(Timestamp, Vec<Vec<Value>>), StoreError> {
+        let keys = LeaseKeys::new(&self.prefix, job);
+        let call = Call {
+            lua: &READ,
+            keys: vec![keys.runs, keys.slots],
+            args,
+        };
+        let mut items = self.one(call, during).await?.into_iter();
+        let now = items
+            .next()
+            .as_ref()
+            .and_then(int)
+            .map(Timestamp::from_millis)
+            .ok_or_else(|| store_err(RedisStoreError::protocol(during, "no clock reading")))?;
+        let records = items
+            .map(|v| match v {
+                Value::Array(fields) if fields.len() == 10 => Ok(fields),
+                other => Err(store_err(RedisStoreError::protocol(
+                    during,
+                    format!("a record is not 10 fields: {other:?}"),
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((now, records))
+    }
+
+    /// The job names in `{p}:jobs`.
+    async fn jobs(&self) -> Result<Vec<JobName>, RedisStoreError> {
+        let during = "listing jobs";
+        let key = jobs_key(&self.prefix);
+        let mut cursor = "0".to_owned();
+        let mut jobs = Vec::new();
+        loop {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            pipe.cmd("SSCAN")
+                .arg(&key)
+                .arg(&cursor)
+                .arg("COUNT")
+                .arg(500);
+            let reply = self.link.query(&pipe, during).await?.into_iter().next();
+            let reply = check(
+                reply.ok_or_else(|| RedisStoreError::protocol(during, "no answer"))?,
+                during,
+            )?;
+            let Value::Array(mut parts) = reply else {
+                return Err(RedisStoreError::protocol(during, "SSCAN is not an array"));
+            };
+            let members = match parts.pop() {
+                Some(Value::Array(m)) | Some(Value::Set(m)) => m,
+                _ => return Err(RedisStoreError::protocol(during, "SSCAN has no members")),
+            };
+            for member in &members {
+                match text(member).map(|name| JobName::new(&name)) {
+                    Some(Ok(job)) => jobs.push(job),
+                    _ => tracing::warn!(
+                        backend = BACKEND,
+                        key = %key,
+                        "ignoring a member of the job list that is not a job name: {member:?}"
+                    ),
+                }
+            }
+            cursor = parts
+                .first()
+                .and_then(text)
+                .ok_or_else(|| RedisStoreError::protocol(during, "SSCAN has no cursor"))?;
+            if cursor == "0" {
+                return Ok(jobs);
+            }
+        }
+    }
+}
+
+fn parse_claim(reply: Value) -> Result<ClaimOutcome, RedisStoreError> {
+    let during = "claiming";
+    let bad = |what: &str| RedisStoreError::protocol(during, format!("claim answer: {what}"));
+    let Value::Array(items) = reply else {
+        return Err(bad("not an array"));
+    };
+    if items.len() != 6 {
+        return Err(bad("not 6 items"));
+    }
+    let kind = text(&items[0]).ok_or_else(|| bad("no kind"))?;
+    let number = |i: usize| int(&items[i]).ok_or_else(|| bad("not a number"));
+    Ok(match kind.as_str() {
+        "won" => ClaimOutcome::Won(Win {
+            attempt: u32::try_from(number(1)?)
+                .ok()
+                .and_then(Attempt::new)
+                .ok_or_else(|| bad("attempt"))?,
+            fence: Some(Fence::new(
+                u64::try_from(number(2)?).map_err(|_| bad("fence"))?,
+            )),
+        }),
+        "running" => ClaimOutcome::Running {
+            lease_until: Timestamp::from_millis(number(3)?),
+            store_now: Timestamp::from_millis(number(4)?),
+        },
+        "done" => {
+            let state = text(&items[5]).ok_or_else(|| bad("no state"))?;
+            match RecordState::parse(&state) {
+                Some(RecordState::Finished(f)) => ClaimOutcome::Done(f),
+                _ => return Err(bad("done with a state that is not final")),
+            }
+        }
+        "late" => ClaimOutcome::Late,
+        "overlap" => ClaimOutcome::Overlap,
+        other => return Err(bad(&format!("unknown kind {other:?}"))),
+    })
+}
+
+/// A record from `lease_read.lua`: slot, state, attempt, fence, instance,
+/// started, finished, lease, has_error, error.
+fn parse_record(job: &JobName, fields: &[Value]) -> Result<RunRecord, RedisStoreError> {
+    let during = "reading history";
+    let bad = |what: &str| RedisStoreError::protocol(during, format!("run record: {what}"));
+    let field = |i: usize| text(&fields[i]).unwrap_or_default();
+    let opt_int = |i: usize| -> Result<Option<i64>, RedisStoreError> {
+        let t = field(i);
+        if t.is_empty() {
+            Ok(None)
+        } else {
+            t.parse().map(Some).map_err(|_| bad("not a number"))
+        }
+    };
+    let slot = opt_int(0)?.ok_or_else(|| bad("no slot"))?;
+    let state =
+        RecordState::parse(&field(1)).ok_or_else(|| bad(&format!("state {:?}", field(1))))?;
+    let attempt = match opt_int(2)? {
+        Some(n) => Some(
+            u32::try_from(n)
+                .ok()
+                .and_then(Attempt::new)
+                .ok_or_else(|| bad("attempt"))?,
+        ),
+        None => None,
+    };
+    let fence = match opt_int(3)? {
+        Some(n) => Some(Fence::new(u64::try_from(n).map_err(|_| bad("fence"))?)),
+        None => None,
+    };
+    let instance = Some(field(4))
+        .filter(|s| !s.is_empty())
+        .and_then(|s| InstanceId::new(&s).ok());
+    Ok(RunRecord {
+        run: RunKey::new(job.clone(), Slot::from_millis(slot)),
+        state,
+        attempt,
+        fence,
+        instance,
+        started_at: opt_int(5)?.map(Timestamp::from_millis),
+        finished_at: opt_int(6)?.map(Timestamp::from_millis),
+        lease_until: opt_int(7)?.map(Timestamp::from_millis),
+        error: (field(8) == "1").then(|| field(9)),
+    })
+}
+
+#[async_trait]
+impl ClaimStore for RedisLeaseStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.claim_lease(&LeaseClaim::from_plain(req)).await
+    }
+
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: BACKEND,
+            memory: Memory::UntilCollected,
+        }
+    }
+
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for RedisLeaseStore {
+    async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
+        let mut outcomes = self
+            .claims(std::slice::from_ref(req))
+            .await
+            .map_err(store_err)?;
+        outcomes
+            .pop()
+            .ok_or_else(|| store_err(RedisStoreError::protocol("claiming", "no answer")))
+    }
+
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        self.claims(reqs).await.map_err(store_err)
+    }
+
+    async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {
+        let during = "peeking";
+        let (store_now, records) = self
+            .read(
+                &run.job,
+                vec!["peek".to_owned(), run.slot.as_millis().to_string()],
+                during,
+            )
+            .await?;
+        let state = match records.first() {
+            None => RunState::Absent,
+            Some(fields) => {
+                let rec = parse_record(&run.job, fields).map_err(store_err)?;
+                match rec.state {
+                    RecordState::Missed => RunState::Missed,
+                    RecordState::Finished(f) => RunState::Finished(f),
+                    RecordState::Running => RunState::Running {
+                        attempt: rec.attempt.unwrap_or(Attempt::FIRST),
+                        lease_until: rec.lease_until.unwrap_or(store_now),
+                    },
+                }
+            }
+        };
+        Ok(RunView { store_now, state })
+    }
+
+    async fn heartbeat(
+        &self,
+        run: &RunKey,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Renewal, StoreError> {
+        self.step(
+            run,
+            token,
+            "renew",
+            vec![millis(lease).to_string()],
+            "renewing a lease",
+        )
+        .await
+    }
+
+    async fn finish(
+        &self,
+        run: &RunKey,
+        token: Token,
+        outcome: RunOutcome,
+    ) -> Result<Renewal, StoreError> {
+        let (state, error) = match outcome {
+            RunOutcome::Succeeded => (FinalState::Succeeded, None),
+            RunOutcome::Failed { error } => (FinalState::Failed, Some(error)),
+        };
+        let extra = vec![
+            state.as_str().to_owned(),
+            if error.is_some() { "1" } else { "0" }.to_owned(),
+            error.unwrap_or_default(),
+        ];
+        self.step(run, token, "finish", extra, "finishing a run")
+            .await
+    }
+
+    async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        self.step(run, token, "release", Vec::new(), "releasing a lease")
+            .await
+    }
+
+    async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // The last rank to read; beyond a billion runs, read them all.
+        let last = if limit > 1_000_000_000 {
+            "-1".to_owned()
+        } else {
+            (limit - 1).to_string()
+        };
+        let (_, records) = self
+            .read(job, vec!["history".to_owned(), last], "reading history")
+            .await?;
+        records
+            .iter()
+            .map(|fields| parse_record(job, fields).map_err(store_err))
+            .collect()
+    }
+
+    async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
+        let during = "collecting garbage";
+        let mut pending = self.jobs().await.map_err(store_err)?;
+        let mut deleted: u64 = 0;
+        let mut first_error = None;
+        while !pending.is_empty() {
+            let mut more = Vec::new();
+            for chunk in pending.chunks(GC_JOBS_PER_TRIP) {
+                let calls: Vec<Call> = chunk
+                    .iter()
+                    .map(|job| {
+                        let keys = LeaseKeys::new(&self.prefix, job);
+                        Call {
+                            lua: &GC,
+                            keys: vec![keys.runs, keys.slots, keys.live],
+                            args: vec![millis(keep).to_string(), GC_BATCH.to_string()],
+                        }
+                    })
+                    .collect();
+                let replies = self
+                    .link
+                    .eval(&[], &calls, during)
+                    .await
+                    .map_err(store_err)?;
+                for (job, reply) in chunk.iter().zip(replies) {
+                    // One job's broken keys must not stop the others' collection.
+                    let items = match check(reply, during) {
+                        Ok(Value::Array(items)) => items,
+                        Ok(other) => {
+                            first_error.get_or_insert(RedisStoreError::protocol(
+                                during,
+                                format!("expected an array, got {other:?}"),
+                            ));
+                            continue;
+                        }
+                        Err(e) => {
+                            tracing::warn!(backend = BACKEND, job = %job, "garbage collection skipped the job: {e}");
+                            first_error.get_or_insert(e);
+                            continue;
+                        }
+                    };
+                    let n = items.first().and_then(int).unwrap_or(0);
+                    deleted += u64::try_from(n).unwrap_or(0);
+                    if items.get(1).and_then(int) == Some(1) {
+                        more.push(job.clone());
+                    }
+                }
+            }
+            pending = more;
+        }
+        match first_error {
+            Some(e) => Err(store_err(e)),
+            None => Ok(deleted),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn claim_answers_parse() {
+        let won = Value::Array(vec![
+            bulk("won"),
+            Value::Int(2),
+            Value::Int(7),
+            Value::Int(1000),
+            Value::Int(900),
+            bulk("running"),
+        ]);
+        assert_eq!(
+            parse_claim(won).expect("won"),
+            ClaimOutcome::Won(Win {
+                attempt: Attempt::FIRST.next(),
+                fence: Some(Fence::new(7)),
+            })
+        );
+        let done = Value::Array(vec![
+            bulk("done"),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(900),
+            bulk("interrupted"),
+        ]);
+        assert_eq!(
+            parse_claim(done).expect("done"),
+            ClaimOutcome::Done(FinalState::Interrupted)
+        );
+        assert!(parse_claim(Value::Int(1)).is_err());
+    }
+
+    #[test]
+    fn records_parse() {
+        let job = JobName::new("j").expect("job");
+        let fields: Vec<Value> = [
+            "5000", "failed", "2", "9", "inst-1", "1000", "6000", "4000", "1", "boom",
+        ]
+        .iter()
+        .map(|s| bulk(s))
+        .collect();
+        let rec = parse_record(&job, &fields).expect("record");
+        assert_eq!(rec.state, RecordState::Finished(FinalState::Failed));
+        assert_eq!(rec.attempt, Attempt::new(2));
+        assert_eq!(rec.fence, Some(Fence::new(9)));
+        assert_eq!(rec.error.as_deref(), Some("boom"));
+        let missed: Vec<Value> = ["5000", "missed", "", "", "", "", "6000", "", "0", ""]
+            .iter()
+            .map(|s| bulk(s))
+            .collect();
+        let rec = parse_record(&job, &missed).expect("missed");
+        assert_eq!(rec.state, RecordState::Missed);
+        assert_eq!((rec.attempt, rec.instance, rec.error), (None, None, None));
+        assert_eq!(rec.finished_at, Some(Timestamp::from_millis(6000)));
+    }
+}

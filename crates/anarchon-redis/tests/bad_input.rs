@@ -1,0 +1,460 @@
+//! Bad input: wrong credentials, ACL denials, keys of the wrong type,
+//! corrupt records, bad prefixes and URLs. Every one is a clear error,
+//! never a panic, and never shows a password.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use anarchon_core::{ClaimStore, LeaseStore, RunKey, StoreError, StoreErrorKind, Token};
+use anarchon_redis::{
+    EvictionFinding, KeyPrefix, RedisIdmpStore, RedisLeaseStore, RedisOptions, RedisScriptStore,
+    RedisStoreError, RedisStreamIdStore,
+};
+use anarchon_testkit::StoreFactory;
+use anarchon_testkit::claim::{claim_request, future_slot, job};
+use anarchon_testkit::lease::lease_claim;
+use anarchon_testkit::servers::unique_prefix;
+use common::proxy::host_port;
+use common::{Cleanup, LeaseFactory, ScriptFactory, StreamIdFactory, raw, within};
+use deadpool_redis::redis::{self, AsyncCommands};
+
+const BOUND: Duration = Duration::from_secs(15);
+
+/// An ACL user made for one test and deleted when the test ends, pass or fail.
+struct AclUser {
+    admin_url: String,
+    name: String,
+    password: String,
+}
+
+impl AclUser {
+    async fn create(admin_url: &str, rules: &[&str]) -> Self {
+        let name = unique_prefix("anarchon-test-user-");
+        let password = unique_prefix("sentinel-password-");
+        let mut conn = raw(admin_url).await;
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER")
+            .arg(&name)
+            .arg("reset")
+            .arg("on")
+            .arg(format!(">{password}"));
+        for rule in rules {
+            cmd.arg(*rule);
+        }
+        let _: () = cmd.query_async(&mut conn).await.unwrap();
+        Self {
+            admin_url: admin_url.to_owned(),
+            name,
+            password,
+        }
+    }
+
+    fn url(&self, password: &str) -> String {
+        format!(
+            "redis://{}:{password}@{}",
+            self.name,
+            host_port(&self.admin_url)
+        )
+    }
+}
+
+impl Drop for AclUser {
+    fn drop(&mut self) {
+        let deleted = redis::Client::open(self.admin_url.as_str())
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| {
+                redis::cmd("ACL")
+                    .arg("DELUSER")
+                    .arg(&self.name)
+                    .query::<i64>(&mut c)
+            });
+        if let Err(e) = deleted {
+            eprintln!("could not delete test ACL user {}: {e}", self.name);
+        }
+    }
+}
+
+/// Options for `url` under a fresh prefix, cleaned up through `admin_url`.
+fn options(url: String, admin_url: &str) -> (RedisOptions, Cleanup) {
+    let prefix = unique_prefix("bad");
+    let opts = RedisOptions::new(url).prefix(&prefix).unwrap();
+    (opts, Cleanup::new(admin_url, &prefix))
+}
+
+/// Connects each strategy and returns the errors.
+async fn connect_all(opts: &RedisOptions) -> Vec<(&'static str, RedisStoreError)> {
+    let mut errors = Vec::new();
+    if let Err(e) = within(BOUND, "lease connect", RedisLeaseStore::connect(opts)).await {
+        errors.push(("lease", e));
+    }
+    if let Err(e) = within(
+        BOUND,
+        "stream-id connect",
+        RedisStreamIdStore::connect(opts),
+    )
+    .await
+    {
+        errors.push(("stream-id", e));
+    }
+    if let Err(e) = within(
+        BOUND,
+        "script connect",
+        RedisScriptStore::connect(opts, RedisScriptStore::DEFAULT_WINDOW),
+    )
+    .await
+    {
+        errors.push(("script", e));
+    }
+    if let Err(e) = within(
+        BOUND,
+        "idmp connect",
+        RedisIdmpStore::connect(opts, RedisIdmpStore::DEFAULT_DURATION),
+    )
+    .await
+    {
+        errors.push(("idmp", e));
+    }
+    errors
+}
+
+fn assert_secret_hidden(secret: &str, shown: &str) {
+    assert!(!shown.contains(secret), "the password leaked into: {shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_named_and_never_shown() {
+    let url = common::url().await;
+    let user = AclUser::create(&url, &["~*", "+@all"]).await;
+    let wrong = unique_prefix("sentinel-wrong-password-");
+    let (opts, _cleanup) = options(user.url(&wrong), &url);
+    assert_secret_hidden(&wrong, &format!("{opts:?}"));
+    let errors = connect_all(&opts).await;
+    assert_eq!(errors.len(), 4, "every strategy refuses to start");
+    for (strategy, err) in errors {
+        assert!(
+            matches!(err, RedisStoreError::AccessDenied { .. }),
+            "{strategy}: {err:?}"
+        );
+        let message = err.to_string();
+        assert!(message.contains("refused access"), "{strategy}: {message}");
+        assert!(
+            message.contains("WRONGPASS") || message.contains("password"),
+            "{strategy}: the message names the problem: {message}"
+        );
+        assert_secret_hidden(&wrong, &message);
+        assert_secret_hidden(&wrong, &format!("{err:?}"));
+        let store_error = err.into_store_error("redis-test");
+        assert_eq!(store_error.kind(), StoreErrorKind::Invalid);
+        assert!(!store_error.is_temporary());
+        assert_secret_hidden(&wrong, &store_error.to_string());
+        assert_secret_hidden(&user.password, &store_error.to_string());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_denial_on_the_keys_is_named() {
+    let url = common::url().await;
+    let user = AclUser::create(&url, &["~elsewhere:*", "+@all"]).await;
+    let (opts, _cleanup) = options(user.url(&user.password), &url);
+    let run = RunKey::new(
+        job("denied"),
+        anarchon_core::Slot::from_millis(4_000_000_000_000),
+    );
+    let check = |strategy: &str, err: StoreError| {
+        assert_eq!(err.kind(), StoreErrorKind::Invalid, "{strategy}: {err}");
+        let message = err.to_string();
+        assert!(message.contains("refused access"), "{strategy}: {message}");
+        assert!(message.contains("NOPERM"), "{strategy}: {message}");
+        assert_secret_hidden(&user.password, &message);
+        assert_secret_hidden(&user.password, &format!("{err:?}"));
+    };
+    let lease = RedisLeaseStore::connect(&opts).await.unwrap();
+    let err = lease
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap_err();
+    check("lease", err);
+    let err = lease.peek(&run).await.unwrap_err();
+    check("lease peek", err);
+    let sid = RedisStreamIdStore::connect(&opts).await.unwrap();
+    let err = sid
+        .claim(&claim_request(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap_err();
+    check("stream-id", err);
+    let script = RedisScriptStore::connect(&opts, RedisScriptStore::DEFAULT_WINDOW)
+        .await
+        .unwrap();
+    let err = script
+        .claim(&claim_request(run, Token::generate(), "a"))
+        .await
+        .unwrap_err();
+    check("script", err);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_config_get_is_tolerated_and_a_refused_info_is_not() {
+    let url = common::url().await;
+    let mut admin = raw(&url).await;
+    let policy: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+
+    // Managed services often refuse CONFIG: the policy comes from INFO instead.
+    let no_config = AclUser::create(&url, &["~*", "+@all", "-config"]).await;
+    let (opts, _cleanup) = options(no_config.url(&no_config.password), &url);
+    let store = RedisLeaseStore::connect(&opts).await.unwrap();
+    assert_eq!(
+        store.server().eviction,
+        EvictionFinding::from_policy(&policy[1])
+    );
+    let run = RunKey::new(
+        job("no-config"),
+        anarchon_core::Slot::from_millis(4_000_000_000_000),
+    );
+    assert!(matches!(
+        store
+            .claim_lease(&lease_claim(run, Token::generate(), "a"))
+            .await
+            .unwrap(),
+        anarchon_core::ClaimOutcome::Won(_)
+    ));
+
+    // Without INFO the store cannot know the server or notice a restart.
+    let no_info = AclUser::create(&url, &["~*", "+@all", "-info"]).await;
+    let (opts, _cleanup) = options(no_info.url(&no_info.password), &url);
+    let err = RedisLeaseStore::connect(&opts).await.unwrap_err();
+    assert!(
+        matches!(err, RedisStoreError::AccessDenied { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("INFO"), "{err}");
+}
+
+/// The ACL rules `docs/backends/redis.md` gives for a dedicated user, with
+/// the key patterns for prefix `{prefix}` (the `idmp` strategy also needs
+/// `+xcfgset`, which servers before 8.6 do not know).
+fn documented_rules(prefix: &str) -> Vec<String> {
+    let mut rules = vec![format!("~{{{prefix}:*"), format!("~{{{prefix}}}:*")];
+    rules.extend(
+        [
+            "+info",
+            "+config|get",
+            "+script|load",
+            "+evalsha",
+            "+time",
+            "+type",
+            "+hget",
+            "+hset",
+            "+hdel",
+            "+zadd",
+            "+zrem",
+            "+zrangebyscore",
+            "+zrevrange",
+            "+incr",
+            "+sadd",
+            "+sscan",
+            "+xadd",
+            "+xrange",
+            "+xrevrange",
+            "+xinfo|stream",
+        ]
+        .map(String::from),
+    );
+    rules
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_acl_rules_are_enough() {
+    let url = common::url().await;
+    let prefix = unique_prefix("acl");
+    let rules = documented_rules(&prefix);
+    let user = AclUser::create(&url, &rules.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let _cleanup = Cleanup::new(&url, &prefix);
+    let opts = RedisOptions::new(user.url(&user.password))
+        .prefix(&prefix)
+        .unwrap();
+    let slot = anarchon_core::Slot::from_millis(4_000_000_000_000);
+    let run = RunKey::new(job("acl"), slot);
+    let lease = RedisLeaseStore::connect(&opts).await.unwrap();
+    let token = Token::generate();
+    assert!(matches!(
+        lease
+            .claim_lease(&lease_claim(run.clone(), token, "a"))
+            .await
+            .unwrap(),
+        anarchon_core::ClaimOutcome::Won(_)
+    ));
+    lease
+        .heartbeat(&run, token, Duration::from_secs(30))
+        .await
+        .unwrap();
+    lease.release(&run, token).await.unwrap();
+    lease.peek(&run).await.unwrap();
+    lease.history(&run.job, 5).await.unwrap();
+    lease
+        .collect_garbage(Duration::from_secs(60))
+        .await
+        .unwrap();
+    let sid = RedisStreamIdStore::connect(&opts).await.unwrap();
+    sid.claim(&claim_request(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap();
+    let script = RedisScriptStore::connect(&opts, RedisScriptStore::DEFAULT_WINDOW)
+        .await
+        .unwrap();
+    script
+        .claim(&claim_request(run, Token::generate(), "a"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_the_wrong_type_are_clear_errors() {
+    let factory = LeaseFactory::new().await;
+    let store = factory.instance().await;
+    let mut conn = raw(&factory.url).await;
+    let slot = future_slot(&factory, 0);
+    let p = &factory.prefix;
+
+    let wrong_type = |what: &str, err: StoreError, key: &str| {
+        assert_eq!(err.kind(), StoreErrorKind::Invalid, "{what}: {err}");
+        let message = err.to_string();
+        assert!(message.contains("wrong type"), "{what}: {message}");
+        assert!(message.contains("WRONGTYPE"), "{what}: {message}");
+        assert!(message.contains(key), "{what}: the key is named: {message}");
+    };
+
+    // The run records: a string where the hash should be.
+    let runs = format!("{{{p}:strings}}:runs");
+    let _: () = conn.set(&runs, "not a hash").await.unwrap();
+    let run = RunKey::new(job("strings"), slot);
+    let err = store
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap_err();
+    wrong_type("claim", err, &runs);
+    let err = store
+        .heartbeat(&run, Token::generate(), Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    wrong_type("heartbeat", err, &runs);
+    let err = store.peek(&run).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Invalid, "{err}");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let err = store.history(&run.job, 5).await.unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+
+    // The live set: a list where a sorted set should be. Nothing is written.
+    let live = format!("{{{p}:lists}}:live");
+    let _: () = conn.rpush(&live, "x").await.unwrap();
+    let run = RunKey::new(job("lists"), slot);
+    let err = store
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap_err();
+    wrong_type("claim", err, &live);
+    let written: bool = conn.exists(format!("{{{p}:lists}}:runs")).await.unwrap();
+    assert!(!written, "a refused claim writes nothing");
+
+    // A corrupt record is a protocol error naming the slot, not a panic.
+    let corrupt = format!("{{{p}:corrupt}}:runs");
+    let _: () = conn
+        .hset(&corrupt, slot.as_millis(), "{not json")
+        .await
+        .unwrap();
+    let run = RunKey::new(job("corrupt"), slot);
+    let err = store
+        .claim_lease(&lease_claim(run, Token::generate(), "a"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Protocol, "{err}");
+    assert!(err.to_string().contains("not valid JSON"), "{err}");
+
+    // The job list, read by garbage collection and written by a first claim.
+    let other = LeaseFactory::new().await;
+    let other_store = other.instance().await;
+    let _: () = conn
+        .set(format!("{{{}}}:jobs", other.prefix), "not a set")
+        .await
+        .unwrap();
+    let err = other_store
+        .claim_lease(&lease_claim(
+            RunKey::new(job("first"), slot),
+            Token::generate(),
+            "a",
+        ))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let err = other_store
+        .collect_garbage(Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+
+    // The claim-only streams.
+    let sid = StreamIdFactory::new().await;
+    let key = format!("{{{}:sid}}:stream-id", sid.prefix);
+    let _: () = conn.set(&key, "not a stream").await.unwrap();
+    let err = sid
+        .instance()
+        .await
+        .claim(&claim_request(
+            RunKey::new(job("sid"), slot),
+            Token::generate(),
+            "a",
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Invalid, "{err}");
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let script = ScriptFactory::new().await;
+    let key = format!("{{{}:script}}:script", script.prefix);
+    let _: () = conn.hset(&key, "f", "v").await.unwrap();
+    let err = script
+        .instance()
+        .await
+        .claim(&claim_request(
+            RunKey::new(job("script"), slot),
+            Token::generate(),
+            "a",
+        ))
+        .await
+        .unwrap_err();
+    wrong_type("script claim", err, &key);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_prefixes_and_urls_are_refused_without_showing_the_password() {
+    for bad in ["", "a{b}", "a b", "a*", &"p".repeat(65)] {
+        let err = RedisOptions::new("redis://127.0.0.1")
+            .prefix(bad)
+            .unwrap_err();
+        assert!(
+            matches!(err, RedisStoreError::InvalidPrefix { .. }),
+            "{bad:?}: {err}"
+        );
+        assert!(KeyPrefix::new(bad).is_err());
+    }
+    let secret = unique_prefix("sentinel-url-password-");
+    for url in [
+        format!("redis://user:{secret}@127.0.0.1:notaport"),
+        format!("nosuchscheme://user:{secret}@127.0.0.1:6379"),
+    ] {
+        let opts = RedisOptions::new(url);
+        assert_secret_hidden(&secret, &format!("{opts:?}"));
+        let err = within(BOUND, "connect", RedisLeaseStore::connect(&opts))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, RedisStoreError::InvalidUrl { .. }), "{err:?}");
+        assert_secret_hidden(&secret, &err.to_string());
+        assert_secret_hidden(&secret, &format!("{err:?}"));
+    }
+}

@@ -1,0 +1,575 @@
+//! What the Redis strategies do beyond the shared suites: commands per
+//! claim, the key layout, what each one remembers, and what a restart
+//! without persistence does.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anarchon_core::{
+    Attempt, ClaimOutcome, ClaimStore, ConfigError, Fence, FinalState, JobName, LeaseStore, Memory,
+    RecordState, RunKey, RunOutcome, Schedule, Scheduler, Slot, Token, Win,
+};
+use anarchon_redis::{
+    EvictionFinding, MIN_MEMORY, RedisIdmpStore, RedisLeaseStore, RedisOptions, RedisScriptStore,
+    RedisStoreError, RedisStreamIdStore,
+};
+use anarchon_testkit::StoreFactory;
+use anarchon_testkit::claim::{claim_request, future_slot, job};
+use anarchon_testkit::lease::lease_claim;
+use anarchon_testkit::servers::unique_prefix;
+use common::proxy::Proxy;
+use common::{Cleanup, LeaseFactory, ScriptFactory, StreamIdFactory, forget_prefix, keys_of, raw};
+use deadpool_redis::redis;
+
+fn won(outcome: ClaimOutcome) -> Win {
+    match outcome {
+        ClaimOutcome::Won(win) => win,
+        other => panic!("expected Won, got {other:?}"),
+    }
+}
+
+fn slot_after(base: Slot, seconds: i64) -> Slot {
+    Slot::from_millis(base.as_millis() + seconds * 1000)
+}
+
+/// A whole second ten minutes from now: never late.
+fn ten_minutes_ahead() -> Slot {
+    let now = anarchon_core::Clock::now(&anarchon_core::SystemClock).as_millis();
+    Slot::from_millis(now - now.rem_euclid(1000) + 600_000)
+}
+
+/// Options for `url` behind a fresh counting proxy.
+async fn through_proxy(stem: &str) -> (Proxy, RedisOptions, Cleanup) {
+    let url = common::url().await;
+    let proxy = Proxy::start(&url).await;
+    let prefix = unique_prefix(stem);
+    let opts = RedisOptions::new(proxy.url(&url)).prefix(&prefix).unwrap();
+    (proxy, opts, Cleanup::new(&url, &prefix))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_claim_is_one_command_and_a_batch_one_round_trip() {
+    let (proxy, opts, _cleanup) = through_proxy("cmds").await;
+    let store = RedisLeaseStore::connect(&opts).await.unwrap();
+    let base = ten_minutes_ahead();
+    let job_a = job("single");
+
+    // The first claim of a job also adds it to the job list, in the same trip.
+    proxy.take();
+    won(store
+        .claim_lease(&lease_claim(
+            RunKey::new(job_a.clone(), base),
+            Token::generate(),
+            "a",
+        ))
+        .await
+        .unwrap());
+    let first = proxy.take();
+    assert_eq!(first.commands, ["SADD", "EVALSHA"], "{first:?}");
+    assert_eq!(first.round_trips, 1);
+
+    const N: i64 = 10;
+    for i in 1..=N {
+        let run = RunKey::new(job_a.clone(), slot_after(base, i));
+        won(store
+            .claim_lease(&lease_claim(run, Token::generate(), "a"))
+            .await
+            .unwrap());
+    }
+    let singles = proxy.take();
+    assert_eq!(singles.commands.len() as i64, N, "{singles:?}");
+    assert_eq!(singles.count("EVALSHA") as i64, N, "{singles:?}");
+    assert_eq!(singles.round_trips as i64, N);
+
+    const BATCH: usize = 20;
+    let batch: Vec<_> = (0..BATCH)
+        .map(|i| {
+            lease_claim(
+                RunKey::new(job(&format!("batch-{i}")), base),
+                Token::generate(),
+                "a",
+            )
+        })
+        .collect();
+    let outcomes = store.claim_many(&batch).await.unwrap();
+    assert!(outcomes.iter().all(|o| matches!(o, ClaimOutcome::Won(_))));
+    let new_jobs = proxy.take();
+    assert_eq!(new_jobs.round_trips, 1, "{new_jobs:?}");
+    assert_eq!(new_jobs.count("EVALSHA"), BATCH);
+    assert_eq!(new_jobs.count("SADD"), 1, "one SADD registers all new jobs");
+
+    let again = store.claim_many(&batch).await.unwrap();
+    let known_jobs = proxy.take();
+    assert_eq!(known_jobs.round_trips, 1);
+    assert_eq!(known_jobs.commands.len(), BATCH, "{known_jobs:?}");
+    assert_eq!(again, outcomes, "own retries: the same wins");
+
+    // Heartbeat, release, finish, peek and history: one script each.
+    let run = batch[0].run().clone();
+    let token = batch[0].claim.token;
+    store
+        .heartbeat(&run, token, Duration::from_secs(30))
+        .await
+        .unwrap();
+    store.peek(&run).await.unwrap();
+    store
+        .finish(&run, token, RunOutcome::Succeeded)
+        .await
+        .unwrap();
+    store.history(&run.job, 10).await.unwrap();
+    let steps = proxy.take();
+    assert_eq!(steps.commands, ["EVALSHA"; 4], "{steps:?}");
+    assert_eq!(steps.round_trips, 4);
+    eprintln!(
+        "lease: {} command(s) per claim, {} round trip(s) for a batch of {BATCH} claims",
+        singles.commands.len() as f64 / N as f64,
+        known_jobs.round_trips
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_only_strategies_cost_one_round_trip_per_claim() {
+    const N: usize = 10;
+    // stream-id: XADD and XRANGE, sent together.
+    let (proxy, opts, _cleanup) = through_proxy("cmds").await;
+    let a = RedisStreamIdStore::connect(&opts).await.unwrap();
+    let b = RedisStreamIdStore::connect(&opts).await.unwrap();
+    let base = ten_minutes_ahead();
+    proxy.take();
+    for i in 0..N as i64 {
+        let run = RunKey::new(job("sid"), slot_after(base, i));
+        won(a
+            .claim(&claim_request(run.clone(), Token::generate(), "a"))
+            .await
+            .unwrap());
+        assert_eq!(
+            b.claim(&claim_request(run, Token::generate(), "b"))
+                .await
+                .unwrap(),
+            ClaimOutcome::Lost
+        );
+    }
+    let traffic = proxy.take();
+    assert_eq!(traffic.round_trips as usize, 2 * N, "{traffic:?}");
+    assert_eq!(traffic.count("XADD"), 2 * N);
+    assert_eq!(traffic.count("XRANGE"), 2 * N);
+    assert_eq!(traffic.commands.len(), 4 * N);
+    eprintln!("stream-id: 2 commands, 1 round trip per claim");
+
+    // script: one EVALSHA.
+    let (proxy, opts, _cleanup) = through_proxy("cmds").await;
+    let store = RedisScriptStore::connect(&opts, RedisScriptStore::DEFAULT_WINDOW)
+        .await
+        .unwrap();
+    proxy.take();
+    for i in 0..N as i64 {
+        let run = RunKey::new(job("script"), slot_after(base, i));
+        won(store
+            .claim(&claim_request(run, Token::generate(), "a"))
+            .await
+            .unwrap());
+    }
+    let traffic = proxy.take();
+    assert_eq!(traffic.commands, vec!["EVALSHA"; N], "{traffic:?}");
+    assert_eq!(traffic.round_trips as usize, N);
+    eprintln!("script: 1 command, 1 round trip per claim");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_of_a_job_starts_with_its_hash_tag() {
+    // Names that would break out of `{prefix:job}` are not job names.
+    for bad in ["a}b", "a{b", "a:b", "a*", "a b", "a?", "[a]", "a\\b"] {
+        assert!(JobName::new(bad).is_err(), "{bad:?} must not be a job name");
+    }
+    let jobs = ["plain", "with-dash", "with_underscore", "MixedCase09"];
+    let lease = LeaseFactory::new().await;
+    let sid = StreamIdFactory::new().await;
+    let script = ScriptFactory::new().await;
+    let lease_store = lease.instance().await;
+    let sid_store = sid.instance().await;
+    let script_store = script.instance().await;
+    let slot = future_slot(&lease, 0);
+    for name in jobs {
+        let run = RunKey::new(job(name), slot);
+        let token = Token::generate();
+        won(lease_store
+            .claim_lease(&lease_claim(run.clone(), token, "a"))
+            .await
+            .unwrap());
+        lease_store
+            .heartbeat(&run, token, Duration::from_secs(30))
+            .await
+            .unwrap();
+        lease_store
+            .finish(&run, token, RunOutcome::Succeeded)
+            .await
+            .unwrap();
+        lease_store
+            .collect_garbage(Duration::from_secs(3600))
+            .await
+            .unwrap();
+        won(sid_store
+            .claim(&claim_request(run.clone(), Token::generate(), "a"))
+            .await
+            .unwrap());
+        won(script_store
+            .claim(&claim_request(run, Token::generate(), "a"))
+            .await
+            .unwrap());
+    }
+    for (factory_url, prefix, suffixes, extra) in [
+        (
+            &lease.url,
+            &lease.prefix,
+            &["runs", "slots", "fence"][..],
+            Some("jobs"),
+        ),
+        (&sid.url, &sid.prefix, &["stream-id"][..], None),
+        (&script.url, &script.prefix, &["script"][..], None),
+    ] {
+        let keys = keys_of(factory_url, prefix).await;
+        let mut expected: Vec<String> = jobs
+            .iter()
+            .flat_map(|j| {
+                suffixes
+                    .iter()
+                    .map(move |s| format!("{{{prefix}:{j}}}:{s}"))
+            })
+            .collect();
+        if let Some(extra) = extra {
+            expected.push(format!("{{{prefix}}}:{extra}"));
+        }
+        expected.sort();
+        // `live` is empty once the runs finished, so Redis removed it.
+        assert_eq!(keys, expected, "keys under {prefix}");
+        for key in &keys {
+            assert_eq!(key.matches('{').count(), 1, "{key}");
+            assert_eq!(key.matches('}').count(), 1, "{key}");
+            let tag = &key[..=key.find('}').unwrap()];
+            assert!(
+                tag == format!("{{{prefix}}}")
+                    || jobs.iter().any(|j| tag == format!("{{{prefix}:{j}}}")),
+                "{key} must carry the tag of one job of {prefix}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_id_loses_a_slot_older_than_one_already_claimed() {
+    let factory = StreamIdFactory::new().await;
+    let (a, b) = (factory.instance().await, factory.instance().await);
+    let base = future_slot(&factory, 0);
+    let job = job("order");
+    let later = RunKey::new(job.clone(), slot_after(base, 60));
+    let earlier = RunKey::new(job.clone(), base);
+    won(a
+        .claim(&claim_request(later, Token::generate(), "a"))
+        .await
+        .unwrap());
+    // Nobody claimed `earlier`, but it can no longer be added: lost, not doubled.
+    assert_eq!(
+        b.claim(&claim_request(earlier.clone(), Token::generate(), "b"))
+            .await
+            .unwrap(),
+        ClaimOutcome::Lost
+    );
+    assert_eq!(b.out_of_order_losses(), 1);
+    assert_eq!(
+        a.claim(&claim_request(earlier, Token::generate(), "a"))
+            .await
+            .unwrap(),
+        ClaimOutcome::Lost,
+        "and nobody else can claim it either"
+    );
+    assert_eq!(a.info().memory, Memory::Forever);
+    assert!(Arc::clone(&a).as_lease_store().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_remembers_a_claim_for_its_window() {
+    let factory = ScriptFactory::new().await;
+    let store = factory.instance().await;
+    let window = RedisScriptStore::DEFAULT_WINDOW;
+    assert_eq!(store.info().memory, Memory::Window(window));
+    assert!(Arc::clone(&store).as_lease_store().is_none());
+    let mut conn = raw(&factory.url).await;
+    let key = format!("{{{}:window}}:script", factory.prefix);
+    let server_now = {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+        secs * 1000 + micros / 1000
+    };
+    let base = future_slot(&factory, 0);
+    let inside = RunKey::new(job("window"), base);
+    let outside = RunKey::new(job("window"), slot_after(base, 1));
+    // Someone claimed `outside` just before the window, `inside` just within it.
+    let window_ms = window.as_millis() as i64;
+    for (run, at) in [
+        (&outside, server_now - window_ms - 5_000),
+        (&inside, server_now - window_ms + 30_000),
+    ] {
+        let _: String = redis::cmd("XADD")
+            .arg(&key)
+            .arg(format!("{at}-0"))
+            .arg("slot")
+            .arg(run.slot.as_millis())
+            .arg("token")
+            .arg(Token::generate().to_string())
+            .arg("instance")
+            .arg("other")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        store
+            .claim(&claim_request(inside, Token::generate(), "a"))
+            .await
+            .unwrap(),
+        ClaimOutcome::Lost,
+        "a claim inside the window is remembered"
+    );
+    won(store
+        .claim(&claim_request(outside, Token::generate(), "a"))
+        .await
+        .unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_only_memories_are_checked_when_built_and_by_the_scheduler() {
+    let (_, _, opts, _cleanup) = common::fresh("mem").await;
+    for window in [
+        Duration::ZERO,
+        Duration::from_secs(5),
+        MIN_MEMORY - Duration::from_millis(1),
+    ] {
+        let err = RedisScriptStore::connect(&opts, window).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RedisStoreError::InvalidOption {
+                    strategy: "script",
+                    option: "window",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+    for duration in [
+        Duration::from_secs(5),
+        Duration::from_millis(60_500),
+        Duration::from_secs(2 * 86_400),
+    ] {
+        let err = RedisIdmpStore::connect(&opts, duration).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RedisStoreError::InvalidOption {
+                    strategy: "idmp",
+                    option: "duration",
+                    ..
+                }
+            ),
+            "{duration:?}: {err}"
+        );
+    }
+    // A 60 s window is too short for the default max_late of 60 s + 10 s margin.
+    let store = Arc::new(
+        RedisScriptStore::connect(&opts, Duration::from_secs(60))
+            .await
+            .unwrap(),
+    );
+    let mut builder = Scheduler::builder(store.clone());
+    let refused = builder
+        .job(
+            "too-late",
+            Schedule::every(Duration::from_secs(60)).unwrap(),
+        )
+        .unwrap()
+        .run(|_ctx| async { Ok::<_, String>(()) })
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            ConfigError::MemoryTooShort {
+                backend: "redis-script",
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    builder
+        .job("in-time", Schedule::every(Duration::from_secs(60)).unwrap())
+        .unwrap()
+        .max_late(Duration::from_secs(50))
+        .run(|_ctx| async { Ok::<_, String>(()) })
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_reports_the_server_it_found() {
+    let factory = LeaseFactory::new().await;
+    let store = factory.instance().await;
+    let (product, version) = common::server_version(&factory.url).await;
+    let server = store.server();
+    assert_eq!(
+        (server.product, server.version),
+        (product.as_str(), version)
+    );
+    assert!(!server.run_id.is_empty());
+    let mut conn = raw(&factory.url).await;
+    let policy: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(server.eviction, EvictionFinding::from_policy(&policy[1]));
+    assert_eq!(server.eviction.policy(), Some(policy[1].as_str()));
+    let aof: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendonly")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(server.aof_enabled, Some(aof[1] == "yes"));
+    assert!(
+        !store.check_server().await.unwrap(),
+        "the same server is not news"
+    );
+    assert_eq!(store.server_changes(), 0);
+}
+
+/// What a Redis restart without AOF does: every key is gone, so a finished
+/// run can be claimed — and run — again, and fences start over. Shown by
+/// deleting this test's keys, which is exactly what the restart leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_persistence_forgets_every_run() {
+    let factory = LeaseFactory::new().await;
+    let store = factory.instance().await;
+    let run = RunKey::new(job("forgotten"), future_slot(&factory, 0));
+    let token = Token::generate();
+    let first = won(store
+        .claim_lease(&lease_claim(run.clone(), token, "a"))
+        .await
+        .unwrap());
+    store
+        .finish(&run, token, RunOutcome::Succeeded)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .claim_lease(&lease_claim(run.clone(), Token::generate(), "b"))
+            .await
+            .unwrap(),
+        ClaimOutcome::Done(FinalState::Succeeded)
+    );
+
+    assert!(forget_prefix(&factory.url, &factory.prefix).await > 0);
+
+    let again = won(store
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "b"))
+        .await
+        .unwrap());
+    assert_eq!(
+        again.attempt,
+        Attempt::FIRST,
+        "the run is claimed a second time"
+    );
+    assert_eq!(again.fence, Some(Fence::new(1)));
+    assert_eq!(first.fence, again.fence, "and fences start over");
+    let history = store.history(&run.job, 10).await.unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].state, RecordState::Running);
+
+    // The claim-only strategies forget the same way.
+    let sid = StreamIdFactory::new().await;
+    let sid_store = sid.instance().await;
+    let run = RunKey::new(job("forgotten"), future_slot(&sid, 0));
+    won(sid_store
+        .claim(&claim_request(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap());
+    assert_eq!(
+        sid_store
+            .claim(&claim_request(run.clone(), Token::generate(), "b"))
+            .await
+            .unwrap(),
+        ClaimOutcome::Lost
+    );
+    forget_prefix(&sid.url, &sid.prefix).await;
+    won(sid_store
+        .claim(&claim_request(run, Token::generate(), "b"))
+        .await
+        .unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_runs_and_garbage_collection_match_the_memory_store() {
+    let factory = LeaseFactory::new().await;
+    let store = factory.instance().await;
+    let job = job("gc-more");
+    let now = anarchon_core::Clock::now(&anarchon_core::SystemClock).as_millis();
+    let old = Slot::from_millis(now - now.rem_euclid(1000) - 7_200_000);
+    // A late claim records `missed`; GC removes old records of every kind
+    // except running runs whose lease is recent.
+    assert_eq!(
+        store
+            .claim_lease(&lease_claim(
+                RunKey::new(job.clone(), old),
+                Token::generate(),
+                "a"
+            ))
+            .await
+            .unwrap(),
+        ClaimOutcome::Late
+    );
+    let mut catch_up = lease_claim(
+        RunKey::new(job.clone(), slot_after(old, 1)),
+        Token::generate(),
+        "a",
+    );
+    catch_up.claim.max_late = Duration::from_secs(3 * 3600);
+    won(store.claim_lease(&catch_up).await.unwrap());
+    store
+        .finish(
+            catch_up.run(),
+            catch_up.claim.token,
+            RunOutcome::Failed {
+                error: String::new(),
+            },
+        )
+        .await
+        .unwrap();
+    let history = store.history(&job, 10).await.unwrap();
+    assert_eq!(history.len(), 2);
+    assert_eq!(history[0].state, RecordState::Finished(FinalState::Failed));
+    assert_eq!(
+        history[0].error.as_deref(),
+        Some(""),
+        "an empty error is kept as such"
+    );
+    assert_eq!(history[1].state, RecordState::Missed);
+    assert_eq!(store.history(&job, usize::MAX).await.unwrap(), history);
+    assert!(store.history(&job, 0).await.unwrap().is_empty());
+    assert_eq!(
+        store
+            .collect_garbage(Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        2
+    );
+    assert!(store.history(&job, 10).await.unwrap().is_empty());
+    assert_eq!(
+        store
+            .collect_garbage(Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+}

@@ -1,0 +1,241 @@
+//! What the Redis tests share: factories per strategy, raw access to the
+//! server, and a proxy that counts commands and can cut or freeze the line.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+pub mod proxy;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anarchon_core::async_trait;
+use anarchon_redis::{
+    RedisIdmpStore, RedisLeaseStore, RedisOptions, RedisScriptStore, RedisStoreError,
+    RedisStreamIdStore, Version,
+};
+use anarchon_testkit::StoreFactory;
+use anarchon_testkit::servers::{Service, require, unique_prefix};
+use deadpool_redis::redis::{self, AsyncCommands};
+
+/// The test server's URL (fails the test with instructions if there is none).
+pub async fn url() -> String {
+    require(Service::Redis).await
+}
+
+/// Deletes every key under a test's prefix when the test ends, pass or
+/// fail, so test runs do not pile keys up on the shared server.
+pub struct Cleanup {
+    url: String,
+    prefix: String,
+}
+
+impl Cleanup {
+    pub fn new(url: &str, prefix: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            prefix: prefix.to_owned(),
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        use redis::Commands;
+        let Ok(mut conn) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
+        else {
+            return;
+        };
+        for pattern in [
+            format!("{{{}:*", self.prefix),
+            format!("{{{}}}:*", self.prefix),
+        ] {
+            let keys: Vec<String> = match conn.scan_match::<_, String>(&pattern) {
+                Ok(iter) => iter.filter_map(Result::ok).collect(),
+                Err(_) => continue,
+            };
+            for chunk in keys.chunks(500) {
+                let _: redis::RedisResult<i64> = conn.del(chunk);
+            }
+        }
+    }
+}
+
+/// A fresh prefix on the test server: (url, prefix, options, cleanup).
+pub async fn fresh(stem: &str) -> (String, String, RedisOptions, Cleanup) {
+    let url = url().await;
+    let prefix = unique_prefix(stem);
+    let opts = RedisOptions::new(url.clone())
+        .prefix(&prefix)
+        .expect("unique prefixes are valid");
+    let cleanup = Cleanup::new(&url, &prefix);
+    (url, prefix, opts, cleanup)
+}
+
+/// A plain connection to the test server, outside any store.
+pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("test URL parses")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the test server answers")
+}
+
+/// Every key under `prefix` (job keys `{prefix:job}:…` and `{prefix}:…`).
+pub async fn keys_of(url: &str, prefix: &str) -> Vec<String> {
+    let mut conn = raw(url).await;
+    let mut keys = Vec::new();
+    for pattern in [format!("{{{prefix}:*"), format!("{{{prefix}}}:*")] {
+        let mut found: Vec<String> = {
+            let mut iter: redis::AsyncIter<'_, String> = conn
+                .scan_options(
+                    redis::ScanOptions::default()
+                        .with_pattern(pattern)
+                        .with_count(1000),
+                )
+                .await
+                .unwrap();
+            let mut out = Vec::new();
+            while let Some(key) = futures::StreamExt::next(&mut iter).await {
+                out.push(key.unwrap());
+            }
+            out
+        };
+        keys.append(&mut found);
+    }
+    keys.sort();
+    keys
+}
+
+/// Deletes every key under `prefix`: what a Redis restart without
+/// persistence does to the store's data.
+pub async fn forget_prefix(url: &str, prefix: &str) -> usize {
+    let keys = keys_of(url, prefix).await;
+    if !keys.is_empty() {
+        let mut conn = raw(url).await;
+        let _: () = conn.del(&keys).await.unwrap();
+    }
+    keys.len()
+}
+
+/// The server's version, read directly.
+pub async fn server_version(url: &str) -> (String, Version) {
+    let mut conn = raw(url).await;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let field = |name: &str| {
+        info.lines().find_map(|l| {
+            l.strip_prefix(&format!("{name}:"))
+                .map(|v| v.trim().to_owned())
+        })
+    };
+    if let Some(v) = field("valkey_version") {
+        return ("Valkey".into(), Version::parse(&v).unwrap());
+    }
+    let v = field("redis_version").unwrap();
+    ("Redis".into(), Version::parse(&v).unwrap())
+}
+
+macro_rules! factory {
+    ($name:ident, $store:ty, $stem:literal, |$opts:ident| $connect:expr) => {
+        /// A namespace (key prefix) on the test server; each instance is a
+        /// new store with its own pool.
+        pub struct $name {
+            pub url: String,
+            pub prefix: String,
+            pub opts: RedisOptions,
+            _cleanup: Cleanup,
+        }
+
+        impl $name {
+            pub async fn new() -> Self {
+                let (url, prefix, opts, _cleanup) = fresh($stem).await;
+                Self {
+                    url,
+                    prefix,
+                    opts,
+                    _cleanup,
+                }
+            }
+
+            pub async fn connect(&self) -> Result<$store, RedisStoreError> {
+                let $opts = &self.opts;
+                $connect
+            }
+        }
+
+        #[async_trait]
+        impl StoreFactory for $name {
+            type Store = $store;
+
+            async fn instance(&self) -> Arc<$store> {
+                Arc::new(
+                    self.connect()
+                        .await
+                        .unwrap_or_else(|e| panic!("cannot connect to the test Redis: {e}")),
+                )
+            }
+        }
+    };
+}
+
+factory!(LeaseFactory, RedisLeaseStore, "lease", |opts| {
+    RedisLeaseStore::connect(opts).await
+});
+factory!(StreamIdFactory, RedisStreamIdStore, "sid", |opts| {
+    RedisStreamIdStore::connect(opts).await
+});
+factory!(ScriptFactory, RedisScriptStore, "script", |opts| {
+    RedisScriptStore::connect(opts, RedisScriptStore::DEFAULT_WINDOW).await
+});
+factory!(IdmpFactory, RedisIdmpStore, "idmp", |opts| {
+    RedisIdmpStore::connect(opts, RedisIdmpStore::DEFAULT_DURATION).await
+});
+
+/// An `idmp` factory when the test server is Redis 8.6 or newer. Otherwise
+/// it checks that the store refuses the server, naming the `script`
+/// strategy, and returns `None`: the calling suite check then ends having
+/// tested the refusal, and says so on stderr.
+pub async fn idmp_factory_or_refusal(check: &str) -> Option<IdmpFactory> {
+    let factory = IdmpFactory::new().await;
+    let (product, version) = server_version(&factory.url).await;
+    if product == "Redis" && version >= anarchon_redis::IDMP_MIN_VERSION {
+        return Some(factory);
+    }
+    let err = factory
+        .connect()
+        .await
+        .expect_err("the idmp strategy must refuse a server without XADD IDMP");
+    assert!(
+        matches!(
+            err,
+            RedisStoreError::ServerTooOld {
+                strategy: "idmp",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(message.contains("`script` strategy"), "{message}");
+    assert!(message.contains(&version.to_string()), "{message}");
+    eprintln!(
+        "idmp check `{check}`: the test server is {product} {version} (< 8.6), so this test checked \
+         that the idmp store refuses it, naming the script strategy. Point ANARCHON_REDIS_URL at \
+         Redis 8.6+ to run the check itself."
+    );
+    None
+}
+
+/// Waits up to `bound` for `fut`, failing the test if it takes longer.
+pub async fn within<T>(
+    bound: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::time::timeout(bound, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within {bound:?}"))
+}

@@ -1,0 +1,429 @@
+//! Faults: Redis unreachable, a line that drops or hangs, scripts flushed
+//! mid-run, another server behind the same address, and an eviction
+//! policy that can forget runs.
+//!
+//! None of them stops the shared server: a proxy in front of it drops or
+//! freezes the line. Two disturb the whole server briefly (SCRIPT FLUSH,
+//! CONFIG SET maxmemory-policy, put back by a guard); every store reloads
+//! its scripts transparently, and `cargo xtask test-all` runs this file
+//! alone, one test at a time, after the other suites.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anarchon_core::{
+    Attempt, ClaimOutcome, ClaimStore, LeaseStore, RunKey, RunOutcome, Slot, StoreErrorKind, Token,
+};
+use anarchon_redis::{
+    EvictionCheck, EvictionFinding, RedisLeaseStore, RedisOptions, RedisScriptStore,
+    RedisStoreError, RedisStreamIdStore,
+};
+use anarchon_testkit::claim::{claim_request, job};
+use anarchon_testkit::lease::lease_claim;
+use anarchon_testkit::servers::unique_prefix;
+use common::proxy::Proxy;
+use common::{Cleanup, raw, within};
+use deadpool_redis::redis;
+
+const BOUND: Duration = Duration::from_secs(15);
+
+fn ahead(seconds: i64) -> Slot {
+    let now = anarchon_core::Clock::now(&anarchon_core::SystemClock).as_millis();
+    Slot::from_millis(now - now.rem_euclid(1000) + 600_000 + seconds * 1000)
+}
+
+fn won(outcome: ClaimOutcome) -> anarchon_core::Win {
+    match outcome {
+        ClaimOutcome::Won(win) => win,
+        other => panic!("expected Won, got {other:?}"),
+    }
+}
+
+async fn behind_proxy(stem: &str) -> (Proxy, RedisOptions, Cleanup) {
+    let url = common::url().await;
+    let proxy = Proxy::start(&url).await;
+    let prefix = unique_prefix(stem);
+    let cleanup = Cleanup::new(&url, &prefix);
+    let opts = RedisOptions::new(proxy.url(&url))
+        .prefix(&prefix)
+        .unwrap()
+        .connect_timeout(Duration::from_millis(500))
+        .response_timeout(Duration::from_millis(300));
+    (proxy, opts, cleanup)
+}
+
+/// Log lines written while the guard lives (this thread's subscriber).
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        let writer = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_is_a_temporary_error_in_bounded_time() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let opts =
+        RedisOptions::new(format!("redis://{closed}")).connect_timeout(Duration::from_millis(500));
+    let err = within(
+        BOUND,
+        "connecting to nothing",
+        RedisLeaseStore::connect(&opts),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, RedisStoreError::Unavailable { .. }),
+        "{err:?}"
+    );
+    assert!(err.is_temporary());
+    assert_eq!(
+        err.into_store_error("redis-lease").kind(),
+        StoreErrorKind::Unavailable
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_line_is_unavailable_and_the_next_connection_recovers() {
+    let (proxy, opts, _cleanup) = behind_proxy("cut").await;
+    let lease = RedisLeaseStore::connect(&opts).await.unwrap();
+    let sid = RedisStreamIdStore::connect(&opts).await.unwrap();
+    let run = RunKey::new(job("cut"), ahead(0));
+    won(lease
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap());
+
+    // Connections drop, new ones are refused: Redis is gone.
+    proxy.cut();
+    for _ in 0..2 {
+        let err = within(
+            BOUND,
+            "a claim over a cut line",
+            lease.claim_lease(&lease_claim(run.clone(), Token::generate(), "a")),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+        assert!(err.is_temporary());
+        let err = within(
+            BOUND,
+            "a stream-id claim over a cut line",
+            sid.claim(&claim_request(run.clone(), Token::generate(), "a")),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    }
+
+    // A line that drops but accepts again: the store reconnects by itself.
+    let (proxy, opts, _cleanup) = behind_proxy("drop").await;
+    let store = RedisLeaseStore::connect(&opts).await.unwrap();
+    let run = RunKey::new(job("drop"), ahead(0));
+    let token = Token::generate();
+    let first = won(store
+        .claim_lease(&lease_claim(run.clone(), token, "a"))
+        .await
+        .unwrap());
+    proxy.drop_connections();
+    let mut again = None;
+    for _ in 0..3 {
+        match store
+            .claim_lease(&lease_claim(run.clone(), token, "a"))
+            .await
+        {
+            Ok(outcome) => {
+                again = Some(outcome);
+                break;
+            }
+            Err(e) => assert!(e.is_temporary(), "{e}"),
+        }
+    }
+    assert_eq!(again.map(won), Some(first), "own retry after reconnecting");
+}
+
+#[tokio::test]
+async fn a_hung_line_times_out_and_a_retry_with_the_same_token_is_recognised() {
+    let (proxy, opts, _cleanup) = behind_proxy("freeze").await;
+    let store = RedisLeaseStore::connect(&opts).await.unwrap();
+    let run = RunKey::new(job("freeze"), ahead(0));
+    let claim = lease_claim(run.clone(), Token::generate(), "a");
+    proxy.freeze(true);
+    let err = within(BOUND, "a claim over a hung line", store.claim_lease(&claim))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("unreachable"), "{err}");
+    proxy.freeze(false);
+    // The claim may or may not have reached Redis; the same token finds out.
+    let mut outcome = None;
+    for _ in 0..3 {
+        match store.claim_lease(&claim).await {
+            Ok(o) => {
+                outcome = Some(o);
+                break;
+            }
+            Err(e) => assert!(e.is_temporary(), "{e}"),
+        }
+    }
+    let win = won(outcome.expect("the store recovers once the line is back"));
+    assert_eq!(win.attempt, Attempt::FIRST);
+}
+
+#[tokio::test]
+async fn scripts_flushed_mid_run_are_loaded_again() {
+    let url = common::url().await;
+    let (proxy, opts, _cleanup) = behind_proxy("flush").await;
+    let lease = RedisLeaseStore::connect(&opts).await.unwrap();
+    let script = RedisScriptStore::connect(&opts, RedisScriptStore::DEFAULT_WINDOW)
+        .await
+        .unwrap();
+    let run = RunKey::new(job("flush"), ahead(0));
+    let token = Token::generate();
+    won(lease
+        .claim_lease(&lease_claim(run.clone(), token, "a"))
+        .await
+        .unwrap());
+    let mut admin = raw(&url).await;
+    let flush = || redis::cmd("SCRIPT").arg("FLUSH").to_owned();
+
+    // Other tests load the scripts whenever they connect, so a flush can be
+    // undone before our call: flush until a call meets NOSCRIPT.
+    let mut reloaded = None;
+    for _ in 0..20 {
+        let _: () = flush().query_async(&mut admin).await.unwrap();
+        proxy.take();
+        assert_eq!(
+            lease
+                .heartbeat(&run, token, Duration::from_secs(30))
+                .await
+                .unwrap(),
+            anarchon_core::Renewal::Renewed
+        );
+        let traffic = proxy.take();
+        if traffic.count("SCRIPT") > 0 {
+            reloaded = Some(traffic);
+            break;
+        }
+    }
+    let traffic = reloaded.expect("a heartbeat met NOSCRIPT after SCRIPT FLUSH");
+    assert_eq!(
+        traffic.commands,
+        ["EVALSHA", "SCRIPT", "EVALSHA"],
+        "{traffic:?}"
+    );
+    assert_eq!(traffic.round_trips, 2, "the reload travels with the resend");
+
+    let mut reloaded = None;
+    for round in 0..20 {
+        let batch: Vec<_> = (0..5)
+            .map(|i| {
+                lease_claim(
+                    RunKey::new(job(&format!("flush-{i}")), ahead(round)),
+                    Token::generate(),
+                    "a",
+                )
+            })
+            .collect();
+        let _: () = flush().query_async(&mut admin).await.unwrap();
+        proxy.take();
+        let outcomes = lease.claim_many(&batch).await.unwrap();
+        assert!(
+            outcomes.iter().all(|o| matches!(o, ClaimOutcome::Won(_))),
+            "{outcomes:?}"
+        );
+        let traffic = proxy.take();
+        if traffic.count("SCRIPT") > 0 {
+            reloaded = Some(traffic);
+            break;
+        }
+    }
+    let traffic = reloaded.expect("a batch met NOSCRIPT after SCRIPT FLUSH");
+    assert_eq!(traffic.round_trips, 2, "{traffic:?}");
+    assert_eq!(
+        traffic.count("SCRIPT"),
+        1,
+        "the claim script is loaded once: {traffic:?}"
+    );
+    assert_eq!(traffic.count("EVALSHA"), 10, "{traffic:?}");
+
+    let _: () = flush().query_async(&mut admin).await.unwrap();
+    won(script
+        .claim(&claim_request(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap());
+    let _: () = flush().query_async(&mut admin).await.unwrap();
+    lease
+        .finish(&run, token, RunOutcome::Succeeded)
+        .await
+        .unwrap();
+    assert!(
+        lease.history(&run.job, 1).await.unwrap()[0]
+            .finished_at
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn another_server_behind_the_address_is_noticed_and_logged_loudly() {
+    let captured = Captured::default();
+    let _log = captured.install();
+    let url = common::url().await;
+    let (proxy, opts, _cleanup) = behind_proxy("runid").await;
+    let store = RedisLeaseStore::connect(&opts).await.unwrap();
+    let run_id = store.server().run_id.clone();
+    let other: String = run_id
+        .chars()
+        .map(|c| if c == '0' { '1' } else { '0' })
+        .collect();
+    assert_eq!(store.server_changes(), 0);
+
+    // A restart or a failover: another process answers at the same address.
+    proxy.rewrite(&run_id, &other);
+    proxy.drop_connections();
+    let run = RunKey::new(job("runid"), ahead(0));
+    let mut claimed = false;
+    for _ in 0..3 {
+        if store
+            .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
+            .await
+            .is_ok()
+        {
+            claimed = true;
+            break;
+        }
+    }
+    assert!(claimed, "the store reconnects");
+    assert_eq!(
+        store.server_changes(),
+        1,
+        "the new run_id was noticed on reconnect"
+    );
+    let log = captured.text();
+    assert!(log.contains("REDIS CHANGED UNDER THE STORE"), "{log}");
+    assert!(log.contains(&run_id) && log.contains(&other), "{log}");
+
+    // And on demand, without a reconnect.
+    proxy.rewrite(&run_id, &run_id);
+    assert!(store.check_server().await.unwrap());
+    assert_eq!(store.server_changes(), 2);
+    assert!(!store.check_server().await.unwrap());
+    drop(url);
+}
+
+/// Puts `maxmemory-policy` back when the test ends, pass or fail.
+struct PolicyGuard {
+    url: String,
+    original: String,
+}
+
+impl Drop for PolicyGuard {
+    fn drop(&mut self) {
+        let restored = redis::Client::open(self.url.as_str())
+            .and_then(|c| c.get_connection())
+            .and_then(|mut c| {
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("maxmemory-policy")
+                    .arg(&self.original)
+                    .query::<()>(&mut c)
+            });
+        if let Err(e) = restored {
+            eprintln!("could not restore maxmemory-policy {}: {e}", self.original);
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_evicting_server_is_reported_warned_about_or_refused() {
+    let captured = Captured::default();
+    let _log = captured.install();
+    let url = common::url().await;
+    let mut admin = raw(&url).await;
+    let original: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let _guard = PolicyGuard {
+        url: url.clone(),
+        original: original[1].clone(),
+    };
+    let prefix = unique_prefix("evict");
+    let _cleanup = Cleanup::new(&url, &prefix);
+    let opts = RedisOptions::new(url.clone()).prefix(&prefix).unwrap();
+
+    for (policy, warning) in [
+        ("allkeys-lru", "REDIS MAY EVICT THE STORE'S KEYS"),
+        ("volatile-ttl", "maxmemory-policy is not `noeviction`"),
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(policy)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let store = RedisLeaseStore::connect(&opts).await.unwrap();
+        assert_eq!(
+            store.server().eviction,
+            EvictionFinding::from_policy(policy)
+        );
+        assert!(
+            captured.text().contains(warning),
+            "{policy}: {}",
+            captured.text()
+        );
+        let err = RedisLeaseStore::connect(&opts.clone().eviction_check(EvictionCheck::Refuse))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, RedisStoreError::EvictionPolicy { .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains(policy), "{err}");
+        assert!(err.to_string().contains("noeviction"), "{err}");
+    }
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let store = RedisLeaseStore::connect(&opts.clone().eviction_check(EvictionCheck::Refuse))
+        .await
+        .unwrap();
+    assert_eq!(store.server().eviction, EvictionFinding::NoEviction);
+}
