@@ -1,1 +1,18 @@
-//! anarchon's NATS backends (work in progress).
+#![doc = include_str!("../README.md")]
+
+mod claim;
+mod connection;
+mod error;
+mod options;
+
+pub use crate::claim::{
+    ClaimOptions, DEFAULT_DUPLICATE_WINDOW, DEFAULT_PREFIX, INSTANCE_HEADER, MAX_DUPLICATE_WINDOW,
+    MAX_STREAM_NAME_LEN, MIN_DUPLICATE_WINDOW, NatsClaimStore, RETENTION_MARGIN, Storage,
+    TOKEN_HEADER,
+};
+pub use crate::error::Error;
+pub use crate::options::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, MAX_PREFIX_LEN, NatsOptions};
+
+/// The claim store's name in [`BackendInfo`](anarchon_core::BackendInfo),
+/// logs and errors.
+pub const BACKEND: &str = "nats";

@@ -1,0 +1,271 @@
+//! What can go wrong opening the store or talking to RabbitMQ.
+//!
+//! No message here ever holds a password: URLs are shown redacted, and
+//! lapin's own URL errors (which repeat the whole URL) are never passed on.
+
+use std::time::Duration;
+
+use anarchon_core::StoreError;
+use lapin::protocol::{AMQPErrorKind, AMQPHardError, AMQPSoftError};
+
+use crate::BACKEND;
+use crate::options::{MAX_SLOT_TTL, MIN_SLOT_TTL};
+
+/// An error opening an [`AmqpStore`](crate::AmqpStore) or from one of its
+/// calls.
+///
+/// Calls through [`ClaimStore`](anarchon_core::ClaimStore) return the
+/// core's [`StoreError`]; this type converts into one with `?`, keeping its
+/// message and whether it is temporary.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The URL is not an AMQP URL this store can use.
+    #[error("invalid RabbitMQ URL {url}: {reason}")]
+    InvalidUrl {
+        /// The URL, password redacted.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The queue-name prefix is not usable in queue names.
+    #[error(
+        "invalid queue-name prefix {prefix:?}: {reason}; use up to {max} bytes of [A-Za-z0-9_-] segments joined by '.', not starting with \"amq\"",
+        max = crate::names::MAX_PREFIX_LEN
+    )]
+    InvalidPrefix {
+        /// The prefix as given (cut to 120 characters).
+        prefix: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The slot TTL is too short to serve any job, or too long.
+    #[error(
+        "slot_ttl {slot_ttl:?} is out of range: it must be between {MIN_SLOT_TTL:?} and {MAX_SLOT_TTL:?}; it is how long RabbitMQ remembers a run, and each job needs it to exceed its max_late by the 10 s skew margin"
+    )]
+    SlotTtlOutOfRange {
+        /// The slot TTL given.
+        slot_ttl: Duration,
+    },
+
+    /// Another option is out of range.
+    #[error("invalid RabbitMQ store option `{option}`: {reason}")]
+    InvalidOption {
+        /// The option.
+        option: &'static str,
+        /// What the range is.
+        reason: String,
+    },
+
+    /// The broker could not be reached at all.
+    #[error("cannot reach RabbitMQ at {url}: {source}")]
+    Unreachable {
+        /// The URL, password redacted.
+        url: String,
+        /// What the connection attempt said.
+        #[source]
+        source: lapin::Error,
+    },
+
+    /// The broker refused the user name or password.
+    #[error(
+        "RabbitMQ at {url} refused the login of user {user:?}: wrong user name or password (ACCESS_REFUSED)"
+    )]
+    LoginRefused {
+        /// The URL, password redacted.
+        url: String,
+        /// The user name that was refused.
+        user: String,
+    },
+
+    /// The vhost does not exist, or the user may not use it.
+    #[error(
+        "RabbitMQ at {url} did not let user {user:?} into vhost {vhost:?}: it does not exist or the user has no permissions on it ({message})"
+    )]
+    VhostNotAllowed {
+        /// The URL, password redacted.
+        url: String,
+        /// The user.
+        user: String,
+        /// The vhost.
+        vhost: String,
+        /// The broker's message.
+        message: String,
+    },
+
+    /// The user may not declare the store's queues or publish to them.
+    #[error(
+        "RabbitMQ refused access to {resource}: {message}; the user needs configure permission on queues named after the store's prefix (`^<prefix>\\.`) and write permission on the default exchange (`amq.default`)"
+    )]
+    AccessRefused {
+        /// What was refused: a queue, or the default exchange.
+        resource: String,
+        /// The broker's message.
+        message: String,
+    },
+
+    /// A queue of the store's name exists with other arguments.
+    #[error(
+        "the queue {queue:?} already exists with other arguments ({message}); another program, or an anarchon instance with another slot_ttl, declared it: give every instance the same slot_ttl, or use another prefix"
+    )]
+    QueueMismatch {
+        /// The queue.
+        queue: String,
+        /// The broker's message, naming the argument that differs.
+        message: String,
+    },
+
+    /// The broker did not answer in time.
+    #[error("RabbitMQ at {url} did not answer within {after:?} while {doing}")]
+    Timeout {
+        /// The URL, password redacted.
+        url: String,
+        /// What the store was doing.
+        doing: &'static str,
+        /// The time limit.
+        after: Duration,
+    },
+
+    /// Any other failure from the broker or the client.
+    #[error("RabbitMQ at {url}: {doing} failed: {source}")]
+    Amqp {
+        /// The URL, password redacted.
+        url: String,
+        /// What the store was doing.
+        doing: &'static str,
+        /// The client's error.
+        #[source]
+        source: lapin::Error,
+    },
+}
+
+/// How an error counts for the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// The connection or the broker had a moment: the same request may
+    /// succeed later.
+    Unavailable,
+    /// Configuration, permissions, names: retrying will not help.
+    Invalid,
+    /// Something we did not expect.
+    Protocol,
+}
+
+impl Error {
+    /// Whether sending the same request again later may succeed.
+    pub fn is_temporary(&self) -> bool {
+        self.class() == Class::Unavailable
+    }
+
+    pub(crate) fn class(&self) -> Class {
+        match self {
+            Error::Unreachable { .. } | Error::Timeout { .. } => Class::Unavailable,
+            Error::Amqp { source, .. } => classify(source),
+            Error::InvalidUrl { .. }
+            | Error::InvalidPrefix { .. }
+            | Error::SlotTtlOutOfRange { .. }
+            | Error::InvalidOption { .. }
+            | Error::LoginRefused { .. }
+            | Error::VhostNotAllowed { .. }
+            | Error::AccessRefused { .. }
+            | Error::QueueMismatch { .. } => Class::Invalid,
+        }
+    }
+}
+
+impl From<Error> for StoreError {
+    fn from(e: Error) -> Self {
+        let message = e.to_string();
+        match e.class() {
+            Class::Unavailable => StoreError::unavailable(BACKEND, message),
+            Class::Invalid => StoreError::invalid(BACKEND, message),
+            Class::Protocol => StoreError::protocol(BACKEND, message),
+        }
+        .with_source(e)
+    }
+}
+
+/// The AMQP error the broker sent, if this is one.
+pub(crate) fn amqp_kind(e: &lapin::Error) -> Option<&AMQPErrorKind> {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => Some(amqp.kind()),
+        _ => None,
+    }
+}
+
+/// The broker's text of an AMQP error, or the client's description.
+pub(crate) fn broker_message(e: &lapin::Error) -> String {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => amqp.get_message().to_string(),
+        _ => e.to_string(),
+    }
+}
+
+/// Whether `e` means the connection itself is gone or unusable (as opposed
+/// to one channel being closed by the broker).
+pub(crate) fn breaks_connection(e: &lapin::Error) -> bool {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => matches!(amqp.kind(), AMQPErrorKind::Hard(_)),
+        lapin::ErrorKind::InvalidChannelState(..) => false,
+        _ => true,
+    }
+}
+
+pub(crate) fn classify(e: &lapin::Error) -> Class {
+    use lapin::ErrorKind as K;
+    match e.kind() {
+        K::IOError(_)
+        | K::InvalidChannel(_)
+        | K::InvalidChannelState(..)
+        | K::InvalidConnectionState(_)
+        | K::MissingHeartbeatError
+        | K::ChannelsLimitReached => Class::Unavailable,
+        K::ProtocolError(amqp) => match amqp.kind() {
+            AMQPErrorKind::Soft(
+                AMQPSoftError::ACCESSREFUSED
+                | AMQPSoftError::NOTFOUND
+                | AMQPSoftError::RESOURCELOCKED
+                | AMQPSoftError::PRECONDITIONFAILED
+                | AMQPSoftError::CONTENTTOOLARGE,
+            ) => Class::Invalid,
+            AMQPErrorKind::Hard(
+                AMQPHardError::CONNECTIONFORCED
+                | AMQPHardError::RESOURCEERROR
+                | AMQPHardError::INTERNALERROR,
+            ) => Class::Unavailable,
+            AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED | AMQPHardError::INVALIDPATH) => {
+                Class::Invalid
+            }
+            _ => Class::Protocol,
+        },
+        K::AuthProviderError(_) | K::InvalidProtocolVersion(_) => Class::Invalid,
+        _ => Class::Protocol,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_keep_the_message_and_the_kind() {
+        let e = Error::Timeout {
+            url: "amqp://u:***@h/%2f".into(),
+            doing: "publishing a claim",
+            after: Duration::from_secs(5),
+        };
+        let store: StoreError = e.into();
+        assert!(store.is_temporary());
+        assert_eq!(store.backend(), BACKEND);
+        assert!(store.message().contains("publishing a claim"));
+        let store: StoreError = Error::QueueMismatch {
+            queue: "cron.sync.slot.1".into(),
+            message: "inequivalent arg 'x-expires'".into(),
+        }
+        .into();
+        assert!(!store.is_temporary());
+        assert!(store.message().contains("cron.sync.slot.1"));
+    }
+}

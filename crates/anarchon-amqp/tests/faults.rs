@@ -1,0 +1,365 @@
+//! Fault tests: the connection to RabbitMQ is cut mid-test by a TCP proxy
+//! between the stores and the broker (the shared broker itself is never
+//! stopped). Run alone: `cargo test -p anarchon-amqp --test faults`
+//! (`cargo xtask test-all` does, one test at a time).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anarchon_amqp::{AmqpOptions, AmqpStore};
+use anarchon_core::{
+    ClaimOutcome, ClaimRequest, ClaimStore, Clock, InstanceId, JobName, RunKey, Schedule,
+    Scheduler, Slot, StoreError, SystemClock, Token,
+};
+use futures::future::join_all;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio::time::Instant;
+
+use crate::common::{TEST_SLOT_TTL, connect, options, url};
+
+/// A TCP proxy with switches: cut every connection and refuse new ones, or
+/// stop passing the server's replies once the client sent some bytes.
+struct Proxy {
+    address: SocketAddr,
+    shared: Arc<Shared>,
+    accept: JoinHandle<()>,
+}
+
+struct Shared {
+    upstream: String,
+    up: AtomicBool,
+    stall_pattern: Mutex<Option<Vec<u8>>>,
+    stalled: AtomicBool,
+    links: Mutex<Vec<AbortHandle>>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            upstream,
+            up: AtomicBool::new(true),
+            stall_pattern: Mutex::new(None),
+            stalled: AtomicBool::new(false),
+            links: Mutex::new(Vec::new()),
+        });
+        let accept = tokio::spawn({
+            let shared = shared.clone();
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    if !shared.up.load(Ordering::SeqCst) {
+                        drop(client);
+                        continue;
+                    }
+                    let Ok(server) = TcpStream::connect(&shared.upstream).await else {
+                        continue;
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    let up = tokio::spawn(pump(client_read, server_write, shared.clone(), true));
+                    let down = tokio::spawn(pump(server_read, client_write, shared.clone(), false));
+                    let mut links = shared.links.lock().unwrap();
+                    links.push(up.abort_handle());
+                    links.push(down.abort_handle());
+                }
+            }
+        });
+        Self {
+            address,
+            shared,
+            accept,
+        }
+    }
+
+    /// Drops every proxied connection and refuses new ones.
+    fn cut(&self) {
+        self.shared.up.store(false, Ordering::SeqCst);
+        for link in self.shared.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+        self.shared.stalled.store(false, Ordering::SeqCst);
+        *self.shared.stall_pattern.lock().unwrap() = None;
+    }
+
+    /// Accepts connections again.
+    fn restore(&self) {
+        self.shared.up.store(true, Ordering::SeqCst);
+    }
+
+    /// Once the client sends `pattern`, the server's replies stop reaching
+    /// it (the server still gets everything the client sends).
+    fn stall_replies_after(&self, pattern: &[u8]) {
+        *self.shared.stall_pattern.lock().unwrap() = Some(pattern.to_vec());
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        for link in self.shared.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    shared: Arc<Shared>,
+    client_to_server: bool,
+) {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let chunk = &buffer[..n];
+        if client_to_server {
+            let pattern = shared.stall_pattern.lock().unwrap().clone();
+            if let Some(pattern) = pattern
+                && chunk
+                    .windows(pattern.len())
+                    .any(|w| w == pattern.as_slice())
+            {
+                shared.stalled.store(true, Ordering::SeqCst);
+            }
+        } else if shared.stalled.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(chunk).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// `url` pointed at `proxy` instead of the broker, and the broker's
+/// `host:port`.
+fn through(url: &str, proxy: Option<&Proxy>) -> (String, String) {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, host) = match authority.rsplit_once('@') {
+        Some((u, h)) => (format!("{u}@"), h),
+        None => (String::new(), authority),
+    };
+    let upstream = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:5672")
+    };
+    let target = proxy.map_or(upstream.clone(), |p| p.address.to_string());
+    (format!("{scheme}://{userinfo}{target}{tail}"), upstream)
+}
+
+async fn proxied_store(proxy: &Proxy, prefix: &str, timeout: Duration) -> AmqpStore {
+    let (url, _) = through(&url().await, Some(proxy));
+    connect(
+        AmqpOptions::new(url)
+            .prefix(prefix)
+            .slot_ttl(TEST_SLOT_TTL)
+            .timeout(timeout),
+    )
+    .await
+}
+
+async fn start_proxy() -> Proxy {
+    let (_, upstream) = through(&url().await, None);
+    Proxy::start(upstream).await
+}
+
+fn request(job: &str, slot: i64, instance: &str) -> ClaimRequest {
+    ClaimRequest {
+        run: RunKey::new(JobName::new(job).unwrap(), Slot::from_millis(slot)),
+        token: Token::generate(),
+        instance: InstanceId::new(instance).unwrap(),
+        max_late: Duration::from_secs(60),
+    }
+}
+
+/// Claims as the scheduler does: temporary errors are retried with the same
+/// token (a few times, briefly).
+async fn claim(store: &AmqpStore, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+    let mut tries = 0;
+    loop {
+        match store.claim(req).await {
+            Err(e) if e.is_temporary() && tries < 10 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn race(stores: &[&AmqpStore], job: &str, slot: i64) -> Vec<ClaimOutcome> {
+    join_all(stores.iter().enumerate().map(|(i, store)| async move {
+        let req = request(job, slot, &format!("racer-{i}"));
+        claim(store, &req).await.unwrap()
+    }))
+    .await
+}
+
+fn winners(outcomes: &[ClaimOutcome]) -> usize {
+    outcomes
+        .iter()
+        .filter(|o| matches!(o, ClaimOutcome::Won(_)))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_resume_after_the_connection_is_cut() {
+    let proxy = start_proxy().await;
+    let prefix = anarchon_testkit::servers::unique_prefix("t");
+    let a = proxied_store(&proxy, &prefix, Duration::from_secs(2)).await;
+    let b = proxied_store(&proxy, &prefix, Duration::from_secs(2)).await;
+
+    for slot in 0..5 {
+        assert_eq!(
+            winners(&race(&[&a, &b], "cut", slot).await),
+            1,
+            "slot {slot}"
+        );
+    }
+
+    proxy.cut();
+    for slot in 5..8 {
+        for store in [&a, &b] {
+            match store.claim(&request("cut", slot, "during")).await {
+                Err(e) => assert!(e.is_temporary(), "{e}"),
+                Ok(outcome) => assert_eq!(outcome, ClaimOutcome::Unknown),
+            }
+        }
+    }
+
+    proxy.restore();
+    for slot in 10..15 {
+        assert_eq!(
+            winners(&race(&[&a, &b], "cut", slot).await),
+            1,
+            "slot {slot} after the cut"
+        );
+    }
+    assert!(a.connections_opened() >= 2, "a reconnected");
+    assert!(b.connections_opened() >= 2, "b reconnected");
+
+    // The slots tried during the cut: at most one winner now.
+    for slot in 5..8 {
+        assert!(
+            winners(&race(&[&a, &b], "cut", slot).await) <= 1,
+            "slot {slot}"
+        );
+    }
+    // The runs won before the cut are still remembered.
+    for slot in 0..5 {
+        for store in [&a, &b] {
+            let again = claim(store, &request("cut", slot, "late")).await.unwrap();
+            assert_eq!(
+                again,
+                ClaimOutcome::Lost,
+                "slot {slot} was won before the cut"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_confirm_is_lost_is_unknown_and_never_won_twice() {
+    let proxy = start_proxy().await;
+    let prefix = anarchon_testkit::servers::unique_prefix("t");
+    let store = proxied_store(&proxy, &prefix, Duration::from_secs(1)).await;
+    let req = request("doubt", 1_000, "a");
+
+    proxy.stall_replies_after(b"anarchon claim");
+    let first = store.claim(&req).await.unwrap();
+    assert_eq!(first, ClaimOutcome::Unknown, "no confirm came back");
+    proxy.cut();
+    proxy.restore();
+
+    // The broker did take the claim: anyone else loses the run.
+    let direct = connect(options().await.prefix(&prefix)).await;
+    let other = direct.claim(&request("doubt", 1_000, "b")).await.unwrap();
+    assert_eq!(other, ClaimOutcome::Lost);
+    // The same token, sent again after the reconnect, cannot be told it
+    // won (its mark was never left) and is not told a false "lost" either.
+    let again = claim(&store, &req).await.unwrap();
+    assert_eq!(again, ClaimOutcome::Unknown);
+    assert!(store.connections_opened() >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedulers_keep_claiming_across_a_cut() {
+    let proxy = start_proxy().await;
+    let prefix = anarchon_testkit::servers::unique_prefix("t");
+    let ran: Arc<Mutex<Vec<(Slot, usize)>>> = Arc::default();
+    let mut stores = Vec::new();
+    let mut schedulers = Vec::new();
+    for index in 0..2 {
+        let store = Arc::new(proxied_store(&proxy, &prefix, Duration::from_secs(2)).await);
+        stores.push(store.clone());
+        let mut builder = Scheduler::builder(store);
+        let ran = ran.clone();
+        builder
+            .job("tick", Schedule::every(Duration::from_secs(1)).unwrap())
+            .unwrap()
+            .run(move |ctx| {
+                let ran = ran.clone();
+                async move {
+                    ran.lock().unwrap().push((ctx.slot(), index));
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+        schedulers.push(builder.start().unwrap());
+    }
+    let slots_after = |t: i64| {
+        let mut slots: Vec<Slot> = ran
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(s, _)| *s)
+            .filter(|s| s.as_millis() > t)
+            .collect();
+        slots.dedup();
+        slots.len()
+    };
+    let wait_for = |what: &'static str, t: i64, n: usize| async move {
+        let start = Instant::now();
+        while slots_after(t) < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "gave up waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    wait_for("two runs before the cut", i64::MIN, 2).await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.restore();
+    let restored = SystemClock.now().as_millis();
+    wait_for("three runs after the cut", restored, 3).await;
+    for scheduler in schedulers {
+        scheduler.shutdown().await;
+    }
+    let mut runs: BTreeMap<Slot, Vec<usize>> = BTreeMap::new();
+    for (slot, index) in ran.lock().unwrap().iter() {
+        runs.entry(*slot).or_default().push(*index);
+    }
+    for (slot, by) in &runs {
+        assert_eq!(by.len(), 1, "slot {slot} ran {} times: {runs:?}", by.len());
+    }
+    for store in &stores {
+        assert!(store.connections_opened() >= 2, "each store reconnected");
+    }
+}

@@ -1,0 +1,333 @@
+//! The RabbitMQ store against a real broker: bad input, names, the
+//! run-time refusal of lease-only options, and why the gate is never read.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anarchon_amqp::{AmqpOptions, AmqpStore, BACKEND, Error, MAX_PREFIX_LEN};
+use anarchon_core::name::MAX_JOB_NAME_LEN;
+use anarchon_core::{
+    ClaimOutcome, ClaimRequest, ClaimStore, ConfigError, InstanceId, JobName, JobOptions, Memory,
+    Overlap, RunKey, Schedule, Scheduler, SchedulerOptions, Slot, StoreErrorKind, Token,
+};
+use anarchon_testkit::servers::unique_prefix;
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+use crate::common::{TEST_SLOT_TTL, connect, options, url};
+
+/// Sets one lease-only option on job options read from configuration.
+type SetOption = fn(&mut JobOptions);
+
+fn request(job: &str, slot: i64) -> ClaimRequest {
+    ClaimRequest {
+        run: RunKey::new(JobName::new(job).unwrap(), Slot::from_millis(slot)),
+        token: Token::generate(),
+        instance: InstanceId::new("test").unwrap(),
+        max_late: Duration::from_secs(60),
+    }
+}
+
+/// The same URL with another password (or vhost).
+fn with_userinfo_and_vhost(url: &str, password: Option<&str>, vhost: Option<&str>) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (userinfo, host) = authority
+        .rsplit_once('@')
+        .unwrap_or(("guest:guest", authority));
+    let user = userinfo.split(':').next().unwrap();
+    let userinfo = match password {
+        Some(p) => format!("{user}:{p}"),
+        None => userinfo.to_owned(),
+    };
+    let path = match vhost {
+        Some(v) => format!("/{v}"),
+        None => path.to_owned(),
+    };
+    format!("{scheme}://{userinfo}@{host}{path}")
+}
+
+#[tokio::test]
+async fn a_wrong_password_is_refused_by_name_without_showing_it() {
+    let url = with_userinfo_and_vhost(&url().await, Some("not-the-password-1f2e"), None);
+    let err = AmqpStore::connect(AmqpOptions::new(url)).await.unwrap_err();
+    assert!(matches!(err, Error::LoginRefused { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("refused the login"), "{text}");
+    assert!(text.contains("wrong user name or password"), "{text}");
+    assert!(!text.contains("not-the-password-1f2e"), "{text}");
+    assert!(!format!("{err:?}").contains("not-the-password-1f2e"));
+    assert!(!err.is_temporary());
+}
+
+#[tokio::test]
+async fn a_missing_vhost_is_named() {
+    let vhost = unique_prefix("missing-vhost-");
+    let url = with_userinfo_and_vhost(&url().await, None, Some(&vhost));
+    let err = AmqpStore::connect(AmqpOptions::new(url)).await.unwrap_err();
+    assert!(matches!(err, Error::VhostNotAllowed { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains(&vhost), "{text}");
+    assert!(text.contains("does not exist"), "{text}");
+    assert!(!err.is_temporary());
+}
+
+#[tokio::test]
+async fn an_unreachable_broker_is_a_temporary_error() {
+    let err = AmqpStore::connect(AmqpOptions::new("amqp://guest:guest@127.0.0.1:1/%2f"))
+        .await
+        .unwrap_err();
+    assert!(err.is_temporary(), "{err:?}");
+    assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
+}
+
+#[tokio::test]
+async fn a_gate_declared_with_other_arguments_is_named() {
+    let options = options().await;
+    let first = connect(options.clone()).await;
+    // Another instance of the fleet, configured with another slot TTL.
+    let other = connect(options.slot_ttl(TEST_SLOT_TTL + Duration::from_secs(30))).await;
+    let req = request("mismatch", 1_000);
+    assert!(matches!(
+        first.claim(&req).await.unwrap(),
+        ClaimOutcome::Won(_)
+    ));
+    let err = other.claim(&request("mismatch", 1_000)).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Invalid, "{err}");
+    let gate = first.gate_queue(&req.run);
+    assert!(err.message().contains(&gate), "{err}");
+    assert!(err.message().contains("x-expires"), "{err}");
+    assert!(err.message().contains("slot_ttl"), "{err}");
+    // The broker closed that channel; the store goes on with a new one.
+    let next = other.claim(&request("mismatch", 2_000)).await.unwrap();
+    assert!(matches!(next, ClaimOutcome::Won(_)), "{next:?}");
+}
+
+#[tokio::test]
+async fn the_longest_prefix_job_and_slot_make_valid_queue_names() {
+    let prefix = {
+        let stem = unique_prefix("t");
+        let pad = MAX_PREFIX_LEN - stem.len();
+        format!("{stem}{}", "p".repeat(pad))
+    };
+    assert_eq!(prefix.len(), MAX_PREFIX_LEN);
+    let store = connect(
+        AmqpOptions::new(url().await)
+            .prefix(prefix)
+            .slot_ttl(TEST_SLOT_TTL),
+    )
+    .await;
+    let job = "j".repeat(MAX_JOB_NAME_LEN);
+    for slot in [i64::MIN, i64::MAX] {
+        let req = request(&job, slot);
+        let won = store.claim(&req).await.unwrap();
+        assert!(matches!(won, ClaimOutcome::Won(_)), "{won:?}");
+        // The retry finds the winner's mark: the longest name RabbitMQ had
+        // to accept.
+        assert_eq!(store.claim(&req).await.unwrap(), won);
+    }
+}
+
+#[tokio::test]
+async fn invalid_prefixes_are_refused_before_connecting() {
+    for bad in ["amq.cron", "amq", "a..b", "a b", "x*"] {
+        let err =
+            AmqpStore::connect(AmqpOptions::new("amqp://guest:guest@127.0.0.1:1/%2f").prefix(bad))
+                .await
+                .unwrap_err();
+        assert!(matches!(err, Error::InvalidPrefix { .. }), "{bad}: {err:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_slot_ttl_below_the_minimum_is_refused() {
+    let err = AmqpStore::connect(
+        AmqpOptions::new(url().await)
+            .slot_ttl(anarchon_amqp::MIN_SLOT_TTL - Duration::from_secs(1)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::SlotTtlOutOfRange { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn it_reports_its_memory_and_is_claim_only() {
+    let store = Arc::new(connect(options().await).await);
+    let info = store.info();
+    assert_eq!(info.name, BACKEND);
+    assert_eq!(info.memory, Memory::Window(TEST_SLOT_TTL));
+    assert!(store.clone().as_lease_store().is_none());
+    let shown = format!("{store:?}");
+    assert!(shown.contains(":***@"), "{shown}");
+    assert!(!shown.contains("guest:guest"), "{shown}");
+}
+
+#[tokio::test]
+async fn jobs_later_than_the_slot_ttl_allows_are_refused() {
+    let store = Arc::new(connect(options().await.slot_ttl(Duration::from_secs(60))).await);
+    let mut builder = Scheduler::builder(store);
+    let err = builder
+        .job(
+            "too-late",
+            Schedule::every(Duration::from_secs(60)).unwrap(),
+        )
+        .unwrap()
+        .max_late(Duration::from_secs(55))
+        .run(|_ctx| async { Ok::<_, String>(()) })
+        .unwrap_err();
+    match err {
+        ConfigError::MemoryTooShort {
+            backend, memory, ..
+        } => {
+            assert_eq!(backend, BACKEND);
+            assert_eq!(memory, Duration::from_secs(60));
+        }
+        other => panic!("expected MemoryTooShort, got {other:?}"),
+    }
+    builder
+        .job("in-time", Schedule::every(Duration::from_secs(60)).unwrap())
+        .unwrap()
+        .max_late(Duration::from_secs(50))
+        .run(|_ctx| async { Ok::<_, String>(()) })
+        .unwrap();
+}
+
+#[tokio::test]
+async fn lease_only_options_are_refused_at_run_time() {
+    let store: Arc<dyn ClaimStore> = Arc::new(connect(options().await).await);
+    let every = || Schedule::every(Duration::from_secs(60)).unwrap();
+    let cases: [(&str, SetOption); 3] = [
+        ("overlap", |o| o.overlap = Some(Overlap::Skip)),
+        ("max_attempts", |o| o.max_attempts = Some(2)),
+        ("catch_up", |o| o.catch_up = Some(Duration::from_secs(30))),
+    ];
+    for (option, set) in cases {
+        let mut job_options = JobOptions::default();
+        set(&mut job_options);
+        let mut builder = Scheduler::builder(store.clone());
+        let err = builder
+            .job("configured", every())
+            .unwrap()
+            .options(&job_options)
+            .run(|_ctx| async { Ok::<_, String>(()) })
+            .unwrap_err();
+        match &err {
+            ConfigError::UnsupportedOption {
+                option: named,
+                backend,
+            } => {
+                assert_eq!(*named, option);
+                assert_eq!(*backend, BACKEND);
+            }
+            other => panic!("{option}: expected UnsupportedOption, got {other:?}"),
+        }
+        let text = err.to_string();
+        assert!(text.contains(option) && text.contains("rabbitmq"), "{text}");
+    }
+    let mut scheduler_options = SchedulerOptions::default();
+    scheduler_options.lease = Some(Duration::from_secs(30));
+    let err = Scheduler::builder(store.clone())
+        .options(&scheduler_options)
+        .start()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::UnsupportedOption {
+                option: "lease",
+                backend: BACKEND
+            }
+        ),
+        "{err:?}"
+    );
+    let mut scheduler_options = SchedulerOptions::default();
+    scheduler_options.heartbeat = Some(Duration::from_secs(5));
+    let err = Scheduler::builder(store)
+        .options(&scheduler_options)
+        .start()
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::UnsupportedOption {
+                option: "heartbeat",
+                backend: BACKEND
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+/// Why the store never reads the gate to recognise its own retry: a
+/// message taken out with `basic.get` (not yet acknowledged) no longer
+/// counts against `x-max-length`, so the broker accepts a second claim.
+/// If this ever fails, RabbitMQ changed how length limits count.
+#[tokio::test]
+async fn reading_the_gate_would_let_a_second_claim_in() {
+    let connection = Connection::connect(&url().await, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    channel.confirm_select(Default::default()).await.unwrap();
+    let queue = format!("{}.peek.slot.1", unique_prefix("t"));
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("classic".into()),
+    );
+    arguments.insert("x-max-length".into(), AMQPValue::LongInt(1));
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    arguments.insert("x-expires".into(), AMQPValue::LongLongInt(60_000));
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            arguments,
+        )
+        .await
+        .unwrap();
+    let publish = |body: &'static [u8]| {
+        let channel = channel.clone();
+        let queue = queue.clone();
+        async move {
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    BasicProperties::default(),
+                )
+                .await
+                .unwrap()
+                .await
+                .unwrap()
+        }
+    };
+    assert!(publish(b"first").await.is_ack());
+    assert!(publish(b"second").await.is_nack(), "the gate is closed");
+    let peeked = channel
+        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: false })
+        .await
+        .unwrap()
+        .expect("the first claim is there");
+    assert_eq!(peeked.delivery.data, b"first");
+    assert!(
+        publish(b"third").await.is_ack(),
+        "while the first claim is out being read, the gate takes another"
+    );
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+}

@@ -1,0 +1,759 @@
+//! The claim-only store: JetStream de-duplication by message id.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anarchon_core::{
+    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseStore, Memory,
+    RunKey, StoreError, Token, Win,
+};
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::{CreateStreamErrorKind, GetStreamErrorKind, PublishErrorKind};
+use async_nats::jetstream::stream::{
+    Config, DiscardPolicy, LastRawMessageErrorKind, RetentionPolicy, StorageType,
+};
+use async_nats::jetstream::{Context, ErrorCode};
+use async_trait::async_trait;
+
+use crate::BACKEND;
+use crate::connection::{Connected, connect};
+use crate::error::Error;
+use crate::options::{NatsOptions, validate_prefix};
+
+/// The subject prefix unless told otherwise: claims go to
+/// `anarchon.<job>.claims`.
+pub const DEFAULT_PREFIX: &str = "anarchon";
+/// How long the stream recognises a repeated claim unless told otherwise.
+///
+/// With the default `max_late` of 60 s a job needs at least 70 s; five
+/// minutes leaves room for `max_late` up to 4 min 50 s.
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(5 * 60);
+/// The shortest duplicate window accepted.
+///
+/// The scheduler refuses a job whose `max_late` plus its 10 s skew margin is
+/// longer than the window, so anything shorter could not serve any useful
+/// job.
+pub const MIN_DUPLICATE_WINDOW: Duration = Duration::from_secs(20);
+/// The longest duplicate window accepted (30 days).
+pub const MAX_DUPLICATE_WINDOW: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How much longer than the duplicate window the stream keeps each claim
+/// (its `max_age`), so the message behind a "duplicate" answer can always be
+/// read back.
+pub const RETENTION_MARGIN: Duration = Duration::from_secs(60);
+/// The longest stream name accepted.
+pub const MAX_STREAM_NAME_LEN: usize = 128;
+
+/// The header that carries the claimant's token.
+pub const TOKEN_HEADER: &str = "Anarchon-Token";
+/// The header that carries the claimant's instance id.
+pub const INSTANCE_HEADER: &str = "Anarchon-Instance";
+const MESSAGE_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// Where the stream keeps its messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Storage {
+    /// On disk: claims survive a server restart (the default).
+    #[default]
+    File,
+    /// In memory: a server restart forgets every run.
+    Memory,
+}
+
+/// The stream and subjects of a [`NatsClaimStore`].
+///
+/// ```
+/// use std::time::Duration;
+/// use anarchon_nats::ClaimOptions;
+///
+/// let claims = ClaimOptions::new()
+///     .prefix("billing.cron")
+///     .duplicate_window(Duration::from_secs(600));
+/// assert_eq!(claims.stream_name(), "billing_cron-claims");
+/// assert_eq!(claims.subject_filter(), "billing.cron.*.claims");
+///
+/// let (connection, claims) =
+///     ClaimOptions::from_url("nats://nats.internal:4222?prefix=billing&duplicate_window_ms=600000")?;
+/// assert_eq!(claims.get_duplicate_window(), Duration::from_secs(600));
+/// # Ok::<(), anarchon_nats::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimOptions {
+    prefix: String,
+    stream: Option<String>,
+    duplicate_window: Duration,
+    storage: Storage,
+    replicas: usize,
+}
+
+impl Default for ClaimOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ClaimOptions {
+    /// The defaults: prefix `anarchon`, a 5 min duplicate window, file
+    /// storage, one replica.
+    pub fn new() -> Self {
+        Self {
+            prefix: DEFAULT_PREFIX.to_owned(),
+            stream: None,
+            duplicate_window: DEFAULT_DUPLICATE_WINDOW,
+            storage: Storage::File,
+            replicas: 1,
+        }
+    }
+
+    /// Reads a store URL: a NATS URL whose query may carry `prefix`,
+    /// `stream`, `duplicate_window_ms`, `storage` (`file` or `memory`),
+    /// `replicas` and `timeout_ms`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidUrl`] for an unknown parameter or a bad value; the
+    /// options' own errors as [`Self::validate`] and
+    /// [`NatsOptions::validate`] report them.
+    pub fn from_url(url: &str) -> Result<(NatsOptions, Self), Error> {
+        let invalid = |reason: String| Error::InvalidUrl {
+            url: crate::options::redact(url),
+            reason,
+        };
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut connection = NatsOptions::new(base);
+        let mut claims = Self::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let number = || {
+                value
+                    .parse::<u64>()
+                    .map_err(|_| invalid(format!("{key} must be a whole number")))
+            };
+            match key {
+                "prefix" => claims.prefix = value.to_owned(),
+                "stream" => claims.stream = Some(value.to_owned()),
+                "duplicate_window_ms" => {
+                    claims.duplicate_window = Duration::from_millis(number()?);
+                }
+                "timeout_ms" => connection = connection.timeout(Duration::from_millis(number()?)),
+                "replicas" => {
+                    claims.replicas = usize::try_from(number()?)
+                        .map_err(|_| invalid("replicas is too large".into()))?;
+                }
+                "storage" => {
+                    claims.storage = match value {
+                        "file" => Storage::File,
+                        "memory" => Storage::Memory,
+                        _ => return Err(invalid("storage must be file or memory".into())),
+                    };
+                }
+                other => {
+                    return Err(invalid(format!(
+                        "unknown parameter {other:?}; use prefix, stream, duplicate_window_ms, storage, replicas or timeout_ms"
+                    )));
+                }
+            }
+        }
+        connection.validate()?;
+        claims.validate()?;
+        Ok((connection, claims))
+    }
+
+    /// The subject prefix (default `anarchon`): one or more segments of
+    /// `[A-Za-z0-9_-]` joined by `.`, at most 100 bytes. Claims of job `j`
+    /// are published to `<prefix>.j.claims`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The stream's name (default: the prefix with `.` turned into `_`,
+    /// then `-claims`).
+    pub fn stream(mut self, name: impl Into<String>) -> Self {
+        self.stream = Some(name.into());
+        self
+    }
+
+    /// How long the stream recognises a repeated claim (default 5 min): how
+    /// long the store remembers a run. Between [`MIN_DUPLICATE_WINDOW`] and
+    /// [`MAX_DUPLICATE_WINDOW`]. An existing stream with a longer window is
+    /// used as it is; one with a shorter window is refused.
+    pub fn duplicate_window(mut self, window: Duration) -> Self {
+        self.duplicate_window = window;
+        self
+    }
+
+    /// Where a new stream keeps its messages (default on disk).
+    pub fn storage(mut self, storage: Storage) -> Self {
+        self.storage = storage;
+        self
+    }
+
+    /// How many replicas a new stream has in a cluster (default 1).
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas;
+        self
+    }
+
+    /// The subject prefix.
+    pub fn get_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The duplicate window asked for.
+    pub fn get_duplicate_window(&self) -> Duration {
+        self.duplicate_window
+    }
+
+    /// The stream's name.
+    pub fn stream_name(&self) -> String {
+        self.stream
+            .clone()
+            .unwrap_or_else(|| format!("{}-claims", self.prefix.replace('.', "_")))
+    }
+
+    /// The stream's one subject filter: `<prefix>.*.claims`.
+    pub fn subject_filter(&self) -> String {
+        format!("{}.*.claims", self.prefix)
+    }
+
+    /// Checks the options without touching the server.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPrefix`], [`Error::InvalidStreamName`],
+    /// [`Error::DuplicateWindowOutOfRange`] or [`Error::InvalidOption`].
+    pub fn validate(&self) -> Result<(), Error> {
+        validate_prefix(&self.prefix)?;
+        let stream = self.stream_name();
+        let bad_stream = |reason: String| Error::InvalidStreamName {
+            stream: stream.chars().take(140).collect(),
+            reason,
+        };
+        if stream.is_empty() {
+            return Err(bad_stream("it is empty".into()));
+        }
+        if stream.len() > MAX_STREAM_NAME_LEN {
+            return Err(bad_stream(format!("it is {} bytes long", stream.len())));
+        }
+        if let Some(bad) = stream
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+        {
+            return Err(bad_stream(format!("it contains {bad:?}")));
+        }
+        if self.duplicate_window < MIN_DUPLICATE_WINDOW
+            || self.duplicate_window > MAX_DUPLICATE_WINDOW
+        {
+            return Err(Error::DuplicateWindowOutOfRange {
+                window: self.duplicate_window,
+            });
+        }
+        if !(1..=5).contains(&self.replicas) {
+            return Err(Error::InvalidOption {
+                option: "replicas",
+                reason: "it must be between 1 and 5".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn stream_config(&self) -> Config {
+        Config {
+            name: self.stream_name(),
+            description: Some(
+                "anarchon claims: one message per run, de-duplicated by Nats-Msg-Id".into(),
+            ),
+            subjects: vec![self.subject_filter()],
+            retention: RetentionPolicy::Limits,
+            discard: DiscardPolicy::Old,
+            storage: match self.storage {
+                Storage::File => StorageType::File,
+                Storage::Memory => StorageType::Memory,
+            },
+            num_replicas: self.replicas,
+            duplicate_window: self.duplicate_window,
+            max_age: self.duplicate_window + RETENTION_MARGIN,
+            ..Default::default()
+        }
+    }
+}
+
+/// A claim-only store on NATS JetStream.
+///
+/// A claim of run (job, slot) is a message published to
+/// `<prefix>.<job>.claims` with the header `Nats-Msg-Id: <job>:<slot>` and
+/// the claimant's token and instance id. The stream stores the first message
+/// with that id and answers every later one, within its duplicate window,
+/// with `duplicate: true` and the first message's sequence:
+///
+/// * `duplicate: false`: stored, **won**;
+/// * `duplicate: true`: the store reads the stored message back and
+///   compares tokens: the caller's own token (a retry after a lost
+///   acknowledgement) is **won** again, any other is **lost**.
+///
+/// Because the same id always names the same run, a claim whose
+/// acknowledgement was lost is simply sent again (the scheduler does, with
+/// the same token, after the temporary error this store returns) and gets
+/// the right answer. This store never answers `Unknown` for a lost
+/// acknowledgement.
+///
+/// # The stream
+///
+/// [`NatsClaimStore::connect`] creates the stream (one subject filter
+/// `<prefix>.*.claims`, limits retention, the duplicate window, `max_age` =
+/// the window plus [`RETENTION_MARGIN`]) or verifies an existing one, and
+/// refuses one with other subjects, a shorter window or another retention.
+/// It reports the stream's actual window as its memory
+/// ([`Memory::Window`]); the scheduler refuses jobs whose `max_late` plus
+/// the skew margin is longer.
+///
+/// # Connections
+///
+/// One client per store. async-nats reconnects by itself after the server
+/// restarts or the network drops; claims made meanwhile fail with a
+/// temporary error.
+///
+/// # Cancel safety
+///
+/// A dropped claim may or may not have been stored; sending it again with
+/// the same token gives the right answer.
+pub struct NatsClaimStore {
+    client: async_nats::Client,
+    jetstream: Context,
+    url: String,
+    prefix: String,
+    stream: String,
+    window: Duration,
+    timeout: Duration,
+}
+
+impl NatsClaimStore {
+    /// Connects, checks that JetStream answers, and creates or verifies the
+    /// stream.
+    ///
+    /// # Errors
+    ///
+    /// The option errors; [`Error::AuthorizationViolation`] for refused
+    /// credentials, [`Error::NoJetStream`] when the server or account has no
+    /// JetStream, [`Error::StreamMismatch`] when a stream of that name does
+    /// not fit, [`Error::SubjectsOverlap`] when another stream takes the
+    /// subjects, [`Error::Unreachable`] or [`Error::Timeout`] when the server
+    /// does not answer.
+    pub async fn connect(connection: &NatsOptions, claims: ClaimOptions) -> Result<Self, Error> {
+        claims.validate()?;
+        let Connected {
+            client,
+            jetstream,
+            url,
+        } = connect(connection).await?;
+        let timeout = connection.get_timeout();
+        let window = ensure_stream(&jetstream, &claims, &url, timeout).await?;
+        Ok(Self {
+            client,
+            jetstream,
+            url,
+            prefix: claims.prefix.clone(),
+            stream: claims.stream_name(),
+            window,
+            timeout,
+        })
+    }
+
+    /// The stream's name.
+    pub fn stream_name(&self) -> &str {
+        &self.stream
+    }
+
+    /// The stream's duplicate window: how long the store remembers a run.
+    pub fn duplicate_window(&self) -> Duration {
+        self.window
+    }
+
+    /// The subject claims of `job` are published to.
+    pub fn subject(&self, job: &JobName) -> String {
+        format!("{}.{job}.claims", self.prefix)
+    }
+
+    /// The message id of a claim of `run`: `<job>:<slot in UTC ms>`.
+    pub fn message_id(run: &RunKey) -> String {
+        format!("{}:{}", run.job, run.slot.as_millis())
+    }
+
+    /// The underlying client (shared by every clone of it).
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    fn unavailable(&self, message: String) -> StoreError {
+        StoreError::unavailable(BACKEND, format!("NATS at {}: {message}", self.url))
+    }
+
+    async fn publish(&self, req: &ClaimRequest) -> Result<(u64, bool), StoreError> {
+        let subject = self.subject(&req.run.job);
+        let mut headers = HeaderMap::new();
+        headers.insert(MESSAGE_ID_HEADER, Self::message_id(&req.run).as_str());
+        headers.insert(TOKEN_HEADER, req.token.to_string().as_str());
+        headers.insert(INSTANCE_HEADER, req.instance.as_str());
+        let payload = format!(
+            "anarchon-claim\njob {}\nslot {}\ntoken {}\ninstance {}\n",
+            req.run.job,
+            req.run.slot.as_millis(),
+            req.token,
+            req.instance
+        );
+        let sent = async {
+            self.jetstream
+                .publish_with_headers(subject.clone(), headers, payload.into())
+                .await?
+                .await
+        };
+        let limit = self.timeout + Duration::from_secs(1);
+        let ack = match tokio::time::timeout(limit, sent).await {
+            Err(_) => {
+                return Err(self.unavailable(format!(
+                    "no acknowledgement for the claim of {} within {limit:?}; it may have been stored: send it again with the same token",
+                    req.run
+                )));
+            }
+            Ok(Err(e)) => {
+                let message = format!("publishing the claim of {} failed: {e}", req.run);
+                return Err(match e.kind() {
+                    PublishErrorKind::StreamNotFound => self.unavailable(format!(
+                        "no JetStream stream takes {subject:?}: the stream {:?} was deleted, or JetStream is still starting",
+                        self.stream
+                    )),
+                    PublishErrorKind::MaxPayloadExceeded => {
+                        StoreError::invalid(BACKEND, message)
+                    }
+                    PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
+                        StoreError::protocol(BACKEND, message)
+                    }
+                    _ => self.unavailable(message),
+                }
+                .with_source(e));
+            }
+            Ok(Ok(ack)) => ack,
+        };
+        if ack.stream != self.stream {
+            return Err(StoreError::protocol(
+                BACKEND,
+                format!(
+                    "the claim of {} was stored in stream {:?}, not {:?}",
+                    req.run, ack.stream, self.stream
+                ),
+            ));
+        }
+        Ok((ack.sequence, ack.duplicate))
+    }
+
+    /// Reads the claim stored at `sequence` and says whether it holds
+    /// `token`; `None` when the message is gone.
+    async fn holds(&self, req: &ClaimRequest, sequence: u64) -> Result<Option<bool>, StoreError> {
+        let stream = self
+            .jetstream
+            .get_stream_no_info(&self.stream)
+            .await
+            .map_err(|e| {
+                StoreError::protocol(BACKEND, format!("the stream name was refused: {e}"))
+            })?;
+        let read = tokio::time::timeout(self.timeout, stream.get_raw_message(sequence)).await;
+        let message = match read {
+            Err(_) => {
+                return Err(self.unavailable(format!(
+                    "reading back the claim of {} (sequence {sequence}) took longer than {:?}",
+                    req.run, self.timeout
+                )));
+            }
+            Ok(Err(e)) if matches!(e.kind(), LastRawMessageErrorKind::NoMessageFound) => {
+                return Ok(None);
+            }
+            Ok(Err(e)) => {
+                return Err(self
+                    .unavailable(format!(
+                        "reading back the claim of {} (sequence {sequence}) failed: {e}",
+                        req.run
+                    ))
+                    .with_source(e));
+            }
+            Ok(Ok(message)) => message,
+        };
+        let id = message
+            .headers
+            .get(MESSAGE_ID_HEADER)
+            .map(|v| v.as_str().to_owned());
+        if id.as_deref() != Some(Self::message_id(&req.run).as_str()) {
+            return Err(StoreError::protocol(
+                BACKEND,
+                format!(
+                    "the duplicate of the claim of {} points at sequence {sequence}, which holds message id {id:?}",
+                    req.run
+                ),
+            ));
+        }
+        let token = message
+            .headers
+            .get(TOKEN_HEADER)
+            .and_then(|v| Token::parse(v.as_str()));
+        match token {
+            Some(token) => Ok(Some(token == req.token)),
+            None => {
+                tracing::warn!(run = %req.run, sequence, "the stored claim has no valid {TOKEN_HEADER} header: someone else published it; the run counts as taken");
+                Ok(Some(false))
+            }
+        }
+    }
+}
+
+fn won() -> ClaimOutcome {
+    ClaimOutcome::Won(Win {
+        attempt: Attempt::FIRST,
+        fence: None,
+    })
+}
+
+/// Creates the stream, or checks the one that exists; returns its window.
+async fn ensure_stream(
+    jetstream: &Context,
+    claims: &ClaimOptions,
+    url: &str,
+    limit: Duration,
+) -> Result<Duration, Error> {
+    let name = claims.stream_name();
+    let timeout = |doing| Error::Timeout {
+        url: url.to_owned(),
+        doing,
+        after: limit,
+    };
+    // If another instance creates the stream between our lookup and our
+    // create, the next lookup finds it. A server error (500) while creating
+    // is tried again: NATS 2.9 can fail to make the stream's directory while
+    // another stream of the account is being deleted.
+    let mut server_error = None;
+    for attempt in 0..4u32 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(50) * 2u32.pow(attempt)).await;
+        }
+        match tokio::time::timeout(limit, jetstream.get_stream(&name)).await {
+            Err(_) => return Err(timeout("looking up the claims stream")),
+            Ok(Ok(stream)) => return verify(&stream.cached_info().config, claims),
+            Ok(Err(e)) => match e.kind() {
+                GetStreamErrorKind::JetStream(js)
+                    if js.error_code() == ErrorCode::STREAM_NOT_FOUND => {}
+                _ => {
+                    return Err(Error::Nats {
+                        url: url.to_owned(),
+                        doing: "looking up the claims stream",
+                        temporary: matches!(e.kind(), GetStreamErrorKind::Request),
+                        source: Box::new(e),
+                    });
+                }
+            },
+        }
+        match tokio::time::timeout(limit, jetstream.create_stream(claims.stream_config())).await {
+            Err(_) => return Err(timeout("creating the claims stream")),
+            Ok(Ok(stream)) => {
+                tracing::info!(stream = %name, subjects = %claims.subject_filter(), window = ?claims.duplicate_window, "created the claims stream");
+                return verify(&stream.cached_info().config, claims);
+            }
+            Ok(Err(e)) => match e.kind() {
+                CreateStreamErrorKind::JetStream(js)
+                    if js.error_code() == ErrorCode::STREAM_NAME_EXIST => {}
+                CreateStreamErrorKind::JetStream(js) if js.code() == 500 => {
+                    tracing::debug!(stream = %name, error = %js, "creating the claims stream failed on the server; trying again");
+                    server_error = Some(e);
+                }
+                CreateStreamErrorKind::JetStream(js)
+                    if js.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP =>
+                {
+                    return Err(Error::SubjectsOverlap {
+                        stream: name,
+                        subject: claims.subject_filter(),
+                        message: js.to_string(),
+                    });
+                }
+                CreateStreamErrorKind::JetStreamUnavailable => {
+                    return Err(Error::NoJetStream {
+                        url: url.to_owned(),
+                    });
+                }
+                CreateStreamErrorKind::TimedOut => {
+                    return Err(timeout("creating the claims stream"));
+                }
+                _ => {
+                    return Err(Error::Nats {
+                        url: url.to_owned(),
+                        doing: "creating the claims stream",
+                        temporary: false,
+                        source: Box::new(e),
+                    });
+                }
+            },
+        }
+    }
+    Err(match server_error {
+        Some(e) => Error::Nats {
+            url: url.to_owned(),
+            doing: "creating the claims stream",
+            temporary: true,
+            source: Box::new(e),
+        },
+        None => Error::StreamMismatch {
+            stream: name,
+            reason: "it was created and deleted again while this store was opening".into(),
+        },
+    })
+}
+
+/// Checks that an existing stream serves this store; returns its window.
+fn verify(config: &Config, claims: &ClaimOptions) -> Result<Duration, Error> {
+    let mismatch = |reason: String| Error::StreamMismatch {
+        stream: config.name.clone(),
+        reason,
+    };
+    let filter = claims.subject_filter();
+    if config.subjects != [filter.clone()] {
+        return Err(mismatch(format!(
+            "its subjects are {:?}, not [{filter:?}]",
+            config.subjects
+        )));
+    }
+    if config.duplicate_window < claims.duplicate_window {
+        return Err(mismatch(format!(
+            "its duplicate window is {:?}, shorter than the {:?} this store was given",
+            config.duplicate_window, claims.duplicate_window
+        )));
+    }
+    if config.retention != RetentionPolicy::Limits {
+        return Err(mismatch(format!(
+            "its retention is {:?}, not limits: claims must stay readable for the whole window",
+            config.retention
+        )));
+    }
+    if !config.max_age.is_zero() && config.max_age < config.duplicate_window {
+        return Err(mismatch(format!(
+            "it keeps messages for {:?}, less than its duplicate window {:?}",
+            config.max_age, config.duplicate_window
+        )));
+    }
+    Ok(config.duplicate_window)
+}
+
+#[async_trait]
+impl ClaimStore for NatsClaimStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let (sequence, duplicate) = self.publish(req).await?;
+        if !duplicate {
+            return Ok(won());
+        }
+        if sequence == 0 {
+            return Err(self.unavailable(format!(
+                "the claim of {} is a duplicate of a message still being stored; send it again",
+                req.run
+            )));
+        }
+        match self.holds(req, sequence).await? {
+            Some(true) => Ok(won()),
+            Some(false) => Ok(ClaimOutcome::Lost),
+            None => {
+                tracing::warn!(run = %req.run, sequence, stream = %self.stream, "the stream says this run was claimed but no longer holds the claim (purged?): cannot tell whose it was");
+                Ok(ClaimOutcome::Unknown)
+            }
+        }
+    }
+
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: BACKEND,
+            memory: Memory::Window(self.window),
+        }
+    }
+
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        None
+    }
+}
+
+impl fmt::Debug for NatsClaimStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsClaimStore")
+            .field("url", &self.url)
+            .field("stream", &self.stream)
+            .field("prefix", &self.prefix)
+            .field("duplicate_window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_prefix() {
+        let claims = ClaimOptions::new().prefix("a.b");
+        assert_eq!(claims.stream_name(), "a_b-claims");
+        assert_eq!(claims.subject_filter(), "a.b.*.claims");
+        let config = claims.stream_config();
+        assert_eq!(config.max_age, DEFAULT_DUPLICATE_WINDOW + RETENTION_MARGIN);
+        assert_eq!(
+            verify(&config, &claims).expect("fits"),
+            DEFAULT_DUPLICATE_WINDOW
+        );
+    }
+
+    #[test]
+    fn streams_that_do_not_fit_are_named() {
+        let claims = ClaimOptions::new().prefix("p");
+        let mut other = claims.stream_config();
+        other.subjects = vec!["p.>".into()];
+        let err = verify(&other, &claims).expect_err("other subjects");
+        assert!(err.to_string().contains("p-claims"), "{err}");
+        assert!(err.to_string().contains("p.>"), "{err}");
+        let mut short = claims.stream_config();
+        short.duplicate_window = Duration::from_secs(30);
+        let err = verify(&short, &claims).expect_err("shorter window");
+        assert!(err.to_string().contains("30s"), "{err}");
+        let mut work = claims.stream_config();
+        work.retention = RetentionPolicy::WorkQueue;
+        assert!(verify(&work, &claims).is_err());
+        let longer = ClaimOptions::new()
+            .prefix("p")
+            .duplicate_window(Duration::from_secs(600));
+        assert_eq!(
+            verify(&longer.stream_config(), &claims).expect("a longer window is fine"),
+            Duration::from_secs(600)
+        );
+    }
+
+    #[test]
+    fn options_are_checked() {
+        assert!(ClaimOptions::new().validate().is_ok());
+        for bad in [
+            ClaimOptions::new().prefix("a*"),
+            ClaimOptions::new().stream("a.b"),
+            ClaimOptions::new().stream(""),
+            ClaimOptions::new().duplicate_window(Duration::from_secs(19)),
+            ClaimOptions::new().duplicate_window(MAX_DUPLICATE_WINDOW + Duration::from_secs(1)),
+            ClaimOptions::new().replicas(0),
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn from_url_splits_connection_and_claims() {
+        let (connection, claims) = ClaimOptions::from_url(
+            "nats://u:pw@h:4222?prefix=x&stream=S&duplicate_window_ms=90000&timeout_ms=1500&storage=memory&replicas=3",
+        )
+        .expect("valid");
+        assert_eq!(connection.get_timeout(), Duration::from_millis(1500));
+        assert_eq!(claims.stream_name(), "S");
+        assert_eq!(claims.get_duplicate_window(), Duration::from_secs(90));
+        assert_eq!(claims.storage, Storage::Memory);
+        assert_eq!(claims.replicas, 3);
+        let err = ClaimOptions::from_url("nats://u:pw@h:4222?bogus=1").expect_err("unknown");
+        assert!(!err.to_string().contains("pw@"), "{err}");
+    }
+}

@@ -1,0 +1,105 @@
+//! What the NATS tests share: the server, a factory for the suites, and
+//! clean-up of the streams tests create.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsOptions};
+use anarchon_testkit::StoreFactory;
+use anarchon_testkit::servers::{Service, require, unique_prefix};
+
+/// The duplicate window the suites use: long enough for the default
+/// `max_late` (60 s + 10 s margin).
+pub(crate) const TEST_WINDOW: Duration = Duration::from_secs(90);
+
+/// The server's URL (ANARCHON_NATS_URL, or the local default); fails the
+/// test with instructions when there is none.
+pub(crate) async fn url() -> String {
+    require(Service::Nats).await
+}
+
+/// Claim options on a fresh prefix (and so a fresh stream).
+pub(crate) fn claims() -> ClaimOptions {
+    ClaimOptions::new()
+        .prefix(unique_prefix("t"))
+        .duplicate_window(TEST_WINDOW)
+}
+
+/// Connects, failing the test with the store's error.
+pub(crate) async fn connect(connection: &NatsOptions, claims: ClaimOptions) -> NatsClaimStore {
+    match NatsClaimStore::connect(connection, claims).await {
+        Ok(store) => store,
+        Err(e) => panic!("cannot open the NATS claim store: {e}"),
+    }
+}
+
+/// Deletes a test's stream when dropped, even when the test failed.
+pub(crate) struct StreamGuard {
+    url: String,
+    stream: String,
+}
+
+impl StreamGuard {
+    pub(crate) fn new(url: &str, stream: String) -> Self {
+        Self {
+            url: url.to_owned(),
+            stream,
+        }
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let (url, stream) = (self.url.clone(), self.stream.clone());
+        // The test's runtime may be shutting down: use a thread of our own.
+        let deleted = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async move {
+                let client = async_nats::connect(url.as_str()).await.ok()?;
+                let jetstream = async_nats::jetstream::new(client);
+                tokio::time::timeout(Duration::from_secs(5), jetstream.delete_stream(&stream))
+                    .await
+                    .ok()?
+                    .ok()
+            })
+        })
+        .join();
+        if !matches!(deleted, Ok(Some(_))) {
+            eprintln!("note: could not delete the test stream {}", self.stream);
+        }
+    }
+}
+
+/// One prefix and stream per test; every `instance()` is a new store with
+/// its own client, as separate processes would have.
+pub(crate) struct NatsFactory {
+    connection: NatsOptions,
+    claims: ClaimOptions,
+    _guard: StreamGuard,
+}
+
+impl NatsFactory {
+    pub(crate) async fn new() -> Self {
+        let url = url().await;
+        let claims = claims();
+        Self {
+            _guard: StreamGuard::new(&url, claims.stream_name()),
+            connection: NatsOptions::new(url),
+            claims,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl StoreFactory for NatsFactory {
+    type Store = NatsClaimStore;
+
+    async fn instance(&self) -> Arc<NatsClaimStore> {
+        Arc::new(connect(&self.connection, self.claims.clone()).await)
+    }
+}

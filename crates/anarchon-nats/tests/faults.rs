@@ -1,0 +1,364 @@
+//! Fault tests: the connection to NATS is cut mid-test by a TCP proxy
+//! between the stores and the server (the shared server itself is never
+//! stopped). Run alone: `cargo test -p anarchon-nats --test faults`
+//! (`cargo xtask test-all` does, one test at a time).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anarchon_core::{
+    ClaimOutcome, ClaimRequest, ClaimStore, Clock, InstanceId, JobName, RunKey, Schedule,
+    Scheduler, Slot, StoreError, SystemClock, Token,
+};
+use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsOptions};
+use futures::future::join_all;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio::time::Instant;
+
+use crate::common::{StreamGuard, claims, connect, url};
+
+/// A TCP proxy with switches: cut every connection and refuse new ones, or
+/// stop passing the server's replies once the client sent some bytes.
+struct Proxy {
+    address: SocketAddr,
+    shared: Arc<Shared>,
+    accept: JoinHandle<()>,
+}
+
+struct Shared {
+    upstream: String,
+    up: AtomicBool,
+    stall_pattern: Mutex<Option<Vec<u8>>>,
+    stalled: AtomicBool,
+    links: Mutex<Vec<AbortHandle>>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            upstream,
+            up: AtomicBool::new(true),
+            stall_pattern: Mutex::new(None),
+            stalled: AtomicBool::new(false),
+            links: Mutex::new(Vec::new()),
+        });
+        let accept = tokio::spawn({
+            let shared = shared.clone();
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    if !shared.up.load(Ordering::SeqCst) {
+                        drop(client);
+                        continue;
+                    }
+                    let Ok(server) = TcpStream::connect(&shared.upstream).await else {
+                        continue;
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    let up = tokio::spawn(pump(client_read, server_write, shared.clone(), true));
+                    let down = tokio::spawn(pump(server_read, client_write, shared.clone(), false));
+                    let mut links = shared.links.lock().unwrap();
+                    links.push(up.abort_handle());
+                    links.push(down.abort_handle());
+                }
+            }
+        });
+        Self {
+            address,
+            shared,
+            accept,
+        }
+    }
+
+    /// Drops every proxied connection and refuses new ones.
+    fn cut(&self) {
+        self.shared.up.store(false, Ordering::SeqCst);
+        for link in self.shared.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+        self.shared.stalled.store(false, Ordering::SeqCst);
+        *self.shared.stall_pattern.lock().unwrap() = None;
+    }
+
+    /// Accepts connections again.
+    fn restore(&self) {
+        self.shared.up.store(true, Ordering::SeqCst);
+    }
+
+    /// Once the client sends `pattern`, the server's replies stop reaching
+    /// it (the server still gets everything the client sends).
+    fn stall_replies_after(&self, pattern: &[u8]) {
+        *self.shared.stall_pattern.lock().unwrap() = Some(pattern.to_vec());
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        for link in self.shared.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    shared: Arc<Shared>,
+    client_to_server: bool,
+) {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let chunk = &buffer[..n];
+        if client_to_server {
+            let pattern = shared.stall_pattern.lock().unwrap().clone();
+            if let Some(pattern) = pattern
+                && chunk
+                    .windows(pattern.len())
+                    .any(|w| w == pattern.as_slice())
+            {
+                shared.stalled.store(true, Ordering::SeqCst);
+            }
+        } else if shared.stalled.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(chunk).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The broker's `host:port` from a `nats://host:port` URL.
+fn upstream(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let host = host.trim_end_matches('/');
+    if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:4222")
+    }
+}
+
+/// A store whose connection goes through `proxy`.
+async fn proxied_store(proxy: &Proxy, claims: &ClaimOptions) -> NatsClaimStore {
+    let options =
+        NatsOptions::new(format!("nats://{}", proxy.address)).timeout(Duration::from_secs(1));
+    connect(&options, claims.clone()).await
+}
+
+async fn start_proxy() -> Proxy {
+    Proxy::start(upstream(&url().await)).await
+}
+
+fn connects(store: &NatsClaimStore) -> u64 {
+    store.client().statistics().connects.load(Ordering::SeqCst)
+}
+
+fn request(job: &str, slot: i64, instance: &str) -> ClaimRequest {
+    ClaimRequest {
+        run: RunKey::new(JobName::new(job).unwrap(), Slot::from_millis(slot)),
+        token: Token::generate(),
+        instance: InstanceId::new(instance).unwrap(),
+        max_late: Duration::from_secs(60),
+    }
+}
+
+/// Claims as the scheduler does, with the same token, retrying temporary
+/// errors (here for up to 20 s: the client reconnects with a back-off of
+/// up to 4 s).
+async fn claim(store: &NatsClaimStore, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+    let start = Instant::now();
+    loop {
+        match store.claim(req).await {
+            Err(e) if e.is_temporary() && start.elapsed() < Duration::from_secs(20) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn race(stores: &[&NatsClaimStore], job: &str, slot: i64) -> Vec<ClaimOutcome> {
+    join_all(stores.iter().enumerate().map(|(i, store)| async move {
+        let req = request(job, slot, &format!("racer-{i}"));
+        claim(store, &req).await.unwrap()
+    }))
+    .await
+}
+
+fn winners(outcomes: &[ClaimOutcome]) -> usize {
+    outcomes
+        .iter()
+        .filter(|o| matches!(o, ClaimOutcome::Won(_)))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_resume_after_the_connection_is_cut() {
+    let proxy = start_proxy().await;
+    let claims = claims();
+    let _guard = StreamGuard::new(&url().await, claims.stream_name());
+    let a = proxied_store(&proxy, &claims).await;
+    let b = proxied_store(&proxy, &claims).await;
+
+    for slot in 0..5 {
+        assert_eq!(
+            winners(&race(&[&a, &b], "cut", slot).await),
+            1,
+            "slot {slot}"
+        );
+    }
+
+    proxy.cut();
+    for slot in 5..8 {
+        for store in [&a, &b] {
+            let during = store.claim(&request("cut", slot, "during")).await;
+            let e = during.expect_err("no claim can be answered while the connection is cut");
+            assert!(e.is_temporary(), "{e}");
+        }
+    }
+
+    proxy.restore();
+    for slot in 10..15 {
+        assert_eq!(
+            winners(&race(&[&a, &b], "cut", slot).await),
+            1,
+            "slot {slot} after the cut"
+        );
+    }
+    assert!(connects(&a) >= 2, "a reconnected");
+    assert!(connects(&b) >= 2, "b reconnected");
+
+    // The slots tried during the cut: at most one winner (a claim the client
+    // held back while it was away may have won one since).
+    for slot in 5..8 {
+        assert!(
+            winners(&race(&[&a, &b], "cut", slot).await) <= 1,
+            "slot {slot}"
+        );
+    }
+    // The runs won before the cut are still remembered.
+    for slot in 0..5 {
+        for store in [&a, &b] {
+            let again = claim(store, &request("cut", slot, "late")).await.unwrap();
+            assert_eq!(
+                again,
+                ClaimOutcome::Lost,
+                "slot {slot} was won before the cut"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_acknowledgement_is_won() {
+    let proxy = start_proxy().await;
+    let claims = claims();
+    let url = url().await;
+    let _guard = StreamGuard::new(&url, claims.stream_name());
+    let store = proxied_store(&proxy, &claims).await;
+    let req = request("lost-ack", 1_000, "a");
+
+    proxy.stall_replies_after(b"anarchon-claim");
+    let first = store.claim(&req).await;
+    let e = first.expect_err("no acknowledgement came back");
+    assert!(e.is_temporary(), "{e}");
+    proxy.cut();
+    proxy.restore();
+
+    // The server did store it: anyone else loses the run ...
+    let direct = connect(&NatsOptions::new(&url), claims.clone()).await;
+    let other = direct
+        .claim(&request("lost-ack", 1_000, "b"))
+        .await
+        .unwrap();
+    assert_eq!(other, ClaimOutcome::Lost);
+    // ... and the same token, sent again, finds its own claim: won.
+    let again = claim(&store, &req).await.unwrap();
+    assert!(matches!(again, ClaimOutcome::Won(_)), "{again:?}");
+    assert!(connects(&store) >= 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedulers_keep_claiming_across_a_cut() {
+    let proxy = start_proxy().await;
+    let claims = claims();
+    let _guard = StreamGuard::new(&url().await, claims.stream_name());
+    let ran: Arc<Mutex<Vec<(Slot, usize)>>> = Arc::default();
+    let mut stores = Vec::new();
+    let mut schedulers = Vec::new();
+    for index in 0..2 {
+        let store = Arc::new(proxied_store(&proxy, &claims).await);
+        stores.push(store.clone());
+        let mut builder = Scheduler::builder(store);
+        let ran = ran.clone();
+        builder
+            .job("tick", Schedule::every(Duration::from_secs(1)).unwrap())
+            .unwrap()
+            .run(move |ctx| {
+                let ran = ran.clone();
+                async move {
+                    ran.lock().unwrap().push((ctx.slot(), index));
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+        schedulers.push(builder.start().unwrap());
+    }
+    let slots_after = |t: i64| {
+        let mut slots: Vec<Slot> = ran
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(s, _)| *s)
+            .filter(|s| s.as_millis() > t)
+            .collect();
+        slots.dedup();
+        slots.len()
+    };
+    let wait_for = |what: &'static str, t: i64, n: usize| async move {
+        let start = Instant::now();
+        while slots_after(t) < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "gave up waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    wait_for("two runs before the cut", i64::MIN, 2).await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    proxy.restore();
+    let restored = SystemClock.now().as_millis();
+    wait_for("three runs after the cut", restored, 3).await;
+    for scheduler in schedulers {
+        scheduler.shutdown().await;
+    }
+    let mut runs: BTreeMap<Slot, Vec<usize>> = BTreeMap::new();
+    for (slot, index) in ran.lock().unwrap().iter() {
+        runs.entry(*slot).or_default().push(*index);
+    }
+    for (slot, by) in &runs {
+        assert_eq!(by.len(), 1, "slot {slot} ran {} times: {runs:?}", by.len());
+    }
+    for store in &stores {
+        assert!(connects(store) >= 2, "each store reconnected");
+    }
+}
