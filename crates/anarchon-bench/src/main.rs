@@ -1,0 +1,634 @@
+//! anarchon's benchmarks: `cargo xtask bench [--quick] [--backends ...]`.
+//!
+//! For each backend, on this machine, in one run: claim throughput and
+//! latency with 8 racing instances, round trips per claim (counted by the
+//! store where it can), the store's own speed as a baseline, a batch of
+//! 1,000 due jobs, firing precision, takeover time and the footprint of an
+//! idle instance. Prints a table and writes `target/bench/results.json`.
+//! Nothing here asserts a time: a benchmark reports, tests decide.
+
+mod targets;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anarchon_core::{
+    Attempt, ClaimOutcome, ClaimRequest, Clock, InstanceId, JobName, LeaseClaim, MaxAttempts,
+    Overlap, RunKey, RunState, Schedule, Scheduler, Slot, SystemClock, Token,
+};
+use anarchon_testkit::Faulty;
+use anyhow::{Context, Result, bail};
+use futures::future::join_all;
+
+use crate::targets::Target;
+
+struct Settings {
+    quick: bool,
+    racers: usize,
+    slots: usize,
+    batch_jobs: usize,
+    precision_jobs: usize,
+    precision_secs: u64,
+    takeover_trials: usize,
+    idle_jobs: usize,
+    idle_secs: u64,
+}
+
+impl Settings {
+    fn new(quick: bool) -> Self {
+        Self {
+            quick,
+            racers: 8,
+            slots: if quick { 300 } else { 2000 },
+            batch_jobs: 1000,
+            precision_jobs: 1000,
+            precision_secs: if quick { 5 } else { 30 },
+            takeover_trials: if quick { 3 } else { 20 },
+            idle_jobs: 10_000,
+            idle_secs: if quick { 10 } else { 60 },
+        }
+    }
+}
+
+/// Every figure for one backend.
+#[derive(Default)]
+struct Figures {
+    backend: String,
+    counted_by: String,
+    claims_per_sec: f64,
+    claim_p50_ms: f64,
+    claim_p99_ms: f64,
+    double_wins: usize,
+    round_trips_per_claim: f64,
+    baseline: Option<(String, f64)>,
+    batch_jobs: usize,
+    batch_round_trips: u64,
+    batch_ms: f64,
+    lateness_p50_ms: f64,
+    lateness_p99_ms: f64,
+    lateness_max_ms: f64,
+    precision_runs: usize,
+    takeover_p50_ms: f64,
+    takeover_max_ms: f64,
+    takeover_from_cut_max_ms: f64,
+    takeover_trials: usize,
+    lease_ms: u64,
+    heartbeat_ms: u64,
+    idle_rss_mib: f64,
+    idle_cpu_percent: f64,
+    idle_round_trips_per_min: f64,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v
+}
+
+fn now_slot_base() -> i64 {
+    let now = SystemClock.now().as_millis();
+    now - now.rem_euclid(1000) + 3_600_000
+}
+
+fn lease_claim(job: &JobName, slot: Slot, who: &InstanceId) -> LeaseClaim {
+    LeaseClaim {
+        claim: ClaimRequest {
+            run: RunKey::new(job.clone(), slot),
+            token: Token::generate(),
+            instance: who.clone(),
+            max_late: Duration::from_secs(60),
+        },
+        lease: Duration::from_secs(30),
+        overlap: Overlap::Allow,
+        max_attempts: MaxAttempts::DEFAULT,
+    }
+}
+
+/// 1–3: racing claims, round trips per claim, the store's own speed.
+async fn throughput(target: &dyn Target, s: &Settings, f: &mut Figures) -> Result<()> {
+    let job = JobName::new("bench-race")?;
+    let base = now_slot_base();
+    let slots: Vec<Slot> = (0..s.slots as i64)
+        .map(|i| Slot::from_millis(base + i * 1000))
+        .collect();
+    let mut stores = Vec::new();
+    for _ in 0..s.racers {
+        stores.push(target.instance().await?);
+    }
+    let before = target.round_trips().await?;
+    let start = Instant::now();
+    let racers = stores.iter().enumerate().map(|(i, store)| {
+        let (job, slots) = (job.clone(), slots.clone());
+        async move {
+            let who = InstanceId::new(&format!("racer-{i}")).expect("valid id");
+            let mut latencies = Vec::with_capacity(slots.len());
+            let mut won = Vec::new();
+            for slot in slots {
+                let t = Instant::now();
+                let outcome = store.claim_lease(&lease_claim(&job, slot, &who)).await?;
+                latencies.push(t.elapsed().as_secs_f64() * 1000.0);
+                if matches!(outcome, ClaimOutcome::Won(_)) {
+                    won.push(slot);
+                }
+            }
+            Ok::<_, anarchon_core::StoreError>((latencies, won))
+        }
+    });
+    let results = join_all(racers).await;
+    let elapsed = start.elapsed().as_secs_f64();
+    let after = target.round_trips().await?;
+    let mut latencies = Vec::new();
+    let mut winners: HashMap<Slot, usize> = HashMap::new();
+    for r in results {
+        let (l, won) = r?;
+        latencies.extend(l);
+        for slot in won {
+            *winners.entry(slot).or_default() += 1;
+        }
+    }
+    let claims = s.racers * s.slots;
+    let latencies = sorted(latencies);
+    f.claims_per_sec = claims as f64 / elapsed;
+    f.claim_p50_ms = percentile(&latencies, 0.5);
+    f.claim_p99_ms = percentile(&latencies, 0.99);
+    f.double_wins = slots
+        .iter()
+        .filter(|s| winners.get(s).copied().unwrap_or(0) != 1)
+        .count();
+    f.round_trips_per_claim = after.saturating_sub(before) as f64 / claims as f64;
+    f.baseline = target.baseline(s.racers, claims).await?;
+    Ok(())
+}
+
+/// 4: one instance with 1,000 jobs due at one slot.
+async fn batch(target: &dyn Target, s: &Settings, f: &mut Figures) -> Result<()> {
+    let store = target.instance().await?;
+    let who = InstanceId::new("batcher")?;
+    let slot = Slot::from_millis(now_slot_base() + 7 * 24 * 3_600_000);
+    let claims: Vec<LeaseClaim> = (0..s.batch_jobs)
+        .map(|i| {
+            lease_claim(
+                &JobName::new(&format!("batch-{i}")).expect("valid"),
+                slot,
+                &who,
+            )
+        })
+        .collect();
+    let before = target.round_trips().await?;
+    let start = Instant::now();
+    let outcomes = store.claim_many(&claims).await?;
+    f.batch_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let after = target.round_trips().await?;
+    if outcomes.iter().any(|o| !matches!(o, ClaimOutcome::Won(_))) {
+        bail!("a fresh batch must be won whole");
+    }
+    f.batch_jobs = s.batch_jobs;
+    f.batch_round_trips = after.saturating_sub(before);
+    Ok(())
+}
+
+/// 5: 1,000 jobs every second on one instance: handler start after the slot.
+async fn precision(target: &dyn Target, s: &Settings, f: &mut Figures) -> Result<()> {
+    let store = target.instance().await?;
+    let lateness: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let mut b = Scheduler::builder(store);
+    for i in 0..s.precision_jobs {
+        let lateness = lateness.clone();
+        b.job(
+            format!("tick-{i}"),
+            Schedule::every(Duration::from_secs(1))?,
+        )?
+        .run(move |ctx| {
+            let late = SystemClock.now().as_millis() - ctx.slot().as_millis();
+            lateness.lock().expect("not poisoned").push(late as f64);
+            async { Ok::<_, String>(()) }
+        })?;
+    }
+    let scheduler = b.start()?;
+    tokio::time::sleep(Duration::from_secs(s.precision_secs)).await;
+    scheduler.shutdown().await;
+    let l = sorted(lateness.lock().expect("not poisoned").clone());
+    f.precision_runs = l.len();
+    f.lateness_p50_ms = percentile(&l, 0.5);
+    f.lateness_p99_ms = percentile(&l, 0.99);
+    f.lateness_max_ms = l.last().copied().unwrap_or(f64::NAN);
+    Ok(())
+}
+
+/// 6: a runner's connection dies; time from its lease end to the backup's start.
+async fn takeover(target: &dyn Target, s: &Settings, f: &mut Figures) -> Result<()> {
+    let lease = Duration::from_millis(1000);
+    let heartbeat = Duration::from_millis(250);
+    f.lease_ms = lease.as_millis() as u64;
+    f.heartbeat_ms = heartbeat.as_millis() as u64;
+    let mut delays = Vec::new();
+    let mut from_cut = Vec::new();
+    for trial in 0..s.takeover_trials {
+        type Starts = Vec<(usize, Slot, Attempt, Instant)>;
+        let started: Arc<Mutex<Starts>> = Arc::default();
+        let mut handles = Vec::new();
+        let mut schedulers = Vec::new();
+        let job = format!(
+            "takeover-{trial}-{:x}",
+            Token::generate().as_u128() & 0xffff
+        );
+        for index in 0..2 {
+            let store = Faulty::new(target.instance().await?);
+            handles.push(store.clone());
+            let mut b = Scheduler::builder(store).lease(lease).heartbeat(heartbeat);
+            let started = started.clone();
+            b.job(&job, Schedule::every(Duration::from_secs(3600))?)?
+                .catch_up(Duration::from_secs(3600))
+                .run(move |ctx| {
+                    started.lock().expect("not poisoned").push((
+                        index,
+                        ctx.slot(),
+                        ctx.attempt(),
+                        Instant::now(),
+                    ));
+                    async move {
+                        ctx.cancelled().await;
+                        Ok::<_, String>(())
+                    }
+                })?;
+            schedulers.push(b.start()?);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let first = loop {
+            if let Some(first) = started.lock().expect("not poisoned").first().cloned() {
+                break first;
+            }
+            if Instant::now() > deadline {
+                bail!("no run started");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        // Let a heartbeat or two renew the lease, then cut the runner off.
+        tokio::time::sleep(heartbeat * 2).await;
+        handles[first.0].set_down(true);
+        let cut = Instant::now();
+        let view = target
+            .instance()
+            .await?
+            .peek(&RunKey::new(JobName::new(&job)?, first.1))
+            .await?;
+        let asked = Instant::now();
+        let RunState::Running { lease_until, .. } = view.state else {
+            bail!("the run is not running: {:?}", view.state);
+        };
+        let lease_end = asked + lease_until.since(view.store_now);
+        let taken = loop {
+            if let Some(t) = started
+                .lock()
+                .expect("not poisoned")
+                .iter()
+                .find(|(_, _, attempt, _)| attempt.get() > 1)
+                .map(|(_, _, _, at)| *at)
+            {
+                break t;
+            }
+            if Instant::now() > deadline {
+                bail!("no takeover");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        delays.push(taken.saturating_duration_since(lease_end).as_secs_f64() * 1000.0);
+        from_cut.push(taken.saturating_duration_since(cut).as_secs_f64() * 1000.0);
+        for s in schedulers {
+            drop(s);
+        }
+    }
+    let d = sorted(delays);
+    f.takeover_trials = d.len();
+    f.takeover_p50_ms = percentile(&d, 0.5);
+    f.takeover_max_ms = d.last().copied().unwrap_or(f64::NAN);
+    let c = sorted(from_cut);
+    f.takeover_from_cut_max_ms = c.last().copied().unwrap_or(f64::NAN);
+    Ok(())
+}
+
+/// 7: an idle instance with 10,000 hourly jobs, in a process of its own.
+fn footprint(backend: &str, s: &Settings, f: &mut Figures) -> Result<()> {
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args([
+            "idle",
+            backend,
+            &s.idle_jobs.to_string(),
+            &s.idle_secs.to_string(),
+        ])
+        .output()
+        .context("running the idle instance")?;
+    if !out.status.success() {
+        bail!(
+            "idle instance failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| -> Result<f64> {
+        text.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .with_context(|| format!("idle instance did not report {name}: {text}"))?
+            .parse()
+            .context("a number")
+    };
+    f.idle_rss_mib = field("rss_mib")?;
+    f.idle_cpu_percent = field("cpu_percent")?;
+    f.idle_round_trips_per_min = field("round_trips_per_min")?;
+    Ok(())
+}
+
+fn read_proc(field: &str) -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after ')'.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+async fn idle(backend: &str, jobs: usize, secs: u64) -> Result<()> {
+    let target = make_target(backend).await?;
+    let store = target.instance().await?;
+    let mut b = Scheduler::builder(store);
+    for i in 0..jobs {
+        b.job(format!("idle-{i}"), Schedule::cron("0 * * * *")?)?
+            .run(|_| async { Ok::<_, String>(()) })?;
+    }
+    // Keep the top of the hour out of the window, so nothing is due in it.
+    let into_hour = SystemClock.now().as_millis().rem_euclid(3_600_000) as u64;
+    if into_hour + (secs + 5) * 1000 > 3_600_000 {
+        tokio::time::sleep(Duration::from_millis(3_600_000 - into_hour + 2000)).await;
+    }
+    let scheduler = b.start()?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rt0 = target.round_trips().await?;
+    let cpu0 = cpu_seconds();
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let cpu = cpu_seconds() - cpu0;
+    let wall = t0.elapsed().as_secs_f64();
+    let rt = target.round_trips().await?.saturating_sub(rt0);
+    let rss_kib = read_proc("VmRSS:").unwrap_or(f64::NAN);
+    // The server-side count includes our own stats reads for PostgreSQL.
+    let own_reads = if backend == "postgres" { 1.0 } else { 0.0 };
+    println!(
+        "rss_mib={:.1} cpu_percent={:.2} round_trips_per_min={:.1}",
+        rss_kib / 1024.0,
+        100.0 * cpu / wall,
+        ((rt as f64 - own_reads).max(0.0)) * 60.0 / wall
+    );
+    scheduler.shutdown().await;
+    target.cleanup().await;
+    Ok(())
+}
+
+async fn make_target(name: &str) -> Result<Box<dyn Target>> {
+    Ok(match name {
+        "memory" => Box::new(targets::Memory::new()),
+        "sqlite" => Box::new(targets::Sqlite::new()?),
+        "postgres" | "pg" => Box::new(
+            targets::Postgres::new(
+                std::env::var("ANARCHON_PG_URL")
+                    .ok()
+                    .filter(|u| !u.trim().is_empty())
+                    .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".into()),
+            )
+            .await?,
+        ),
+        other => bail!("unknown backend {other:?}: memory, sqlite, postgres"),
+    })
+}
+
+fn table(all: &[Figures], s: &Settings) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "\nanarchon benchmarks ({}; {} racing instances, {} slots; {} jobs for precision over {} s; {} takeover trials)\n",
+        if s.quick { "quick" } else { "full" },
+        s.racers,
+        s.slots,
+        s.precision_jobs,
+        s.precision_secs,
+        s.takeover_trials
+    );
+    let _ = writeln!(
+        t,
+        "{:<9} {:>9} {:>8} {:>8} {:>7} {:>10} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>9}",
+        "backend",
+        "claims/s",
+        "p50 ms",
+        "p99 ms",
+        "rt/claim",
+        "baseline/s",
+        "ratio",
+        "batch rt/ms",
+        "late p50",
+        "late p99",
+        "late max",
+        "takeover",
+        "tk max",
+        "RSS MiB",
+        "CPU %",
+        "idle rt/m"
+    );
+    for f in all {
+        let (base, ratio) = match &f.baseline {
+            Some((_, b)) => (format!("{b:.0}"), format!("{:.2}", f.claims_per_sec / b)),
+            None => ("n/a".into(), "n/a".into()),
+        };
+        let _ = writeln!(
+            t,
+            "{:<9} {:>9.0} {:>8.2} {:>8.2} {:>7.2} {:>10} {:>9} {:>11} {:>9.1} {:>9.1} {:>9.1} {:>9.0} {:>9.0} {:>8.1} {:>6.2} {:>9.1}",
+            f.backend,
+            f.claims_per_sec,
+            f.claim_p50_ms,
+            f.claim_p99_ms,
+            f.round_trips_per_claim,
+            base,
+            ratio,
+            format!("{}/{:.0}", f.batch_round_trips, f.batch_ms),
+            f.lateness_p50_ms,
+            f.lateness_p99_ms,
+            f.lateness_max_ms,
+            f.takeover_p50_ms,
+            f.takeover_max_ms,
+            f.idle_rss_mib,
+            f.idle_cpu_percent,
+            f.idle_round_trips_per_min
+        );
+    }
+    let _ = writeln!(t, "\ntargets:");
+    for f in all {
+        let one_rt = f.round_trips_per_claim <= 1.05;
+        let half = f
+            .baseline
+            .as_ref()
+            .map(|(_, b)| f.claims_per_sec >= 0.5 * b);
+        let _ = writeln!(
+            t,
+            "  {:<9} one round trip per claim: {} | batch in one round trip: {} | claims/s >= half the store's own: {} | lateness p99 <= 5 ms: {} | takeover <= lease+heartbeat+100 ms: {} | idle <= 64 MiB: {} | no idle traffic: {} | double wins: {}",
+            f.backend,
+            yes(one_rt),
+            yes(f.batch_round_trips <= 1),
+            half.map_or("n/a", yes),
+            yes(f.lateness_p99_ms <= 5.0),
+            yes(f.takeover_from_cut_max_ms <= (f.lease_ms + f.heartbeat_ms + 100) as f64),
+            yes(f.idle_rss_mib <= 64.0),
+            yes(f.idle_round_trips_per_min < 0.5),
+            f.double_wins,
+        );
+        let _ = writeln!(t, "            round trips counted by {}", f.counted_by);
+    }
+    t
+}
+
+fn yes(b: bool) -> &'static str {
+    if b { "met" } else { "NOT MET" }
+}
+
+fn json(all: &[Figures], s: &Settings) -> String {
+    let num = |x: f64| {
+        if x.is_finite() {
+            format!("{x:.3}")
+        } else {
+            "null".into()
+        }
+    };
+    let mut out = format!(
+        "{{\n  \"quick\": {},\n  \"machine\": {{\"cores\": {}}},\n  \"backends\": [\n",
+        s.quick,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    for (i, f) in all.iter().enumerate() {
+        let baseline = match &f.baseline {
+            Some((what, rate)) => {
+                format!("{{\"what\": {what:?}, \"ops_per_sec\": {}}}", num(*rate))
+            }
+            None => "null".into(),
+        };
+        let _ = writeln!(
+            out,
+            "    {{\"backend\": {:?}, \"round_trips_counted_by\": {:?}, \"claims_per_sec\": {}, \"claim_p50_ms\": {}, \"claim_p99_ms\": {}, \"double_wins\": {}, \"round_trips_per_claim\": {}, \"baseline\": {}, \"batch\": {{\"jobs\": {}, \"round_trips\": {}, \"ms\": {}}}, \"lateness_ms\": {{\"runs\": {}, \"p50\": {}, \"p99\": {}, \"max\": {}}}, \"takeover_after_lease_end_ms\": {{\"trials\": {}, \"lease_ms\": {}, \"heartbeat_ms\": {}, \"p50\": {}, \"max\": {}, \"max_after_the_runner_was_cut_off\": {}}}, \"idle\": {{\"rss_mib\": {}, \"cpu_percent\": {}, \"round_trips_per_min\": {}}}}}{}",
+            f.backend,
+            f.counted_by,
+            num(f.claims_per_sec),
+            num(f.claim_p50_ms),
+            num(f.claim_p99_ms),
+            f.double_wins,
+            num(f.round_trips_per_claim),
+            baseline,
+            f.batch_jobs,
+            f.batch_round_trips,
+            num(f.batch_ms),
+            f.precision_runs,
+            num(f.lateness_p50_ms),
+            num(f.lateness_p99_ms),
+            num(f.lateness_max_ms),
+            f.takeover_trials,
+            f.lease_ms,
+            f.heartbeat_ms,
+            num(f.takeover_p50_ms),
+            num(f.takeover_max_ms),
+            num(f.takeover_from_cut_max_ms),
+            num(f.idle_rss_mib),
+            num(f.idle_cpu_percent),
+            num(f.idle_round_trips_per_min),
+            if i + 1 < all.len() { "," } else { "" }
+        );
+    }
+    out.push_str("  ]\n}\n");
+    out
+}
+
+async fn measure(target: &dyn Target, s: &Settings, f: &mut Figures) -> Result<()> {
+    eprintln!("  racing claims");
+    throughput(target, s, f).await?;
+    eprintln!("  batch");
+    batch(target, s, f).await?;
+    eprintln!("  firing precision");
+    precision(target, s, f).await?;
+    eprintln!("  takeover");
+    takeover(target, s, f).await?;
+    eprintln!("  idle footprint");
+    footprint(target.name(), s, f)
+}
+
+async fn run_all(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let backends: Vec<String> = match args.iter().position(|a| a == "--backends") {
+        Some(i) => args
+            .get(i + 1)
+            .context("--backends needs a list")?
+            .split(',')
+            .map(|b| b.trim().to_owned())
+            .collect(),
+        None => vec!["memory".into(), "sqlite".into(), "postgres".into()],
+    };
+    let out_path = args
+        .iter()
+        .position(|a| a == "--out")
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| "target/bench/results.json".into());
+    let s = Settings::new(quick);
+    let mut all = Vec::new();
+    for name in &backends {
+        eprintln!("== {name} ==");
+        let target = make_target(name).await?;
+        let mut f = Figures {
+            backend: target.name().into(),
+            counted_by: target.counted_by().into(),
+            ..Figures::default()
+        };
+        let measured = measure(target.as_ref(), &s, &mut f).await;
+        // What the measurement stored goes, even when a figure failed.
+        target.cleanup().await;
+        measured?;
+        all.push(f);
+    }
+    let text = table(&all, &s);
+    println!("{text}");
+    if let Some(dir) = std::path::Path::new(&out_path).parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&out_path, json(&all, &s))?;
+    println!("results written to {out_path}");
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("idle") {
+        let backend = args.get(1).context("idle BACKEND JOBS SECS")?;
+        let jobs = args.get(2).context("idle BACKEND JOBS SECS")?.parse()?;
+        let secs = args.get(3).context("idle BACKEND JOBS SECS")?.parse()?;
+        return idle(backend, jobs, secs).await;
+    }
+    run_all(&args).await
+}

@@ -1,0 +1,328 @@
+//! The backends under measurement, and how each counts its round trips.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anarchon_core::{
+    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseClaim, LeaseStore,
+    MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
+};
+use anyhow::{Context, Result};
+use async_trait::async_trait;
+use futures::future::join_all;
+
+/// One backend to measure.
+#[async_trait]
+pub(crate) trait Target: Send + Sync {
+    /// Its name in the table.
+    fn name(&self) -> &'static str;
+    /// A new handle: its own connection pool, like another instance.
+    async fn instance(&self) -> Result<Arc<dyn LeaseStore>>;
+    /// Round trips served so far, counted by the store where it can count.
+    async fn round_trips(&self) -> Result<u64>;
+    /// Who counted the round trips.
+    fn counted_by(&self) -> &'static str;
+    /// The store's own speed: `ops` single-round-trip writes from
+    /// `concurrency` connections; (what was measured, ops per second).
+    async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>>;
+    /// Removes what the measurement left in the store.
+    async fn cleanup(&self) {}
+}
+
+/// Counts calls on the client side, for stores that cannot count for us.
+pub(crate) struct Counted {
+    inner: Arc<dyn LeaseStore>,
+    calls: Arc<AtomicU64>,
+}
+
+impl Counted {
+    fn wrap(inner: Arc<dyn LeaseStore>, calls: Arc<AtomicU64>) -> Arc<dyn LeaseStore> {
+        Arc::new(Self { inner, calls })
+    }
+
+    fn tick(&self) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[async_trait]
+impl ClaimStore for Counted {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.tick();
+        self.inner.claim(req).await
+    }
+    fn info(&self) -> BackendInfo {
+        self.inner.info()
+    }
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for Counted {
+    async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
+        self.tick();
+        self.inner.claim_lease(req).await
+    }
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+        self.tick();
+        self.inner.claim_many(reqs).await
+    }
+    async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {
+        self.tick();
+        self.inner.peek(run).await
+    }
+    async fn heartbeat(
+        &self,
+        run: &RunKey,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Renewal, StoreError> {
+        self.tick();
+        self.inner.heartbeat(run, token, lease).await
+    }
+    async fn finish(
+        &self,
+        run: &RunKey,
+        token: Token,
+        outcome: RunOutcome,
+    ) -> Result<Renewal, StoreError> {
+        self.tick();
+        self.inner.finish(run, token, outcome).await
+    }
+    async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        self.tick();
+        self.inner.release(run, token).await
+    }
+    async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        self.tick();
+        self.inner.history(job, limit).await
+    }
+    async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
+        self.tick();
+        self.inner.collect_garbage(keep).await
+    }
+}
+
+/// `MemoryStore`: one store shared by every "instance"; it counts its own calls.
+pub(crate) struct Memory {
+    store: Arc<MemoryStore>,
+}
+
+impl Memory {
+    pub(crate) fn new() -> Self {
+        Self {
+            store: Arc::new(MemoryStore::new()),
+        }
+    }
+}
+
+#[async_trait]
+impl Target for Memory {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+    async fn instance(&self) -> Result<Arc<dyn LeaseStore>> {
+        Ok(self.store.clone())
+    }
+    async fn round_trips(&self) -> Result<u64> {
+        Ok(self.store.operations())
+    }
+    fn counted_by(&self) -> &'static str {
+        "the store (MemoryStore::operations)"
+    }
+    async fn baseline(&self, _: usize, _: usize) -> Result<Option<(String, f64)>> {
+        Ok(None)
+    }
+}
+
+/// SQLite on a temporary file; each instance a pool of its own.
+pub(crate) struct Sqlite {
+    dir: tempfile::TempDir,
+    calls: Arc<AtomicU64>,
+}
+
+impl Sqlite {
+    pub(crate) fn new() -> Result<Self> {
+        Ok(Self {
+            dir: tempfile::tempdir()?,
+            calls: Arc::default(),
+        })
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("bench.db")
+    }
+}
+
+#[async_trait]
+impl Target for Sqlite {
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+    async fn instance(&self) -> Result<Arc<dyn LeaseStore>> {
+        let store = anarchon_sqlite::SqliteStore::open(
+            anarchon_sqlite::SqliteOptions::new(self.path()).max_connections(1),
+        )
+        .await
+        .context("opening the SQLite store")?;
+        Ok(Counted::wrap(Arc::new(store), self.calls.clone()))
+    }
+    async fn round_trips(&self) -> Result<u64> {
+        Ok(self.calls.load(Ordering::Relaxed))
+    }
+    fn counted_by(&self) -> &'static str {
+        "the client (one transaction per call)"
+    }
+    async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>> {
+        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+        let path = self.dir.path().join("baseline.db");
+        let mut pools = Vec::new();
+        for _ in 0..concurrency {
+            let options = SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .busy_timeout(Duration::from_secs(10));
+            pools.push(
+                SqlitePoolOptions::new()
+                    .max_connections(1)
+                    .connect_with(options)
+                    .await?,
+            );
+        }
+        sqlx::query("CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+            .execute(&pools[0])
+            .await?;
+        let per = ops / concurrency;
+        let start = Instant::now();
+        let runs = pools.iter().enumerate().map(|(c, pool)| async move {
+            for i in 0..per {
+                let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+                sqlx::query("INSERT INTO kv (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET v = excluded.v")
+                    .bind((i % 1000) as i64)
+                    .bind(c as i64)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+            }
+            Ok::<_, sqlx::Error>(())
+        });
+        for r in join_all(runs).await {
+            r?;
+        }
+        let rate = (per * concurrency) as f64 / start.elapsed().as_secs_f64();
+        Ok(Some((
+            "BEGIN IMMEDIATE + one-row upsert + COMMIT".into(),
+            rate,
+        )))
+    }
+}
+
+/// PostgreSQL in a table of its own; round trips counted by the server.
+pub(crate) struct Postgres {
+    url: String,
+    table: anarchon_pg::TableName,
+    stats: sqlx::PgPool,
+}
+
+impl Postgres {
+    pub(crate) async fn new(url: String) -> Result<Self> {
+        let table = anarchon_pg::TableName::new(&format!(
+            "anarchon_bench_{:012x}",
+            Token::generate().as_u128() & 0xffff_ffff_ffff
+        ))?;
+        let stats = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .context("connecting to PostgreSQL")?;
+        Ok(Self { url, table, stats })
+    }
+
+    async fn drop_tables(&self) {
+        if let Ok(store) = anarchon_pg::PgStore::connect_with(
+            anarchon_pg::PgOptions::new(&self.url)
+                .table_name(self.table.clone())
+                .pool_size(1),
+        )
+        .await
+        {
+            let _ = store.drop_schema().await;
+        }
+        let _ = sqlx::query("DROP TABLE IF EXISTS anarchon_bench_baseline")
+            .execute(&self.stats)
+            .await;
+    }
+}
+
+#[async_trait]
+impl Target for Postgres {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+    async fn instance(&self) -> Result<Arc<dyn LeaseStore>> {
+        let store = anarchon_pg::PgStore::connect_with(
+            anarchon_pg::PgOptions::new(&self.url)
+                .table_name(self.table.clone())
+                .pool_size(1),
+        )
+        .await
+        .context("opening the PostgreSQL store")?;
+        Ok(Arc::new(store))
+    }
+    async fn round_trips(&self) -> Result<u64> {
+        // The server's count of committed transactions in this database
+        // (each anarchon statement is one); stats are flushed about once a
+        // second, so wait for them, and subtract this query's own.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let _ = sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&self.stats)
+            .await?;
+        let n: i64 = sqlx::query_scalar(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&self.stats)
+        .await?;
+        Ok(n as u64)
+    }
+    fn counted_by(&self) -> &'static str {
+        "the server (pg_stat_database.xact_commit; includes other sessions)"
+    }
+    async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>> {
+        sqlx::query("CREATE TABLE IF NOT EXISTS anarchon_bench_baseline (k int PRIMARY KEY, v int NOT NULL)")
+            .execute(&self.stats)
+            .await?;
+        let mut pools = Vec::new();
+        for _ in 0..concurrency {
+            pools.push(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&self.url)
+                    .await?,
+            );
+        }
+        let per = ops / concurrency;
+        let start = Instant::now();
+        let runs = pools.iter().enumerate().map(|(c, pool)| async move {
+            for i in 0..per {
+                sqlx::query("INSERT INTO anarchon_bench_baseline (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = excluded.v")
+                    .bind((i % 1000) as i32)
+                    .bind(c as i32)
+                    .execute(pool)
+                    .await?;
+            }
+            Ok::<_, sqlx::Error>(())
+        });
+        for r in join_all(runs).await {
+            r?;
+        }
+        let rate = (per * concurrency) as f64 / start.elapsed().as_secs_f64();
+        Ok(Some(("one-row upsert".into(), rate)))
+    }
+    async fn cleanup(&self) {
+        self.drop_tables().await;
+    }
+}
