@@ -862,3 +862,43 @@ async fn a_hanging_heartbeat_does_not_hold_the_runner_past_its_lease() {
     );
     drop(s);
 }
+
+#[tokio::test(start_paused = true)]
+async fn claims_go_out_ahead_and_handlers_start_on_the_slot() {
+    let (clock, store) = setup();
+    let started: Arc<Mutex<Vec<(Slot, Timestamp)>>> = Arc::default();
+    let mut b = Scheduler::builder(store.clone()).clock(clock.clone());
+    let (st, clk) = (started.clone(), clock.clone());
+    b.job("on-time", every(60))
+        .unwrap()
+        .run(move |ctx| {
+            st.lock().unwrap().push((ctx.slot(), clk.now()));
+            async { Ok::<_, String>(()) }
+        })
+        .unwrap();
+    let s = b.start().unwrap();
+    sleep(150.0).await;
+    s.shutdown().await;
+    let started = started.lock().unwrap().clone();
+    // The first slot was due at start; the next two are claimed ahead.
+    assert_eq!(started.len(), 3, "{started:?}");
+    for (slot, at) in &started[1..] {
+        assert_eq!(
+            at,
+            &slot.at(),
+            "the handler starts on the slot, not after the claim"
+        );
+    }
+    let history = store
+        .history(&JobName::new("on-time").unwrap(), 3)
+        .await
+        .unwrap();
+    for record in &history[..2] {
+        let claimed = record.started_at.unwrap();
+        assert!(
+            claimed < record.run.slot.at(),
+            "claimed at {claimed}, before the slot {}",
+            record.run.slot
+        );
+    }
+}

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::context::{CancelReason, RunContext};
-use super::driver::{lease_claim, with_retries, within};
+use super::driver::{CLAIM_AHEAD, lease_claim, with_retries, within};
 use super::metrics::Metrics;
 use super::{Inner, JobSpec, StoreHandle};
 use crate::ids::Token;
@@ -22,13 +22,16 @@ use crate::time::Timestamp;
 const BACKUP_MARGIN: Duration = Duration::from_millis(5);
 
 /// Acts on the answer to a claim. `sent_at` is when the claim was first sent:
-/// the lease cannot have started before it.
+/// the lease cannot have started before it. A won run's handler starts at
+/// `fire_at` (wall clock) if that is still ahead: claims are sent a little
+/// early so the store's round trip does not delay the handler.
 pub(crate) fn handle_outcome(
     inner: &Arc<Inner>,
     job: Arc<JobSpec>,
     claim: LeaseClaim,
     outcome: ClaimOutcome,
     sent_at: Instant,
+    fire_at: Option<Timestamp>,
 ) {
     let run = claim.claim.run;
     let m = &inner.metrics;
@@ -40,9 +43,15 @@ pub(crate) fn handle_outcome(
             }
             tracing::info!(job = %run.job, slot = %run.slot, attempt = win.attempt.get(), fence = ?win.fence.map(|f| f.get()), "claim won");
             let token = claim.claim.token;
-            inner
-                .tasks
-                .spawn(run_won(inner.clone(), job, run, token, win, sent_at));
+            inner.tasks.spawn(run_won(
+                inner.clone(),
+                job,
+                run,
+                token,
+                win,
+                sent_at,
+                fire_at,
+            ));
         }
         ClaimOutcome::Running {
             lease_until,
@@ -82,6 +91,7 @@ pub(crate) async fn run_won(
     token: Token,
     win: Win,
     claim_sent_at: Instant,
+    fire_at: Option<Timestamp>,
 ) {
     let lease_store = match &inner.store {
         StoreHandle::Lease(store) => Some(store.clone()),
@@ -93,6 +103,22 @@ pub(crate) async fn run_won(
             hand_over(&inner, store.as_ref(), &run, token).await;
         }
         return;
+    }
+    // Claimed ahead of time: wait for the fire time (never longer than the
+    // head start, whatever the wall clock did meanwhile).
+    if let Some(fire_at) = fire_at {
+        let wait = fire_at.since(inner.clock.now()).min(CLAIM_AHEAD);
+        if !wait.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = inner.hand_over.cancelled() => {
+                    if let Some(store) = &lease_store {
+                        hand_over(&inner, store.as_ref(), &run, token).await;
+                    }
+                    return;
+                }
+            }
+        }
     }
     let span = tracing::info_span!("run", job = %run.job, slot = %run.slot, attempt = win.attempt.get(), instance = %inner.instance);
     let ctx = RunContext::new(
@@ -304,7 +330,7 @@ pub(crate) async fn backup(
                 if matches!(outcome, ClaimOutcome::Won(_)) {
                     tracing::info!(job = %run.job, slot = %run.slot, "the lease ran out; taking over");
                 }
-                handle_outcome(&inner, job, claim, outcome, sent_at);
+                handle_outcome(&inner, job, claim, outcome, sent_at, None);
                 return;
             }
             Err(error) => {
