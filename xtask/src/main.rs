@@ -3,6 +3,11 @@
 //! * `test-all [--backends memory,sqlite,pg,redis,amqp,nats]`: formatting,
 //!   clippy, every test, doc tests and docs; then each backend's fault tests
 //!   alone. Prints which backend was tested against which server.
+//! * `bench [--quick] [--backends memory,sqlite,…]`: the benchmarks of
+//!   `crates/anarchon-bench`, in release mode; a table on stdout and
+//!   `target/bench/results.json`.
+//! * `soak [--minutes N]`: the randomized history test for longer, with a
+//!   new seed each round.
 //! * `services [--start]`: checks that the four test servers answer, and
 //!   with `--start` starts any that has stopped (the commands of the
 //!   project's machines; elsewhere use `docker compose up -d`).
@@ -99,9 +104,15 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("test-all") => test_all(&root, &args[1..]),
         Some("services") => services(args[1..].iter().any(|a| a == "--start")),
+        Some("bench") => {
+            let mut cmd = cargo(&["run", "--release", "--quiet", "-p", "anarchon-bench", "--"]);
+            cmd.args(&args[1..]);
+            step("benchmarks", cmd)
+        }
+        Some("soak") => soak(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask test-all [--backends memory,sqlite,pg,redis,amqp,nats]\n       cargo xtask services [--start]"
+                "usage: cargo xtask test-all [--backends memory,sqlite,pg,redis,amqp,nats]\n       cargo xtask bench [--quick] [--backends memory,sqlite,postgres,redis-lease,redis-stream-id,redis-script,rabbitmq,nats]\n       cargo xtask soak [--minutes N]\n       cargo xtask services [--start]"
             );
             bail!("unknown or missing task")
         }
@@ -338,6 +349,37 @@ fn services(start: bool) -> Result<()> {
     if !missing.is_empty() {
         bail!("not answering: {}", missing.join(", "));
     }
+    Ok(())
+}
+
+/// Runs the randomized history test again and again, an hour of simulated
+/// time per round, each with a fresh seed, for `--minutes` of wall time.
+fn soak(args: &[String]) -> Result<()> {
+    let minutes: u64 = match args.iter().position(|a| a == "--minutes") {
+        Some(i) => args
+            .get(i + 1)
+            .context("--minutes needs a number")?
+            .parse()?,
+        None => 10,
+    };
+    let deadline = Instant::now() + Duration::from_secs(minutes * 60);
+    let mut rounds = 0;
+    while Instant::now() < deadline {
+        let mut cmd = cargo(&[
+            "test",
+            "--release",
+            "-p",
+            "anarchon-testkit",
+            "--test",
+            "history",
+            "--",
+            "--nocapture",
+        ]);
+        cmd.env("ANARCHON_HISTORY_SECONDS", "3600");
+        rounds += 1;
+        step(&format!("soak round {rounds}"), cmd)?;
+    }
+    println!("soak: {rounds} rounds without a violation");
     Ok(())
 }
 

@@ -8,6 +8,7 @@ use anarchon_core::{
     BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseClaim, LeaseStore,
     MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
 };
+
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 use futures::future::join_all;
@@ -18,7 +19,12 @@ pub(crate) trait Target: Send + Sync {
     /// Its name in the table.
     fn name(&self) -> &'static str;
     /// A new handle: its own connection pool, like another instance.
-    async fn instance(&self) -> Result<Arc<dyn LeaseStore>>;
+    async fn instance(&self) -> Result<Arc<dyn ClaimStore>>;
+    /// Server-side commands per claim, where the store reports them
+    /// separately from round trips (Redis `INFO commandstats`).
+    async fn server_commands(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
     /// Round trips served so far, counted by the store where it can count.
     async fn round_trips(&self) -> Result<u64>;
     /// Who counted the round trips.
@@ -30,17 +36,44 @@ pub(crate) trait Target: Send + Sync {
     async fn cleanup(&self) {}
 }
 
-/// Counts calls on the client side, for stores that cannot count for us.
+/// Counts calls on the client side, for stores that cannot count for us:
+/// each call of these stores is one round trip (their own tests check it).
 pub(crate) struct Counted {
     inner: Arc<dyn LeaseStore>,
     calls: Arc<AtomicU64>,
 }
 
-impl Counted {
-    fn wrap(inner: Arc<dyn LeaseStore>, calls: Arc<AtomicU64>) -> Arc<dyn LeaseStore> {
-        Arc::new(Self { inner, calls })
-    }
+/// The same for claim-only stores.
+pub(crate) struct CountedClaims {
+    inner: Arc<dyn ClaimStore>,
+    calls: Arc<AtomicU64>,
+}
 
+fn counted(inner: Arc<dyn ClaimStore>, calls: Arc<AtomicU64>) -> Arc<dyn ClaimStore> {
+    match inner.clone().as_lease_store() {
+        Some(lease) => Arc::new(Counted {
+            inner: lease,
+            calls,
+        }),
+        None => Arc::new(CountedClaims { inner, calls }),
+    }
+}
+
+#[async_trait]
+impl ClaimStore for CountedClaims {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.inner.claim(req).await
+    }
+    fn info(&self) -> BackendInfo {
+        self.inner.info()
+    }
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        None
+    }
+}
+
+impl Counted {
     fn tick(&self) {
         self.calls.fetch_add(1, Ordering::Relaxed);
     }
@@ -124,7 +157,7 @@ impl Target for Memory {
     fn name(&self) -> &'static str {
         "memory"
     }
-    async fn instance(&self) -> Result<Arc<dyn LeaseStore>> {
+    async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         Ok(self.store.clone())
     }
     async fn round_trips(&self) -> Result<u64> {
@@ -162,13 +195,13 @@ impl Target for Sqlite {
     fn name(&self) -> &'static str {
         "sqlite"
     }
-    async fn instance(&self) -> Result<Arc<dyn LeaseStore>> {
+    async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let store = anarchon_sqlite::SqliteStore::open(
             anarchon_sqlite::SqliteOptions::new(self.path()).max_connections(1),
         )
         .await
         .context("opening the SQLite store")?;
-        Ok(Counted::wrap(Arc::new(store), self.calls.clone()))
+        Ok(counted(Arc::new(store), self.calls.clone()))
     }
     async fn round_trips(&self) -> Result<u64> {
         Ok(self.calls.load(Ordering::Relaxed))
@@ -263,7 +296,7 @@ impl Target for Postgres {
     fn name(&self) -> &'static str {
         "postgres"
     }
-    async fn instance(&self) -> Result<Arc<dyn LeaseStore>> {
+    async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let store = anarchon_pg::PgStore::connect_with(
             anarchon_pg::PgOptions::new(&self.url)
                 .table_name(self.table.clone())
@@ -324,5 +357,232 @@ impl Target for Postgres {
     }
     async fn cleanup(&self) {
         self.drop_tables().await;
+    }
+}
+
+/// Which Redis strategy.
+#[derive(Clone, Copy)]
+pub(crate) enum RedisStrategy {
+    Lease,
+    StreamId,
+    Script,
+}
+
+/// Redis: round trips counted by the client, commands by the server.
+pub(crate) struct Redis {
+    url: String,
+    prefix: String,
+    strategy: RedisStrategy,
+    calls: Arc<AtomicU64>,
+}
+
+impl Redis {
+    pub(crate) fn new(url: String, strategy: RedisStrategy) -> Self {
+        Self {
+            url,
+            prefix: format!("bench{:08x}", Token::generate().as_u128() & 0xffff_ffff),
+            strategy,
+            calls: Arc::default(),
+        }
+    }
+
+    async fn admin(&self) -> Result<deadpool_redis::redis::aio::MultiplexedConnection> {
+        let client = deadpool_redis::redis::Client::open(self.url.as_str())?;
+        Ok(client.get_multiplexed_async_connection().await?)
+    }
+}
+
+#[async_trait]
+impl Target for Redis {
+    fn name(&self) -> &'static str {
+        match self.strategy {
+            RedisStrategy::Lease => "redis-lease",
+            RedisStrategy::StreamId => "redis-stream-id",
+            RedisStrategy::Script => "redis-script",
+        }
+    }
+    async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
+        let options = anarchon_redis::RedisOptions::new(&self.url).prefix(&self.prefix)?;
+        let store: Arc<dyn ClaimStore> = match self.strategy {
+            RedisStrategy::Lease => {
+                Arc::new(anarchon_redis::RedisLeaseStore::connect(&options).await?)
+            }
+            RedisStrategy::StreamId => {
+                Arc::new(anarchon_redis::RedisStreamIdStore::connect(&options).await?)
+            }
+            RedisStrategy::Script => Arc::new(
+                anarchon_redis::RedisScriptStore::connect(&options, Duration::from_secs(600))
+                    .await?,
+            ),
+        };
+        Ok(counted(store, self.calls.clone()))
+    }
+    async fn round_trips(&self) -> Result<u64> {
+        Ok(self.calls.load(Ordering::Relaxed))
+    }
+    fn counted_by(&self) -> &'static str {
+        "the client (one call = one round trip, pipelined); server commands from INFO commandstats"
+    }
+    async fn server_commands(&self) -> Result<Option<u64>> {
+        let mut conn = self.admin().await?;
+        let info: String = deadpool_redis::redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await?;
+        // The commands a client sends for a claim: EVALSHA (lease, script)
+        // or XADD + XRANGE (stream-id); commands run inside scripts are not
+        // round trips and are left out.
+        let top_level = ["evalsha", "xadd", "xrange"];
+        let total = info
+            .lines()
+            .filter_map(|line| {
+                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                if !top_level.contains(&name) {
+                    return None;
+                }
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix("calls="))?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        Ok(Some(total))
+    }
+    async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>> {
+        let mut conns = Vec::new();
+        for _ in 0..concurrency {
+            conns.push(self.admin().await?);
+        }
+        let script = deadpool_redis::redis::Script::new(
+            "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 60000)",
+        );
+        let per = ops / concurrency;
+        let start = Instant::now();
+        let runs = conns.into_iter().enumerate().map(|(c, mut conn)| {
+            let script = script.clone();
+            let prefix = self.prefix.clone();
+            async move {
+                for i in 0..per {
+                    let _: Option<String> = script
+                        .key(format!("{prefix}:baseline:{}", i % 1000))
+                        .arg(c)
+                        .invoke_async(&mut conn)
+                        .await?;
+                }
+                Ok::<_, deadpool_redis::redis::RedisError>(())
+            }
+        });
+        for r in join_all(runs).await {
+            r?;
+        }
+        let rate = (per * concurrency) as f64 / start.elapsed().as_secs_f64();
+        Ok(Some(("EVALSHA of SET NX".into(), rate)))
+    }
+    async fn cleanup(&self) {
+        if let Ok(mut conn) = self.admin().await {
+            let pattern = format!("*{}*", self.prefix);
+            let keys: Vec<String> = deadpool_redis::redis::cmd("KEYS")
+                .arg(&pattern)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            for chunk in keys.chunks(500) {
+                let _: Result<u64, _> = deadpool_redis::redis::cmd("DEL")
+                    .arg(chunk)
+                    .query_async(&mut conn)
+                    .await;
+            }
+        }
+    }
+}
+
+/// RabbitMQ: store calls counted by the client.
+pub(crate) struct Amqp {
+    url: String,
+    prefix: String,
+    calls: Arc<AtomicU64>,
+}
+
+impl Amqp {
+    pub(crate) fn new(url: String) -> Self {
+        Self {
+            url,
+            prefix: format!("bench{:08x}", Token::generate().as_u128() & 0xffff_ffff),
+            calls: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl Target for Amqp {
+    fn name(&self) -> &'static str {
+        "rabbitmq"
+    }
+    async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
+        let options = anarchon_amqp::AmqpOptions::new(&self.url)
+            .prefix(&self.prefix)
+            .slot_ttl(Duration::from_secs(120));
+        let store = anarchon_amqp::AmqpStore::connect(options).await?;
+        Ok(counted(Arc::new(store), self.calls.clone()))
+    }
+    async fn round_trips(&self) -> Result<u64> {
+        Ok(self.calls.load(Ordering::Relaxed))
+    }
+    fn counted_by(&self) -> &'static str {
+        "the client, as store calls (a claim is a queue declare, a publish and its confirm)"
+    }
+    async fn baseline(&self, _: usize, _: usize) -> Result<Option<(String, f64)>> {
+        Ok(None)
+    }
+}
+
+/// NATS JetStream de-duplication: store calls counted by the client.
+pub(crate) struct Nats {
+    url: String,
+    prefix: String,
+    calls: Arc<AtomicU64>,
+}
+
+impl Nats {
+    pub(crate) fn new(url: String) -> Self {
+        Self {
+            url,
+            prefix: format!("bench{:08x}", Token::generate().as_u128() & 0xffff_ffff),
+            calls: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl Target for Nats {
+    fn name(&self) -> &'static str {
+        "nats"
+    }
+    async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
+        let connection = anarchon_nats::NatsOptions::new(&self.url);
+        let claims = anarchon_nats::ClaimOptions::new()
+            .prefix(&self.prefix)
+            .duplicate_window(Duration::from_secs(120));
+        let store = anarchon_nats::NatsClaimStore::connect(&connection, claims).await?;
+        Ok(counted(Arc::new(store), self.calls.clone()))
+    }
+    async fn round_trips(&self) -> Result<u64> {
+        Ok(self.calls.load(Ordering::Relaxed))
+    }
+    fn counted_by(&self) -> &'static str {
+        "the client (a publish and its acknowledgement per claim)"
+    }
+    async fn baseline(&self, _: usize, _: usize) -> Result<Option<(String, f64)>> {
+        Ok(None)
+    }
+    async fn cleanup(&self) {
+        let stream = anarchon_nats::ClaimOptions::new()
+            .prefix(&self.prefix)
+            .stream_name();
+        if let Ok(client) = async_nats::connect(&self.url).await {
+            let _ = async_nats::jetstream::new(client)
+                .delete_stream(&stream)
+                .await;
+        }
     }
 }
