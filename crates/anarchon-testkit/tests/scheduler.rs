@@ -902,3 +902,37 @@ async fn claims_go_out_ahead_and_handlers_start_on_the_slot() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_offset_to_the_store_clock_is_measured_and_exposed() {
+    let (clock, store) = setup();
+    let mut schedulers = Vec::new();
+    for (name, c) in [
+        ("true", clock.clone() as Arc<dyn Clock>),
+        (
+            "behind",
+            SkewedClock::new(clock.clone(), false, Duration::from_secs(30)) as Arc<dyn Clock>,
+        ),
+    ] {
+        let mut b = Scheduler::builder(store.clone())
+            .clock(c)
+            .instance_id(id(name));
+        b.job("long", every(120))
+            .unwrap()
+            .run(|_| async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                Ok::<_, String>(())
+            })
+            .unwrap();
+        schedulers.push(b.start().unwrap());
+    }
+    sleep(200.0).await;
+    let behind = schedulers[1].metrics();
+    for s in schedulers {
+        s.shutdown().await;
+    }
+    let ahead = behind
+        .store_clock_ahead_ms
+        .expect("the late instance met a live lease");
+    assert!((29_000..=31_000).contains(&ahead), "{ahead} ms");
+}

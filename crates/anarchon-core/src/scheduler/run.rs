@@ -58,6 +58,7 @@ pub(crate) fn handle_outcome(
             store_now,
         } => {
             Metrics::add(&m.losses);
+            m.observe_store_clock(store_now, inner.clock.now());
             tracing::debug!(job = %run.job, slot = %run.slot, %lease_until, "running elsewhere; watching as a backup");
             inner
                 .tasks
@@ -297,7 +298,12 @@ pub(crate) async fn backup(
             () = inner.stop.cancelled() => return,
         }
         let view = match with_retries("peek", || store.peek(&run)).await {
-            Ok(view) => view,
+            Ok(view) => {
+                inner
+                    .metrics
+                    .observe_store_clock(view.store_now, inner.clock.now());
+                view
+            }
             Err(error) => {
                 tracing::warn!(%error, job = %run.job, slot = %run.slot, "backup could not read the run; trying again after a heartbeat");
                 lease_until = store_now.saturating_add(inner.heartbeat);
