@@ -363,3 +363,41 @@ async fn schedulers_keep_claiming_across_a_cut() {
         assert!(store.connections_opened() >= 2, "each store reconnected");
     }
 }
+
+/// Instances of one prefix, connecting to `options`' URL.
+struct On(anarchon_amqp::AmqpOptions);
+
+#[async_trait::async_trait]
+impl anarchon_testkit::StoreFactory for On {
+    type Store = anarchon_amqp::AmqpStore;
+
+    async fn instance(&self) -> std::sync::Arc<anarchon_amqp::AmqpStore> {
+        std::sync::Arc::new(common::connect(self.0.clone()).await)
+    }
+}
+
+/// The testkit's lost-reply check: RabbitMQ cannot always tell a retried
+/// claim whose confirm was lost, so the run has at most one winner and an
+/// `Unknown` that is never run.
+#[tokio::test]
+async fn testkit_lost_reply_gives_at_most_one_winner() {
+    let direct = common::options().await;
+    let url = common::url().await;
+    let rest = url.split_once("://").expect("a URL").1;
+    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let host = &host[..host.find('/').unwrap_or(host.len())];
+    let proxy = anarchon_testkit::FaultProxy::start(host)
+        .await
+        .expect("proxy");
+    let proxied_url = url.replacen(host, &proxy.address().to_string(), 1);
+    let via = anarchon_amqp::AmqpOptions::new(proxied_url)
+        .prefix(direct.get_prefix())
+        .slot_ttl(common::TEST_SLOT_TTL);
+    anarchon_testkit::faults::lost_reply_resolves_to_one_winner(
+        &On(via),
+        &On(direct),
+        &proxy,
+        anarchon_testkit::faults::RetryResolution::MayStayUnknown,
+    )
+    .await;
+}

@@ -427,3 +427,36 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
         .unwrap();
     assert_eq!(store.server().eviction, EvictionFinding::NoEviction);
 }
+
+/// The testkit's lost-reply check, through the testkit's proxy.
+#[tokio::test]
+async fn testkit_lost_reply_gives_one_winner() {
+    let direct = common::LeaseFactory::new().await;
+    let address = direct.url.split_once("://").unwrap().1;
+    let address = address.rsplit_once('@').map_or(address, |(_, a)| a);
+    let address = &address[..address.find('/').unwrap_or(address.len())];
+    let proxy = anarchon_testkit::FaultProxy::start(address).await.unwrap();
+    let via = common::LeaseFactory::new().await;
+    let mut via = via;
+    via.opts = anarchon_redis::RedisOptions::new(format!("redis://{}", proxy.address()))
+        .prefix(&direct.prefix)
+        .unwrap();
+    anarchon_testkit::faults::lost_reply_resolves_to_one_winner(
+        &via,
+        &direct,
+        &proxy,
+        anarchon_testkit::faults::RetryResolution::Recognised,
+    )
+    .await;
+}
+
+/// The testkit's random fault history on the lease strategy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testkit_random_faults_never_give_a_run_two_runners() {
+    let factory = common::LeaseFactory::new().await;
+    anarchon_testkit::faults::random_faults_never_give_a_run_two_runners(
+        &factory,
+        Duration::from_secs(15),
+    )
+    .await;
+}

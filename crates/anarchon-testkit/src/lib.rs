@@ -22,6 +22,7 @@
 pub mod claim;
 pub mod clock;
 pub mod factory;
+pub mod faults;
 pub mod history;
 pub mod lease;
 pub mod proxy;

@@ -1,0 +1,82 @@
+//! Faults between the scheduler and a real PostgreSQL: a claim's reply lost
+//! on the wire, and a random history of faults. Run alone, after the
+//! suites, by `cargo xtask test-all` (`cargo test -p anarchon-pg --test faults`).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anarchon_pg::{PgOptions, PgStore};
+use anarchon_testkit::faults::{self, RetryResolution};
+use anarchon_testkit::{FaultProxy, StoreFactory};
+use async_trait::async_trait;
+
+/// Instances of one table, connecting to `url`.
+struct On {
+    url: String,
+    table: anarchon_pg::TableName,
+}
+
+#[async_trait]
+impl StoreFactory for On {
+    type Store = PgStore;
+
+    async fn instance(&self) -> Arc<PgStore> {
+        Arc::new(
+            PgStore::connect_with(
+                PgOptions::new(&self.url)
+                    .table_name(self.table.clone())
+                    .pool_size(1),
+            )
+            .await
+            .unwrap(),
+        )
+    }
+}
+
+/// The server's `host:port` and the URL with the proxy's address instead.
+fn through(url: &str, proxy: &FaultProxy) -> (String, String) {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (auth, rest) = rest.rsplit_once('@').map_or(("", rest), |(a, r)| (a, r));
+    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let at = if auth.is_empty() {
+        String::new()
+    } else {
+        format!("{auth}@")
+    };
+    (
+        host.to_owned(),
+        format!("{scheme}://{at}{}{path}", proxy.address()),
+    )
+}
+
+#[tokio::test]
+async fn a_lost_claim_reply_still_gives_the_run_one_winner() {
+    let url = common::url().await;
+    let table = common::fresh_table();
+    let host = url.split_once("://").unwrap().1;
+    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+    let host = &host[..host.find('/').unwrap_or(host.len())];
+    let proxy = FaultProxy::start(host).await.unwrap();
+    let (_, proxied) = through(&url, &proxy);
+    let direct = On {
+        url: url.clone(),
+        table: table.clone(),
+    };
+    let via = On {
+        url: proxied,
+        table: table.clone(),
+    };
+    faults::lost_reply_resolves_to_one_winner(&via, &direct, &proxy, RetryResolution::Recognised)
+        .await;
+    direct.instance().await.drop_schema().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_faults_never_give_a_run_two_runners() {
+    let factory = common::PgFactory::new().await;
+    faults::random_faults_never_give_a_run_two_runners(&factory, Duration::from_secs(15)).await;
+}

@@ -1,0 +1,199 @@
+//! Fault checks every backend runs against its real server: a reply lost
+//! on the wire, and a random history of faults checked for two runners.
+//!
+//! These run in each backend's `tests/faults.rs`, one at a time, after the
+//! parallel suites (`cargo xtask test-all`).
+
+use std::time::Duration;
+
+use anarchon_core::{
+    ClaimOutcome, ClaimStore, InstanceId, LeaseStore, RunKey, Schedule, Scheduler, Slot, Token,
+};
+
+use crate::claim::{claim_request, future_slot, job};
+use crate::factory::StoreFactory;
+use crate::history::{self, History, Recorder};
+use crate::proxy::FaultProxy;
+use crate::stores::Faulty;
+
+/// How a backend answers a claim whose reply was lost and that is sent
+/// again with the same token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryResolution {
+    /// The store recognises the token: the retry is told `Won`, and the run
+    /// has exactly one winner.
+    Recognised,
+    /// The store cannot tell (RabbitMQ without a confirm): the retry may be
+    /// `Unknown`, which the scheduler never runs; the run has at most one
+    /// winner and may have none.
+    MayStayUnknown,
+}
+
+/// Claims through `proxy` while it swallows the reply: the claim reached
+/// the server but the caller never heard. Retrying with the same token must
+/// give the run to exactly one instance (or, for stores that cannot tell,
+/// to at most one, never running an `Unknown`).
+///
+/// `through_proxy` is a factory whose instances connect through `proxy`;
+/// `direct` one whose instances connect to the server itself, on the same
+/// namespace.
+pub async fn lost_reply_resolves_to_one_winner<P, D>(
+    through_proxy: &P,
+    direct: &D,
+    proxy: &FaultProxy,
+    resolution: RetryResolution,
+) where
+    P: StoreFactory,
+    D: StoreFactory,
+{
+    let a = through_proxy.instance().await;
+    let b = direct.instance().await;
+    let base = future_slot(through_proxy, 0).as_millis();
+    let mut swallowed_claims = 0;
+    for i in 0..10 {
+        let run = RunKey::new(job("lost-reply"), Slot::from_millis(base + i * 1000));
+        let mine = claim_request(run.clone(), Token::generate(), "a");
+        let before = proxy.swallowed();
+        proxy.swallow_next_reply();
+        // The store may resend on a new connection by itself; either way
+        // its first answer must not be a second winner.
+        let first = a.claim(&mine).await;
+        if proxy.swallowed() > before {
+            swallowed_claims += 1;
+        }
+        let theirs = b
+            .claim(&claim_request(run.clone(), Token::generate(), "b"))
+            .await
+            .expect("the direct instance's claim");
+        // The retry, with the same token, after whatever reconnecting it takes.
+        let mut retried = a.claim(&mine).await;
+        for _ in 0..20 {
+            if retried.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            retried = a.claim(&mine).await;
+        }
+        let retried = retried.expect("the retry gets an answer once the line is back");
+        if let Ok(first) = &first {
+            assert!(
+                !matches!(first, ClaimOutcome::Won(_)) || !matches!(theirs, ClaimOutcome::Won(_)),
+                "{run}: two winners: {first:?} and {theirs:?}"
+            );
+        }
+        let winners = [&retried, &theirs]
+            .iter()
+            .filter(|o| matches!(o, ClaimOutcome::Won(_)))
+            .count();
+        assert!(
+            winners <= 1,
+            "{run}: two winners: {retried:?} and {theirs:?}"
+        );
+        match resolution {
+            RetryResolution::Recognised => assert_eq!(
+                winners, 1,
+                "{run}: the retry must be recognised as the winner or lose to b: {retried:?}, {theirs:?}"
+            ),
+            RetryResolution::MayStayUnknown => {}
+        }
+    }
+    assert!(
+        swallowed_claims >= 5,
+        "the proxy swallowed only {swallowed_claims} claim replies of 10: the check did not test lost replies"
+    );
+}
+
+/// Four schedulers on `factory`'s store, each behind a [`Faulty`] handle
+/// and recorded into one [`History`], run per-second jobs of different
+/// lengths for `duration` of real time while random faults (connection
+/// down, heartbeats failing, heartbeats hanging) come and go. The history
+/// must show one runner per run.
+///
+/// Prints its seed; `ANARCHON_SEED` replays one.
+pub async fn random_faults_never_give_a_run_two_runners<F: StoreFactory>(
+    factory: &F,
+    duration: Duration,
+) where
+    F::Store: LeaseStore,
+{
+    let seed: u64 = std::env::var("ANARCHON_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| Token::generate().as_u128() as u64);
+    println!("fault history seed: {seed} (replay with ANARCHON_SEED={seed})");
+    let mut rng = SplitMix(seed);
+    let history = History::new();
+    let mut handles = Vec::new();
+    let mut schedulers = Vec::new();
+    for instance in 0..4 {
+        let faulty = Faulty::new(factory.instance().await);
+        handles.push(faulty.clone());
+        let recorder = Recorder::new(faulty, instance, history.clone());
+        let mut b = Scheduler::builder(recorder)
+            .clock(factory.clock())
+            .instance_id(InstanceId::new(&format!("i{instance}")).expect("valid id"))
+            .lease(Duration::from_millis(800))
+            .heartbeat(Duration::from_millis(200));
+        for j in 0..3u64 {
+            let work = Duration::from_millis(j * 700);
+            b.job(
+                format!("fault-job{j}"),
+                Schedule::every(Duration::from_secs(1)).expect("1 s"),
+            )
+            .expect("job")
+            .max_attempts(3)
+            .run(move |ctx| async move {
+                tokio::select! {
+                    () = tokio::time::sleep(work) => {}
+                    () = ctx.cancelled() => {}
+                }
+                Ok::<_, String>(())
+            })
+            .expect("handler");
+        }
+        schedulers.push(b.start().expect("start"));
+    }
+    let deadline = tokio::time::Instant::now() + duration;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100 + rng.below(900))).await;
+        let h = &handles[rng.below(4) as usize];
+        match rng.below(5) {
+            0 => h.set_down(true),
+            1 => h.set_heartbeats_down(true),
+            2 => h.set_heartbeats_hang(true),
+            _ => {
+                h.set_down(false);
+                h.set_heartbeats_down(false);
+                h.set_heartbeats_hang(false);
+            }
+        }
+    }
+    for h in &handles {
+        h.set_down(false);
+        h.set_heartbeats_down(false);
+        h.set_heartbeats_hang(false);
+    }
+    for s in schedulers {
+        s.shutdown().await;
+    }
+    match history::check(&history) {
+        Ok(summary) => {
+            println!("seed {seed}: {summary:?} over {} calls", history.len());
+            assert!(summary.wins > 0, "nothing ran: {summary:?}");
+        }
+        Err(v) => panic!("seed {seed}: {} violations:\n{}", v.0.len(), v.0.join("\n")),
+    }
+}
+
+/// splitmix64, for reproducible fault schedules.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % n
+    }
+}
