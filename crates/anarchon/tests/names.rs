@@ -91,11 +91,11 @@ proptest! {
 
     #[test]
     fn no_two_names_share_a_key(a in names(), b in names()) {
-        if let (Ok(a), Ok(b)) = (JobName::new(&a), JobName::new(&b)) {
-            if a != b {
-                for (ka, kb) in keys(&a).iter().zip(keys(&b).iter()) {
-                    prop_assert_ne!(ka, kb);
-                }
+        if let (Ok(a), Ok(b)) = (JobName::new(&a), JobName::new(&b))
+            && a != b
+        {
+            for (ka, kb) in keys(&a).iter().zip(keys(&b).iter()) {
+                prop_assert_ne!(ka, kb);
             }
         }
     }
