@@ -58,19 +58,75 @@ pub(crate) enum Error {
         reason: String,
     },
 
+    /// The store URL names a known backend but is malformed, or one of its
+    /// parameters is unknown or out of range.
+    #[error("invalid store URL {url}: {reason}")]
+    InvalidStoreUrl {
+        /// Redacted.
+        url: String,
+        reason: String,
+    },
+
     /// The SQLite store could not be opened.
     #[error(transparent)]
     Sqlite(#[from] anarchon::sqlite::Error),
+
+    /// The PostgreSQL store could not be opened.
+    #[error(transparent)]
+    Postgres(#[from] anarchon::pg::PgError),
+
+    /// The Redis store could not be opened.
+    #[error(transparent)]
+    Redis(#[from] anarchon::redis::RedisStoreError),
+
+    /// The RabbitMQ store could not be opened.
+    #[error(transparent)]
+    Amqp(#[from] anarchon::amqp::Error),
+
+    /// The NATS store could not be opened.
+    #[error(transparent)]
+    Nats(#[from] anarchon::nats::Error),
 
     /// A store call failed.
     #[error(transparent)]
     Store(#[from] anarchon::StoreError),
 
-    /// `anarchon history` on a database file that does not exist.
+    /// `anarchon history` on a SQLite file or PostgreSQL table that does
+    /// not exist.
+    #[error("{what}: nothing has run with this store yet (or pass --store / --config)")]
+    NoDatabase {
+        /// What is missing, e.g. `no database at "cron.db"`.
+        what: String,
+    },
+
+    /// `anarchon history` on a PostgreSQL table of an older schema.
     #[error(
-        "no database at {path:?}: nothing has run with this store yet (or pass --store / --config)"
+        "the table {table:?} is at schema version {found}, but this anarchon reads version {latest}: `anarchon run` with this version migrates it"
     )]
-    NoDatabase { path: PathBuf },
+    SchemaOutdated {
+        table: String,
+        found: u32,
+        latest: u32,
+    },
+
+    /// `anarchon history` on a claim-only store.
+    #[error(
+        "the `{backend}` store is claim-only and keeps no history: it can only tell which instance was first to claim a run, not record how runs ended. The commands' output and exit statuses are in the daemons' logs; for `anarchon history` use a lease store (sqlite://, postgres://, or redis:// with strategy=lease)"
+    )]
+    NoHistory {
+        /// The backend, e.g. `rabbitmq`.
+        backend: &'static str,
+    },
+
+    /// `anarchon history` without a job on a store that cannot list its
+    /// jobs, and no crontab to take them from.
+    #[error(
+        "the `{backend}` store cannot list the jobs it has runs of: name a job (`anarchon history JOB`) or pass --config FILE to show the crontab's jobs"
+    )]
+    JobsUnknown {
+        /// The backend, e.g. `postgres`.
+        backend: &'static str,
+    },
 }
 
 impl Error {
@@ -91,9 +147,16 @@ impl Error {
             | Error::Parse { .. }
             | Error::Job { .. }
             | Error::Config { .. }
-            | Error::StoreUrl { .. } => true,
+            | Error::StoreUrl { .. }
+            | Error::InvalidStoreUrl { .. }
+            | Error::NoHistory { .. }
+            | Error::JobsUnknown { .. } => true,
             Error::Sqlite(e) => !e.is_temporary(),
-            Error::Store(_) | Error::NoDatabase { .. } => false,
+            Error::Postgres(e) => !e.is_temporary(),
+            Error::Redis(e) => !e.is_temporary(),
+            Error::Amqp(e) => !e.is_temporary(),
+            Error::Nats(e) => !e.is_temporary(),
+            Error::Store(_) | Error::NoDatabase { .. } | Error::SchemaOutdated { .. } => false,
         }
     }
 }

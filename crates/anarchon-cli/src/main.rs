@@ -38,7 +38,8 @@ enum Cmd {
         #[arg(short, long, value_name = "FILE")]
         config: PathBuf,
         /// The store URL; overrides the crontab's `store` (default
-        /// sqlite://anarchon.db).
+        /// sqlite://anarchon.db). Schemes: sqlite, postgres, redis, amqp,
+        /// nats.
         #[arg(long, value_name = "URL")]
         store: Option<String>,
     },
@@ -49,7 +50,8 @@ enum Cmd {
         /// Read the store URL from this crontab.
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// The store URL (default sqlite://anarchon.db).
+        /// The store URL (default sqlite://anarchon.db): a lease store;
+        /// claim-only stores keep no history.
         #[arg(long, value_name = "URL")]
         store: Option<String>,
         /// How many runs to show.
@@ -68,7 +70,8 @@ enum Cmd {
         #[arg(short = 'n', long, default_value_t = 5)]
         count: usize,
     },
-    /// Check a crontab without running anything or opening the store.
+    /// Check a crontab, and the store URL's form, without running anything
+    /// or opening the store.
     Check {
         /// The crontab (TOML).
         #[arg(short, long, value_name = "FILE")]
@@ -98,13 +101,31 @@ fn main() -> ExitCode {
     match runtime.block_on(dispatch(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            let _ = writeln!(std::io::stderr(), "anarchon: error: {e:#}");
+            let _ = writeln!(std::io::stderr(), "anarchon: error: {}", error_text(&e));
             let configuration = e
                 .downcast_ref::<Error>()
                 .is_some_and(Error::is_configuration);
             ExitCode::from(if configuration { 2 } else { 1 })
         }
     }
+}
+
+/// The error and its causes on one line, like `{:#}`, but without a cause
+/// whose text the line already has: most errors here show their source in
+/// their own message.
+fn error_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let message = cause.to_string();
+        if message.is_empty() || text.contains(&message) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&message);
+    }
+    text
 }
 
 fn init_logging() {
@@ -149,21 +170,38 @@ async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
     let crontab = Crontab::load(path)?;
     let url = store_url(store, Some(&crontab));
     let backend = Backend::parse(&url)?;
-    // Everything the core would refuse is found before the store is
-    // opened (or a SQLite file created).
+    // Everything the core would refuse — lease-only options on a
+    // claim-only store included — is found before the store is opened (or
+    // a SQLite file created, or a server contacted).
     validate(&crontab, &backend)?;
     if crontab.jobs.is_empty() {
         tracing::warn!(config = %path.display(), "the crontab has no [[job]]: nothing to run");
     }
-    let opened = backend.open().await?;
+    let opened = backend
+        .open()
+        .await
+        .with_context(|| format!("cannot open the store {}", redact(&url)))?;
     let orphans = Arc::new(Orphans::default());
-    let scheduler = app::start(&crontab, opened.claim_store(), &orphans)?;
+    let scheduler = match app::start(&crontab, opened.claim_store(), &orphans) {
+        Ok(scheduler) => scheduler,
+        Err(e) => {
+            opened.close().await;
+            return Err(e.into());
+        }
+    };
     tracing::info!(
         store = %redact(&url),
+        backend = backend.name(),
         instance = %scheduler.instance_id(),
         jobs = crontab.jobs.len(),
         "anarchon running; Ctrl-C or SIGTERM stops it and hands running jobs over"
     );
+    if !backend.is_lease() {
+        tracing::info!(
+            backend = backend.name(),
+            "claim-only store: each run goes to the first instance to claim it; no backups, no takeover, no history"
+        );
+    }
     let signal = shutdown_signal().await?;
     tracing::info!(
         signal,
@@ -171,8 +209,7 @@ async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
     );
     let report = scheduler.shutdown().await;
     orphans.reap(crontab.kill_grace).await;
-    let Opened::Sqlite(store) = &opened;
-    store.close().await;
+    opened.close().await;
     tracing::info!(handed_over = report.handed_over, "stopped");
     Ok(())
 }
@@ -197,31 +234,72 @@ async fn history(
     let crontab = config.map(Crontab::load).transpose()?;
     let url = store_url(store, crontab.as_ref());
     let backend = Backend::parse(&url)?;
-    let Backend::Sqlite(options) = &backend;
-    if !options.get_path().exists() {
-        return Err(Error::NoDatabase {
-            path: options.get_path().to_path_buf(),
+    let job = job
+        .map(|name| JobName::new(&name).map_err(|source| Error::config(None, None, source)))
+        .transpose()?;
+    if !backend.is_lease() {
+        return Err(Error::NoHistory {
+            backend: backend.name(),
         }
         .into());
     }
-    let Opened::Sqlite(store) = backend.open().await?;
-    let jobs = match job {
-        Some(name) => {
-            vec![JobName::new(&name).map_err(|source| Error::config(None, None, source))?]
+    // Only SQLite can list the jobs it has runs of: elsewhere the jobs come
+    // from the command line or the crontab, found out before connecting.
+    if job.is_none() && crontab.is_none() && !matches!(backend, Backend::Sqlite(_)) {
+        return Err(Error::JobsUnknown {
+            backend: backend.name(),
         }
-        None => store.jobs().await.map_err(Error::from)?,
+        .into());
+    }
+    let opened = backend
+        .open_for_history()
+        .await
+        .with_context(|| format!("cannot read the store {}", redact(&url)))?;
+    let result = history_of(&opened, &backend, job, crontab.as_ref(), limit).await;
+    opened.close().await;
+    write_out(&result?)
+}
+
+/// The history table (or "no runs recorded") of an open lease store.
+async fn history_of(
+    opened: &Opened,
+    backend: &Backend,
+    job: Option<JobName>,
+    crontab: Option<&Crontab>,
+    limit: usize,
+) -> Result<String, Error> {
+    let Some(store) = opened.lease_store() else {
+        return Err(Error::NoHistory {
+            backend: backend.name(),
+        });
+    };
+    let jobs = match (job, opened, crontab) {
+        (Some(name), _, _) => vec![name],
+        (None, Opened::Sqlite(sqlite), _) => sqlite.jobs().await?,
+        (None, _, Some(crontab)) => crontab
+            .jobs
+            .iter()
+            .map(|j| JobName::new(&j.name))
+            .collect::<Result<_, _>>()
+            .map_err(|source| {
+                Error::config(Some(crontab.path.display().to_string()), None, source)
+            })?,
+        (None, _, None) => {
+            return Err(Error::JobsUnknown {
+                backend: backend.name(),
+            });
+        }
     };
     let runs = show::history(store.as_ref(), &jobs, limit).await?;
-    store.close().await;
-    if runs.is_empty() {
+    Ok(if runs.is_empty() {
         let which = match jobs.as_slice() {
             [one] => format!(" for job {one:?}"),
             _ => String::new(),
         };
-        write_out(&format!("no runs recorded{which}\n"))
+        format!("no runs recorded{which}\n")
     } else {
-        write_out(&show::history_table(&runs))
-    }
+        show::history_table(&runs)
+    })
 }
 
 /// Checks the crontab against the backend's kind without opening it: the

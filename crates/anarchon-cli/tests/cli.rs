@@ -260,11 +260,11 @@ fn store_urls_are_checked_and_never_echo_a_password() {
             "--config",
             c,
             "--store",
-            "postgres://app:s3cret@db/cron",
+            "mysql://app:s3cret@db/cron",
         ],
     );
     assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("postgres://app:***@db/cron"), "{stderr}");
+    assert!(stderr.contains("mysql://app:***@db/cron"), "{stderr}");
     assert!(!stderr.contains("s3cret"), "{stderr}");
 
     let missing_dir = dir.path().join("no-such-dir");

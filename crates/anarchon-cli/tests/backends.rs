@@ -1,0 +1,563 @@
+//! The daemon against every server backend, chosen by URL.
+//!
+//! * Lease-only options (`overlap`, `max_attempts`, `catch_up`, `lease`,
+//!   `heartbeat`) on a claim-only URL (`amqp://`, `nats://`, Redis
+//!   `stream-id` / `script` / `idmp`) are refused by `run` and by `check`
+//!   with exit status 2 and the core's message naming the option and the
+//!   backend — before any server is contacted.
+//! * The same crontab without them runs a per-second job against the real
+//!   RabbitMQ, NATS, Redis and PostgreSQL servers (found as the testkit
+//!   finds them: `ANARCHON_*_URL`, else the local default). Claim-only
+//!   stores are checked through the command's output file, lease stores
+//!   through `anarchon history`.
+//! * A store URL's password never shows, whatever fails.
+//!
+//! Every test uses its own prefix, stream or table and removes it at the
+//! end, passed or failed (RabbitMQ's gate queues expire on their own after
+//! the 20 s slot TTL the tests set).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anarchon_testkit::servers::{Service, require, unique_prefix};
+use common::{Fleet, anarchon, wait_for};
+use nix::sys::signal::Signal;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for set-up and clean-up")
+}
+
+/// The test server's URL for `service` (the test fails, saying how to
+/// provide one, when there is none).
+fn server(service: Service) -> String {
+    runtime().block_on(require(service))
+}
+
+/// `url` with `params` added to its query.
+fn with_params(url: &str, params: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{params}")
+}
+
+/// Runs `anarchon args…` in `dir`: (exit code, stdout, stderr).
+fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = anarchon()
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run anarchon");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A crontab on `store` with one per-second job `tick` that appends
+/// `$ANARCHON_JOB $ANARCHON_SLOT $PPID` to `log`, plus `extra` lines in
+/// the job.
+fn crontab(store: &str, log: &Path, extra: &str) -> String {
+    format!(
+        r#"store = "{store}"
+
+[scheduler]
+shutdown_grace = "1s"
+kill_grace = "500ms"
+
+[[job]]
+name = "tick"
+every = "1s"
+max_late = "5s"
+command = "echo \"$ANARCHON_JOB $ANARCHON_SLOT $PPID\" >> {log}"
+{extra}
+"#,
+        log = log.display()
+    )
+}
+
+/// The claim-only URLs, pointing at the real servers where there are
+/// some, and the backend name each one's errors use.
+fn claim_only_urls() -> Vec<(String, &'static str)> {
+    let prefix = unique_prefix("clirefused");
+    vec![
+        (
+            with_params(
+                &server(Service::Amqp),
+                &format!("prefix={prefix}&slot_ttl_ms=20000"),
+            ),
+            "rabbitmq",
+        ),
+        (
+            with_params(
+                &server(Service::Nats),
+                &format!("prefix={prefix}&duplicate_window_ms=20000&storage=memory"),
+            ),
+            "nats",
+        ),
+        (
+            with_params(
+                &server(Service::Redis),
+                &format!("strategy=stream-id&prefix={prefix}"),
+            ),
+            "redis-stream-id",
+        ),
+        (
+            with_params(
+                &server(Service::Redis),
+                &format!("strategy=script&window_ms=60000&prefix={prefix}"),
+            ),
+            "redis-script",
+        ),
+        // Redis 8.6 is not needed to refuse a crontab for idmp.
+        ("redis://127.0.0.1:1?strategy=idmp".to_owned(), "redis-idmp"),
+        // No broker needed either: these answer nowhere.
+        (
+            "amqp://cron:Sentinel-Pw-41@127.0.0.1:1/%2f".to_owned(),
+            "rabbitmq",
+        ),
+        ("nats://Sentinel-Tok-42@127.0.0.1:1".to_owned(), "nats"),
+    ]
+}
+
+/// `run` and `check` refuse every lease-only option on every claim-only
+/// URL with status 2, naming the option and the backend, before any
+/// server is contacted (the crontab is checked first, and two of the URLs
+/// answer nowhere). `history` says such stores keep none.
+#[test]
+fn lease_only_options_are_refused_on_claim_only_urls() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let log = d.join("never.log");
+    let config = d.join("anarchon.toml");
+    let urls = claim_only_urls();
+    for (option, line, scheduler) in [
+        ("overlap", "overlap = \"skip\"", ""),
+        ("max_attempts", "max_attempts = 2", ""),
+        ("catch_up", "catch_up = \"1h\"", ""),
+        ("lease", "", "lease = \"10s\""),
+        ("heartbeat", "", "heartbeat = \"1s\""),
+    ] {
+        for (url, backend) in &urls {
+            let text = crontab(url, &log, line)
+                .replace("[scheduler]\n", &format!("[scheduler]\n{scheduler}\n"));
+            std::fs::write(&config, text).unwrap();
+            for command in ["run", "check"] {
+                let (code, stdout, stderr) =
+                    run_in(d, &[command, "--config", config.to_str().unwrap()]);
+                let what = format!("{command} with {option} on {backend}");
+                assert_eq!(code, 2, "{what}: {stderr}");
+                assert!(
+                    stderr.contains(&format!(
+                        "the `{backend}` store is claim-only and cannot honour `{option}`"
+                    )),
+                    "{what}: {stderr}"
+                );
+                assert!(stderr.contains("anarchon.toml"), "{what}: {stderr}");
+                if option != "lease" && option != "heartbeat" {
+                    assert!(stderr.contains("job \"tick\""), "{what}: {stderr}");
+                }
+                assert!(
+                    !stderr.contains("running") && stdout.is_empty(),
+                    "{what}: nothing started\n{stdout}{stderr}"
+                );
+                assert!(!stderr.contains("Sentinel"), "{what}: {stderr}");
+            }
+        }
+    }
+    assert!(!log.exists(), "no command ran");
+
+    // The same crontab without them is fine for `check`, with no server.
+    std::fs::write(
+        &config,
+        crontab("amqp://guest:guest@127.0.0.1:1/%2f", &log, ""),
+    )
+    .unwrap();
+    let (code, stdout, stderr) = run_in(d, &["check", "--config", config.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("1 job(s) OK"), "{stdout}");
+    assert!(
+        stdout.contains("RabbitMQ") && stdout.contains("claim-only"),
+        "{stdout}"
+    );
+
+    // A claim-only store keeps no history.
+    for (url, backend) in &urls {
+        let (code, _, stderr) = run_in(d, &["history", "--store", url]);
+        assert_eq!(code, 2, "{backend}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "the `{backend}` store is claim-only and keeps no history"
+            )),
+            "{stderr}"
+        );
+    }
+}
+
+/// Deletes a test's NATS stream when dropped.
+struct NatsStream {
+    url: String,
+    stream: String,
+}
+
+impl Drop for NatsStream {
+    fn drop(&mut self) {
+        let deleted = runtime().block_on(async {
+            let client = async_nats::connect(self.url.as_str()).await.ok()?;
+            let jetstream = async_nats::jetstream::new(client);
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                jetstream.delete_stream(&self.stream),
+            )
+            .await
+            .ok()?
+            .ok()
+        });
+        if deleted.is_none() {
+            eprintln!("note: could not delete the test stream {}", self.stream);
+        }
+    }
+}
+
+/// Deletes every key under a test's Redis prefix when dropped.
+struct RedisKeys {
+    url: String,
+    prefix: String,
+}
+
+impl Drop for RedisKeys {
+    fn drop(&mut self) {
+        use deadpool_redis::redis::{self, Commands as _};
+        let Ok(mut conn) = redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
+        else {
+            eprintln!("note: could not delete the test keys {}*", self.prefix);
+            return;
+        };
+        for pattern in [
+            format!("{{{}:*", self.prefix),
+            format!("{{{}}}:*", self.prefix),
+            format!("{}:*", self.prefix),
+        ] {
+            let keys: Vec<String> = match conn.scan_match::<_, String>(&pattern) {
+                Ok(iter) => iter.filter_map(Result::ok).collect(),
+                Err(_) => continue,
+            };
+            for chunk in keys.chunks(500) {
+                let _: redis::RedisResult<i64> = conn.del(chunk);
+            }
+        }
+    }
+}
+
+/// Drops a test's PostgreSQL table (and its companions) when dropped.
+struct PgTable {
+    url: String,
+    table: String,
+}
+
+impl Drop for PgTable {
+    fn drop(&mut self) {
+        let dropped = runtime().block_on(async {
+            // `connect_with` would create a missing table only to drop it:
+            // harmless, and it makes the clean-up not depend on how far
+            // the test got.
+            let options = anarchon::pg::PgOptions::new(self.url.as_str())
+                .table(&self.table)
+                .ok()?;
+            let store = anarchon::pg::PgStore::connect_with(options).await.ok()?;
+            let dropped = store.drop_schema().await.ok();
+            store.close().await;
+            dropped
+        });
+        if dropped.is_none() {
+            eprintln!("note: could not drop the test table {}", self.table);
+        }
+    }
+}
+
+/// The lines the job's command wrote: slot → the daemons (by pid) that ran
+/// it.
+fn runs(log: &Path) -> BTreeMap<i64, Vec<String>> {
+    let mut runs: BTreeMap<i64, Vec<String>> = BTreeMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        assert_eq!(fields.len(), 3, "malformed line {line:?}");
+        assert_eq!(fields[0], "tick", "{line}");
+        let slot: i64 = fields[1].parse().expect("ANARCHON_SLOT is a number");
+        assert_eq!(slot % 1000, 0, "slots of an every-1s job are whole seconds");
+        runs.entry(slot).or_default().push(fields[2].to_owned());
+    }
+    runs
+}
+
+/// Two daemons on one claim-only store: `check` describes it, both start
+/// and stop cleanly, the job runs, and no slot runs twice.
+fn two_daemons_share_a_claim_only_store(url: &str, describes: &str) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let d = dir.path();
+    let log = d.join("runs.log");
+    let config = d.join("anarchon.toml");
+    std::fs::write(&config, crontab(url, &log, "")).expect("write the crontab");
+    let (code, stdout, stderr) = run_in(
+        d,
+        &["check", "--config", config.to_str().expect("a UTF-8 path")],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(describes) && stdout.contains("claim-only"),
+        "{stdout}"
+    );
+
+    let mut fleet = Fleet::default();
+    fleet.start(&config, d);
+    fleet.start(&config, d);
+    wait_for(
+        Duration::from_secs(30),
+        "three runs of the per-second job",
+        || (runs(&log).len() >= 3).then_some(()),
+        || fleet.logs(),
+    );
+    for daemon in &fleet.daemons {
+        daemon.signal(Signal::SIGTERM);
+    }
+    for daemon in &mut fleet.daemons {
+        let code = daemon.wait(Duration::from_secs(15));
+        assert_eq!(code, Some(0), "SIGTERM stops the daemon cleanly");
+    }
+    let logs = fleet.logs();
+    for (slot, daemons) in runs(&log) {
+        assert_eq!(daemons.len(), 1, "slot {slot} ran {daemons:?}\n{logs}");
+    }
+    for daemon in &fleet.daemons {
+        let text = std::fs::read_to_string(&daemon.stderr).expect("the daemon's log");
+        assert!(text.contains("claim-only store"), "{text}");
+        assert!(!text.contains("Sentinel"), "{text}");
+    }
+}
+
+#[test]
+fn a_per_second_job_runs_on_rabbitmq() {
+    let prefix = unique_prefix("cli");
+    let url = with_params(
+        &server(Service::Amqp),
+        &format!("prefix={prefix}&slot_ttl_ms=20000"),
+    );
+    two_daemons_share_a_claim_only_store(&url, &format!("queue prefix {prefix}"));
+}
+
+#[test]
+fn a_per_second_job_runs_on_nats() {
+    let base = server(Service::Nats);
+    let prefix = unique_prefix("cli");
+    let _stream = NatsStream {
+        url: base.clone(),
+        stream: format!("{prefix}-claims"),
+    };
+    let url = with_params(
+        &base,
+        &format!("prefix={prefix}&duplicate_window_ms=20000&storage=memory"),
+    );
+    two_daemons_share_a_claim_only_store(&url, &format!("stream {prefix}-claims"));
+}
+
+#[test]
+fn a_per_second_job_runs_on_redis_stream_id() {
+    let base = server(Service::Redis);
+    let prefix = unique_prefix("cli");
+    let _keys = RedisKeys {
+        url: base.clone(),
+        prefix: prefix.clone(),
+    };
+    let url = with_params(&base, &format!("strategy=stream-id&prefix={prefix}"));
+    two_daemons_share_a_claim_only_store(&url, "strategy stream-id");
+}
+
+/// One daemon on a lease store runs the job; `history` then shows its runs
+/// as succeeded — by job name, and for every job of the crontab. Without
+/// either, it says the store cannot list its jobs.
+fn a_lease_store_records_runs(url: &str, describes: &str) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let d = dir.path();
+    let log = d.join("runs.log");
+    let config = d.join("anarchon.toml");
+    let c = config.to_str().expect("a UTF-8 path");
+    std::fs::write(
+        &config,
+        crontab(url, &log, "overlap = \"skip\"\nmax_attempts = 2"),
+    )
+    .expect("write the crontab");
+    let (code, stdout, stderr) = run_in(d, &["check", "--config", c]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(describes) && stdout.contains("a lease store"),
+        "{stdout}"
+    );
+
+    let mut fleet = Fleet::default();
+    fleet.start(&config, d);
+    let history = || run_in(d, &["history", "tick", "-n", "100", "--store", url]);
+    wait_for(
+        Duration::from_secs(30),
+        "two recorded runs of the per-second job",
+        || {
+            let (code, stdout, _) = history();
+            (code == 0 && stdout.matches("succeeded").count() >= 2).then_some(())
+        },
+        || fleet.logs(),
+    );
+    fleet.daemons[0].signal(Signal::SIGTERM);
+    assert_eq!(
+        fleet.daemons[0].wait(Duration::from_secs(15)),
+        Some(0),
+        "{}",
+        fleet.logs()
+    );
+    let (code, stdout, stderr) = history();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.starts_with("SLOT (LOCAL)"), "{stdout}");
+    let ran = runs(&log);
+    for (slot, daemons) in &ran {
+        assert_eq!(daemons.len(), 1, "slot {slot} ran twice");
+    }
+    // Every run the command logged is in the history, as succeeded.
+    let succeeded = stdout
+        .lines()
+        .filter(|l| l.contains(" tick ") && l.contains("succeeded"))
+        .count();
+    assert!(
+        succeeded >= ran.len().saturating_sub(1),
+        "{stdout}\n{ran:?}"
+    );
+
+    // The crontab's jobs, from --config.
+    let (code, by_config, stderr) = run_in(d, &["history", "--config", c, "-n", "100"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(by_config.contains("succeeded"), "{by_config}");
+    // Neither a job nor a crontab: this store cannot list its jobs.
+    let (code, _, stderr) = run_in(d, &["history", "--store", url]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("cannot list the jobs"), "{stderr}");
+    // A job nothing ran.
+    let (code, stdout, stderr) = run_in(d, &["history", "other", "--store", url]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout, "no runs recorded for job \"other\"\n");
+}
+
+#[test]
+fn a_per_second_job_runs_on_redis_lease() {
+    let base = server(Service::Redis);
+    let prefix = unique_prefix("cli");
+    let _keys = RedisKeys {
+        url: base.clone(),
+        prefix: prefix.clone(),
+    };
+    let url = with_params(&base, &format!("prefix={prefix}"));
+    a_lease_store_records_runs(&url, "strategy lease");
+}
+
+#[test]
+fn a_per_second_job_runs_on_postgres() {
+    let base = server(Service::Postgres);
+    let table = unique_prefix("cli");
+    let _table = PgTable {
+        url: base.clone(),
+        table: table.clone(),
+    };
+    let url = with_params(&base, &format!("table={table}&pool_size=2"));
+    // `history` before anything ran creates nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let (code, _, stderr) = run_in(dir.path(), &["history", "tick", "--store", &url]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("no anarchon table \"{table}\"")),
+        "{stderr}"
+    );
+    a_lease_store_records_runs(&url, &format!("table {table}"));
+}
+
+/// URLs with a sentinel password (or token) that answer nowhere: `run`
+/// fails to open the store with status 1, `check` succeeds, a malformed one
+/// is refused with status 2 — and the password shows in none of it.
+#[test]
+fn passwords_in_store_urls_are_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let config = d.join("anarchon.toml");
+    let c = config.to_str().unwrap();
+    std::fs::write(
+        &config,
+        "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"true\"\n",
+    )
+    .unwrap();
+    for (url, shown) in [
+        (
+            "postgres://app:Sentinel-Pw-1@127.0.0.1:1/cron?connect_timeout_ms=2000",
+            "postgres://app:***@127.0.0.1:1/cron",
+        ),
+        (
+            "postgresql://127.0.0.1:1/cron?user=app&password=Sentinel-Pw-2",
+            "postgresql://127.0.0.1:1/cron?user=app&password=***",
+        ),
+        (
+            "redis://:Sentinel-Pw-3@127.0.0.1:1/0",
+            "redis://:***@127.0.0.1:1/0",
+        ),
+        (
+            "redis://app:Sentinel-Pw-4@127.0.0.1:1?strategy=script",
+            "redis://app:***@127.0.0.1:1",
+        ),
+        (
+            "amqp://cron:Sentinel-Pw-5@127.0.0.1:1/%2f",
+            "amqp://cron:***@127.0.0.1:1/%2f",
+        ),
+        (
+            "nats://cron:Sentinel-Pw-6@127.0.0.1:1",
+            "nats://cron:***@127.0.0.1:1",
+        ),
+        (
+            "nats://Sentinel-Tok-7@127.0.0.1:1",
+            "nats://***@127.0.0.1:1",
+        ),
+    ] {
+        let (code, stdout, stderr) = run_in(d, &["run", "--config", c, "--store", url]);
+        assert_eq!(code, 1, "run {url}: {stderr}");
+        assert!(stderr.contains("cannot open the store"), "{stderr}");
+        assert!(stderr.contains(shown), "{shown}: {stderr}");
+        assert!(!(stdout + &stderr).contains("Sentinel"), "{stderr}");
+
+        let (code, stdout, stderr) = run_in(d, &["check", "--config", c, "--store", url]);
+        assert_eq!(code, 0, "check {url}: {stderr}");
+        assert!(stdout.contains(shown), "{shown}: {stdout}");
+        assert!(!(stdout + &stderr).contains("Sentinel"), "{url}");
+
+        let bad = with_params(url, "bogus=1");
+        for command in ["run", "check"] {
+            let (code, stdout, stderr) = run_in(d, &[command, "--config", c, "--store", &bad]);
+            assert_eq!(code, 2, "{command} {bad}: {stderr}");
+            assert!(stderr.contains("bogus"), "{stderr}");
+            assert!(!(stdout + &stderr).contains("Sentinel"), "{stderr}");
+        }
+    }
+    // An unknown scheme lists the known ones.
+    let (code, _, stderr) = run_in(
+        d,
+        &[
+            "check",
+            "--config",
+            c,
+            "--store",
+            "mysql://app:Sentinel-Pw-8@db/cron",
+        ],
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("mysql://app:***@db/cron"), "{stderr}");
+    assert!(!stderr.contains("Sentinel"), "{stderr}");
+    for scheme in ["sqlite://", "postgres://", "redis://", "amqp://", "nats://"] {
+        assert!(stderr.contains(scheme), "{stderr}");
+    }
+}
