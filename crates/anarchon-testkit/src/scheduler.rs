@@ -323,6 +323,135 @@ macro_rules! __scheduler_lease_checks {
             $attr,
             $crate::scheduler,
             backup_takes_over_when_heartbeats_stop,
+            a_paused_runner_cannot_write_after_a_takeover,
         );
     };
+}
+
+/// A runner that is paused past its lease (its heartbeats hang, its handler
+/// ignores the cancellation) is taken over; when it wakes up, the write it
+/// makes with its old fence is refused by a resource that checks fences,
+/// while the new runner's write, with a larger fence, is accepted.
+pub async fn a_paused_runner_cannot_write_after_a_takeover<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    use crate::stores::FencedResource;
+    let lease = Duration::from_millis(600);
+    let heartbeat = Duration::from_millis(150);
+    let resource = Arc::new(FencedResource::default());
+    let resume = Arc::new(tokio::sync::Notify::new());
+    let log = log();
+    let stale_write: Arc<Mutex<Option<bool>>> = Arc::default();
+    let frozen: Arc<Mutex<Option<Slot>>> = Arc::default();
+    let mut handles = Vec::new();
+    let mut schedulers = Vec::new();
+    for index in 0..2 {
+        let store = Faulty::new(factory.instance().await);
+        handles.push(store.clone());
+        let mut builder = Scheduler::builder(store)
+            .clock(factory.clock())
+            .lease(lease)
+            .heartbeat(heartbeat);
+        let (log, resource, resume, stale_write, frozen) = (
+            log.clone(),
+            resource.clone(),
+            resume.clone(),
+            stale_write.clone(),
+            frozen.clone(),
+        );
+        builder
+            .job(
+                "fenced-writer",
+                Schedule::every(Duration::from_secs(1)).expect("1 s"),
+            )
+            .expect("job")
+            .run(move |ctx| {
+                let (log, resource, resume, stale_write, frozen) = (
+                    log.clone(),
+                    resource.clone(),
+                    resume.clone(),
+                    stale_write.clone(),
+                    frozen.clone(),
+                );
+                async move {
+                    let fence = ctx.fence().expect("lease stores give fences");
+                    let first = {
+                        let mut f = frozen.lock().unwrap_or_else(|p| p.into_inner());
+                        if f.is_none() {
+                            *f = Some(ctx.slot());
+                        }
+                        *f == Some(ctx.slot()) && ctx.attempt() == Attempt::FIRST
+                    };
+                    if !first {
+                        if *frozen.lock().unwrap_or_else(|p| p.into_inner()) == Some(ctx.slot()) {
+                            resource.write(fence, "the new runner");
+                        }
+                        log.lock().unwrap_or_else(|p| p.into_inner()).push(Started {
+                            slot: ctx.slot(),
+                            attempt: ctx.attempt(),
+                            fence: ctx.fence(),
+                            scheduler: index,
+                            job: ctx.job().to_string(),
+                        });
+                        return Ok::<_, String>(());
+                    }
+                    log.lock().unwrap_or_else(|p| p.into_inner()).push(Started {
+                        slot: ctx.slot(),
+                        attempt: ctx.attempt(),
+                        fence: ctx.fence(),
+                        scheduler: index,
+                        job: ctx.job().to_string(),
+                    });
+                    assert!(resource.write(fence, "the first runner, before the pause"));
+                    // Paused: deaf to cancellation until the test wakes it.
+                    resume.notified().await;
+                    *stale_write.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(resource.write(fence, "the first runner, after the pause"));
+                    Ok(())
+                }
+            })
+            .expect("handler");
+        schedulers.push(builder.start().expect("start"));
+    }
+    wait_for(&log, "the first run to start", |e| !e.is_empty()).await;
+    let first = entries(&log)[0].clone();
+    handles[first.scheduler].set_heartbeats_hang(true);
+    let paused = Instant::now();
+    wait_for(&log, "a takeover of the paused run", |e| {
+        e.iter()
+            .any(|s| s.slot == first.slot && s.attempt > Attempt::FIRST)
+    })
+    .await;
+    let taken = Instant::now();
+    resume.notify_one();
+    let start = Instant::now();
+    while stale_write
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_none()
+    {
+        assert!(start.elapsed() < PATIENCE, "the paused runner never woke");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handles[first.scheduler].set_heartbeats_hang(false);
+    for s in schedulers {
+        s.shutdown().await;
+    }
+    assert_eq!(
+        *stale_write.lock().unwrap_or_else(|p| p.into_inner()),
+        Some(false),
+        "the stale runner's write must be refused: {:?}",
+        resource.accepted()
+    );
+    let accepted = resource.accepted();
+    assert!(
+        accepted.iter().any(|(_, w)| w == "the new runner"),
+        "{accepted:?}"
+    );
+    assert!(
+        taken.duration_since(paused) <= lease + heartbeat,
+        "takeover took {:?}",
+        taken.duration_since(paused)
+    );
 }
