@@ -425,13 +425,11 @@ async fn idle(backend: &str, jobs: usize, secs: u64) -> Result<()> {
     let wall = t0.elapsed().as_secs_f64();
     let rt = target.round_trips().await?.saturating_sub(rt0);
     let rss_kib = read_proc("VmRSS:").unwrap_or(f64::NAN);
-    // The server-side count includes our own stats reads for PostgreSQL.
-    let own_reads = if backend == "postgres" { 1.0 } else { 0.0 };
     println!(
         "rss_mib={:.1} cpu_percent={:.2} round_trips_per_min={:.1}",
         rss_kib / 1024.0,
         100.0 * cpu / wall,
-        ((rt as f64 - own_reads).max(0.0)) * 60.0 / wall
+        rt as f64 * 60.0 / wall
     );
     scheduler.shutdown().await;
     target.cleanup().await;

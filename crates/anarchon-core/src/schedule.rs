@@ -19,8 +19,10 @@
 //!   follows real time and fires on both passes (as Vixie cron does): an
 //!   hourly job still runs every hour, so one local hour gets two runs.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use chrono::TimeZone;
@@ -50,7 +52,7 @@ pub struct Schedule {
 #[derive(Clone)]
 enum Kind {
     Cron {
-        cron: Box<Cron>,
+        cron: Arc<Cron>,
         zone: Tz,
         expr: String,
         /// The hour field is a fixed list of hours (no `*`, no step): such a
@@ -60,6 +62,26 @@ enum Kind {
     Every {
         period_ms: i64,
     },
+}
+
+/// Parses `expr`, sharing one parsed pattern among every schedule with the
+/// same expression: a parsed pattern holds a bitfield per field, years
+/// included, several kilobytes that ten thousand hourly jobs need only once.
+fn parse_shared(expr: &str) -> Result<Arc<Cron>, croner::errors::CronError> {
+    static PARSED: OnceLock<Mutex<HashMap<String, Weak<Cron>>>> = OnceLock::new();
+    let mut parsed = PARSED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(cron) = parsed.get(expr).and_then(Weak::upgrade) {
+        return Ok(cron);
+    }
+    let cron = Arc::new(parser().parse(expr)?);
+    if parsed.len() >= 256 {
+        parsed.retain(|_, c| c.strong_count() > 0);
+    }
+    parsed.insert(expr.to_owned(), Arc::downgrade(&cron));
+    Ok(cron)
 }
 
 fn parser() -> CronParser {
@@ -108,7 +130,7 @@ impl Schedule {
                 ),
             ));
         }
-        let cron = parser().parse(trimmed).map_err(|whole| {
+        let cron = parse_shared(trimmed).map_err(|whole| {
             let (field, reason) = blame_field(&fields).unwrap_or((None, whole.to_string()));
             invalid(field, reason)
         })?;
@@ -124,7 +146,7 @@ impl Schedule {
         };
         let schedule = Self {
             kind: Kind::Cron {
-                cron: Box::new(cron),
+                cron,
                 zone,
                 expr: trimmed.to_owned(),
                 fixed_hour,

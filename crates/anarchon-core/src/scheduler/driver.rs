@@ -18,10 +18,35 @@ use crate::time::{Slot, Timestamp, millis};
 /// The longest the timer sleeps before it looks at the wall clock again, so
 /// a clock step or a suspend is noticed within this long.
 const MAX_NAP: Duration = Duration::from_secs(1);
-/// How long before a slot's fire time its claim is sent. The handler still
-/// starts at the fire time: claiming ahead takes the store's round trip
-/// (and, for a batch of a thousand jobs, its length) out of the lateness.
-pub(crate) const CLAIM_AHEAD: Duration = Duration::from_millis(100);
+/// The least head start a slot's claim gets before its fire time. The
+/// handler still starts at the fire time: claiming ahead takes the store's
+/// round trip (and, for a batch of a thousand jobs, its length) out of the
+/// lateness. The head start grows to twice the last batch's claim time when
+/// that is longer, up to [`MAX_CLAIM_AHEAD`].
+pub(crate) const MIN_CLAIM_AHEAD: Duration = Duration::from_millis(100);
+/// The most head start a claim gets.
+pub(crate) const MAX_CLAIM_AHEAD: Duration = Duration::from_secs(2);
+
+/// The head start claims get now.
+pub(crate) fn claim_ahead(inner: &Inner) -> Duration {
+    Duration::from_millis(
+        inner
+            .claim_ahead_ms
+            .load(std::sync::atomic::Ordering::Relaxed),
+    )
+}
+
+/// Learns from a batch that took `took`: twice that, or what we had decayed
+/// by a tenth, within the bounds.
+fn learn_claim_time(inner: &Inner, took: Duration) {
+    let had = claim_ahead(inner);
+    let next = (took * 2)
+        .max(had.mul_f64(0.9))
+        .clamp(MIN_CLAIM_AHEAD, MAX_CLAIM_AHEAD);
+    inner
+        .claim_ahead_ms
+        .store(millis(next) as u64, std::sync::atomic::Ordering::Relaxed);
+}
 /// The most claims sent in one `claim_many` call.
 const BATCH_LIMIT: usize = 1000;
 /// How many times a claim is sent in all when the store is unavailable.
@@ -91,7 +116,8 @@ pub(crate) async fn drive(inner: Arc<Inner>) {
             return;
         };
         let now = inner.clock.now();
-        let claim_at = fire_at.saturating_sub(CLAIM_AHEAD);
+        let ahead = claim_ahead(&inner);
+        let claim_at = fire_at.saturating_sub(ahead);
         if claim_at > now {
             let nap = claim_at.since(now).min(MAX_NAP);
             tokio::select! {
@@ -102,27 +128,28 @@ pub(crate) async fn drive(inner: Arc<Inner>) {
         if inner.stop.is_cancelled() {
             return;
         }
-        let due = take_due(&mut queue, &jobs, now, &inner.metrics);
+        let due = take_due(&mut queue, &jobs, now, ahead, &inner.metrics);
         if !due.is_empty() {
             inner.tasks.spawn(claim_batch(inner.clone(), due));
         }
     }
 }
 
-/// Pops every entry due for its claim at `now` (fire time within
-/// [`CLAIM_AHEAD`]), queues each job's next slot, and returns the slots to
-/// claim, oldest first. Slots older than their job's window are
+/// Pops every entry due for its claim at `now` (fire time within `ahead`),
+/// queues each job's next slot, and returns the slots to claim, oldest
+/// first. Slots older than their job's window are
 /// skipped here; if a job fell far behind (a long suspend, a clock step) it
 /// jumps straight to its window instead of walking every slot in between.
 fn take_due(
     queue: &mut Queue,
     jobs: &[Arc<JobSpec>],
     now: Timestamp,
+    ahead: Duration,
     metrics: &Metrics,
 ) -> Vec<Due> {
     let mut due = Vec::new();
     while let Some(entry) = queue.first_entry() {
-        if entry.key().0 > now.saturating_add(CLAIM_AHEAD) {
+        if entry.key().0 > now.saturating_add(ahead) {
             break;
         }
         let ((fire_at, index), slot) = entry.remove_entry();
@@ -198,12 +225,17 @@ where
 
 async fn claim_batch(inner: Arc<Inner>, due: Vec<Due>) {
     let sent_at = Instant::now();
+    claim_due(&inner, due, sent_at).await;
+    learn_claim_time(&inner, sent_at.elapsed());
+}
+
+async fn claim_due(inner: &Arc<Inner>, due: Vec<Due>, sent_at: Instant) {
     match &inner.store {
         StoreHandle::Lease(store) => {
             for chunk in due.chunks(BATCH_LIMIT) {
                 let claims: Vec<LeaseClaim> = chunk
                     .iter()
-                    .map(|d| lease_claim(&inner, &inner.jobs[d.index], d.slot, Token::generate()))
+                    .map(|d| lease_claim(inner, &inner.jobs[d.index], d.slot, Token::generate()))
                     .collect();
                 let answer = with_retries("claim", || store.claim_many(&claims)).await;
                 match answer {
@@ -212,7 +244,7 @@ async fn claim_batch(inner: Arc<Inner>, due: Vec<Due>) {
                             chunk.iter().zip(claims.into_iter().zip(outcomes))
                         {
                             let job = inner.jobs[d.index].clone();
-                            handle_outcome(&inner, job, claim, outcome, sent_at, Some(d.fire_at));
+                            handle_outcome(inner, job, claim, outcome, sent_at, Some(d.fire_at));
                         }
                     }
                     Ok(outcomes) => {

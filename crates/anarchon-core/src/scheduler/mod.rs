@@ -342,6 +342,9 @@ where
             stop: CancellationToken::new(),
             hand_over: CancellationToken::new(),
             tasks: TaskTracker::new(),
+            claim_ahead_ms: std::sync::atomic::AtomicU64::new(
+                driver::MIN_CLAIM_AHEAD.as_millis() as u64
+            ),
         });
         let driver = tokio::spawn(driver::drive(inner.clone()));
         Ok(Scheduler {
@@ -592,6 +595,9 @@ pub(crate) struct Inner {
     /// The grace period is over: cancel handlers and release their leases.
     pub(crate) hand_over: CancellationToken,
     pub(crate) tasks: TaskTracker,
+    /// The head start of claims before their fire time, in ms (see
+    /// `driver::claim_ahead`).
+    pub(crate) claim_ahead_ms: std::sync::atomic::AtomicU64,
 }
 
 /// A running scheduler.

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::context::{CancelReason, RunContext};
-use super::driver::{CLAIM_AHEAD, lease_claim, with_retries, within};
+use super::driver::{MAX_CLAIM_AHEAD, lease_claim, with_retries, within};
 use super::metrics::Metrics;
 use super::{Inner, JobSpec, StoreHandle};
 use crate::ids::Token;
@@ -108,7 +108,7 @@ pub(crate) async fn run_won(
     // Claimed ahead of time: wait for the fire time (never longer than the
     // head start, whatever the wall clock did meanwhile).
     if let Some(fire_at) = fire_at {
-        let wait = fire_at.since(inner.clock.now()).min(CLAIM_AHEAD);
+        let wait = fire_at.since(inner.clock.now()).min(MAX_CLAIM_AHEAD);
         if !wait.is_zero() {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
