@@ -9,17 +9,17 @@ use anarchon_core::{
     RunKey, StoreError, Token, Win,
 };
 use async_nats::HeaderMap;
-use async_nats::jetstream::context::{CreateStreamErrorKind, GetStreamErrorKind, PublishErrorKind};
+use async_nats::jetstream::Context;
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::{
-    Config, DiscardPolicy, LastRawMessageErrorKind, RetentionPolicy, StorageType,
+    Config, DiscardPolicy, LastRawMessageErrorKind, RetentionPolicy,
 };
-use async_nats::jetstream::{Context, ErrorCode};
 use async_trait::async_trait;
 
 use crate::BACKEND;
-use crate::connection::{Connected, connect};
+use crate::connection::{Connected, StreamRole, connect, ensure_stream};
 use crate::error::Error;
-use crate::options::{NatsOptions, validate_prefix};
+use crate::options::{NatsOptions, Storage, validate_prefix};
 
 /// The subject prefix unless told otherwise: claims go to
 /// `anarchon.<job>.claims`.
@@ -50,16 +50,11 @@ pub const TOKEN_HEADER: &str = "Anarchon-Token";
 pub const INSTANCE_HEADER: &str = "Anarchon-Instance";
 const MESSAGE_ID_HEADER: &str = "Nats-Msg-Id";
 
-/// Where the stream keeps its messages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Storage {
-    /// On disk: claims survive a server restart (the default).
-    #[default]
-    File,
-    /// In memory: a server restart forgets every run.
-    Memory,
-}
+const CLAIMS_STREAM: StreamRole = StreamRole {
+    looking_up: "looking up the claims stream",
+    creating: "creating the claims stream",
+    created: "created the claims stream",
+};
 
 /// The stream and subjects of a [`NatsClaimStore`].
 ///
@@ -142,11 +137,8 @@ impl ClaimOptions {
                         .map_err(|_| invalid("replicas is too large".into()))?;
                 }
                 "storage" => {
-                    claims.storage = match value {
-                        "file" => Storage::File,
-                        "memory" => Storage::Memory,
-                        _ => return Err(invalid("storage must be file or memory".into())),
-                    };
+                    claims.storage = Storage::parse(value)
+                        .ok_or_else(|| invalid("storage must be file or memory".into()))?;
                 }
                 other => {
                     return Err(invalid(format!(
@@ -268,10 +260,7 @@ impl ClaimOptions {
             subjects: vec![self.subject_filter()],
             retention: RetentionPolicy::Limits,
             discard: DiscardPolicy::Old,
-            storage: match self.storage {
-                Storage::File => StorageType::File,
-                Storage::Memory => StorageType::Memory,
-            },
+            storage: self.storage.stream_type(),
             num_replicas: self.replicas,
             duplicate_window: self.duplicate_window,
             max_age: self.duplicate_window + RETENTION_MARGIN,
@@ -349,7 +338,15 @@ impl NatsClaimStore {
             url,
         } = connect(connection).await?;
         let timeout = connection.get_timeout();
-        let window = ensure_stream(&jetstream, &claims, &url, timeout).await?;
+        let (window, _stream) = ensure_stream(
+            &jetstream,
+            claims.stream_config(),
+            &url,
+            timeout,
+            &CLAIMS_STREAM,
+            |config| verify(config, &claims),
+        )
+        .await?;
         Ok(Self {
             client,
             jetstream,
@@ -510,99 +507,6 @@ fn won() -> ClaimOutcome {
     ClaimOutcome::Won(Win {
         attempt: Attempt::FIRST,
         fence: None,
-    })
-}
-
-/// Creates the stream, or checks the one that exists; returns its window.
-async fn ensure_stream(
-    jetstream: &Context,
-    claims: &ClaimOptions,
-    url: &str,
-    limit: Duration,
-) -> Result<Duration, Error> {
-    let name = claims.stream_name();
-    let timeout = |doing| Error::Timeout {
-        url: url.to_owned(),
-        doing,
-        after: limit,
-    };
-    // If another instance creates the stream between our lookup and our
-    // create, the next lookup finds it. A server error (500) while creating
-    // is tried again: NATS 2.9 can fail to make the stream's directory while
-    // another stream of the account is being deleted.
-    let mut server_error = None;
-    for attempt in 0..4u32 {
-        if attempt > 0 {
-            tokio::time::sleep(Duration::from_millis(50) * 2u32.pow(attempt)).await;
-        }
-        match tokio::time::timeout(limit, jetstream.get_stream(&name)).await {
-            Err(_) => return Err(timeout("looking up the claims stream")),
-            Ok(Ok(stream)) => return verify(&stream.cached_info().config, claims),
-            Ok(Err(e)) => match e.kind() {
-                GetStreamErrorKind::JetStream(js)
-                    if js.error_code() == ErrorCode::STREAM_NOT_FOUND => {}
-                _ => {
-                    return Err(Error::Nats {
-                        url: url.to_owned(),
-                        doing: "looking up the claims stream",
-                        temporary: matches!(e.kind(), GetStreamErrorKind::Request),
-                        source: Box::new(e),
-                    });
-                }
-            },
-        }
-        match tokio::time::timeout(limit, jetstream.create_stream(claims.stream_config())).await {
-            Err(_) => return Err(timeout("creating the claims stream")),
-            Ok(Ok(stream)) => {
-                tracing::info!(stream = %name, subjects = %claims.subject_filter(), window = ?claims.duplicate_window, "created the claims stream");
-                return verify(&stream.cached_info().config, claims);
-            }
-            Ok(Err(e)) => match e.kind() {
-                CreateStreamErrorKind::JetStream(js)
-                    if js.error_code() == ErrorCode::STREAM_NAME_EXIST => {}
-                CreateStreamErrorKind::JetStream(js) if js.code() == 500 => {
-                    tracing::debug!(stream = %name, error = %js, "creating the claims stream failed on the server; trying again");
-                    server_error = Some(e);
-                }
-                CreateStreamErrorKind::JetStream(js)
-                    if js.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP =>
-                {
-                    return Err(Error::SubjectsOverlap {
-                        stream: name,
-                        subject: claims.subject_filter(),
-                        message: js.to_string(),
-                    });
-                }
-                CreateStreamErrorKind::JetStreamUnavailable => {
-                    return Err(Error::NoJetStream {
-                        url: url.to_owned(),
-                    });
-                }
-                CreateStreamErrorKind::TimedOut => {
-                    return Err(timeout("creating the claims stream"));
-                }
-                _ => {
-                    return Err(Error::Nats {
-                        url: url.to_owned(),
-                        doing: "creating the claims stream",
-                        temporary: false,
-                        source: Box::new(e),
-                    });
-                }
-            },
-        }
-    }
-    Err(match server_error {
-        Some(e) => Error::Nats {
-            url: url.to_owned(),
-            doing: "creating the claims stream",
-            temporary: true,
-            source: Box::new(e),
-        },
-        None => Error::StreamMismatch {
-            stream: name,
-            reason: "it was created and deleted again while this store was opening".into(),
-        },
     })
 }
 

@@ -8,8 +8,11 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::context::{RequestError, RequestErrorKind};
+use async_nats::jetstream::context::{
+    CreateStreamErrorKind, GetStreamErrorKind, RequestError, RequestErrorKind,
+};
 use async_nats::jetstream::response::Response;
+use async_nats::jetstream::stream::{Config, Stream};
 use async_nats::jetstream::{self, Context, ErrorCode};
 use async_nats::{Client, ConnectErrorKind, ConnectOptions};
 use serde::de::IgnoredAny;
@@ -130,4 +133,116 @@ async fn check_jetstream(jetstream: &Context, url: &str, limit: Duration) -> Res
             }),
         },
     }
+}
+
+/// What a store calls the stream it opens, for errors and logs.
+pub(crate) struct StreamRole {
+    /// E.g. "looking up the claims stream".
+    pub(crate) looking_up: &'static str,
+    /// E.g. "creating the claims stream".
+    pub(crate) creating: &'static str,
+    /// E.g. "created the claims stream", logged once.
+    pub(crate) created: &'static str,
+}
+
+/// Creates the stream `config` describes, or finds the one that exists, and
+/// checks it with `verify`; returns what `verify` returns and the stream.
+///
+/// If another instance creates the stream between our lookup and our
+/// create, the next lookup finds it. A server error (500) while creating is
+/// tried again: NATS 2.9 can fail to make the stream's directory while
+/// another stream of the account is being deleted.
+pub(crate) async fn ensure_stream<T>(
+    jetstream: &Context,
+    config: Config,
+    url: &str,
+    limit: Duration,
+    role: &StreamRole,
+    verify: impl Fn(&Config) -> Result<T, Error>,
+) -> Result<(T, Stream), Error> {
+    let name = config.name.clone();
+    let subject = config.subjects.first().cloned().unwrap_or_default();
+    let timeout = |doing| Error::Timeout {
+        url: url.to_owned(),
+        doing,
+        after: limit,
+    };
+    let mut server_error = None;
+    for attempt in 0..4u32 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(50) * 2u32.pow(attempt)).await;
+        }
+        match tokio::time::timeout(limit, jetstream.get_stream(&name)).await {
+            Err(_) => return Err(timeout(role.looking_up)),
+            Ok(Ok(stream)) => {
+                let checked = verify(&stream.cached_info().config)?;
+                return Ok((checked, stream));
+            }
+            Ok(Err(e)) => match e.kind() {
+                GetStreamErrorKind::JetStream(js)
+                    if js.error_code() == ErrorCode::STREAM_NOT_FOUND => {}
+                _ => {
+                    return Err(Error::Nats {
+                        url: url.to_owned(),
+                        doing: role.looking_up,
+                        temporary: matches!(e.kind(), GetStreamErrorKind::Request),
+                        source: Box::new(e),
+                    });
+                }
+            },
+        }
+        match tokio::time::timeout(limit, jetstream.create_stream(config.clone())).await {
+            Err(_) => return Err(timeout(role.creating)),
+            Ok(Ok(stream)) => {
+                tracing::info!(stream = %name, subjects = %subject, "{}", role.created);
+                let checked = verify(&stream.cached_info().config)?;
+                return Ok((checked, stream));
+            }
+            Ok(Err(e)) => match e.kind() {
+                CreateStreamErrorKind::JetStream(js)
+                    if js.error_code() == ErrorCode::STREAM_NAME_EXIST => {}
+                CreateStreamErrorKind::JetStream(js) if js.code() == 500 => {
+                    tracing::debug!(stream = %name, error = %js, "{} failed on the server; trying again", role.creating);
+                    server_error = Some(e);
+                }
+                CreateStreamErrorKind::JetStream(js)
+                    if js.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP =>
+                {
+                    return Err(Error::SubjectsOverlap {
+                        stream: name,
+                        subject,
+                        message: js.to_string(),
+                    });
+                }
+                CreateStreamErrorKind::JetStreamUnavailable => {
+                    return Err(Error::NoJetStream {
+                        url: url.to_owned(),
+                    });
+                }
+                CreateStreamErrorKind::TimedOut => {
+                    return Err(timeout(role.creating));
+                }
+                _ => {
+                    return Err(Error::Nats {
+                        url: url.to_owned(),
+                        doing: role.creating,
+                        temporary: false,
+                        source: Box::new(e),
+                    });
+                }
+            },
+        }
+    }
+    Err(match server_error {
+        Some(e) => Error::Nats {
+            url: url.to_owned(),
+            doing: role.creating,
+            temporary: true,
+            source: Box::new(e),
+        },
+        None => Error::StreamMismatch {
+            stream: name,
+            reason: "it was created and deleted again while this store was opening".into(),
+        },
+    })
 }

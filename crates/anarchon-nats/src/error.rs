@@ -55,6 +55,29 @@ pub enum Error {
         window: Duration,
     },
 
+    /// The KV bucket name is not usable.
+    #[error(
+        "invalid KV bucket name {bucket:?}: {reason}; use 1 to {max} characters of [A-Za-z0-9_-]",
+        max = crate::lease::MAX_BUCKET_NAME_LEN
+    )]
+    InvalidBucketName {
+        /// The name as given (cut to 140 characters).
+        bucket: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A KV bucket of the store's name exists and does not fit.
+    #[error(
+        "the JetStream KV bucket {bucket:?} already exists but {reason}; another program or a differently configured anarchon made it: fix or delete that bucket, or give this store another bucket name"
+    )]
+    BucketMismatch {
+        /// The bucket.
+        bucket: String,
+        /// What does not fit.
+        reason: String,
+    },
+
     /// Another option is out of range.
     #[error("invalid NATS store option `{option}`: {reason}")]
     InvalidOption {

@@ -3,15 +3,21 @@
 mod claim;
 mod connection;
 mod error;
+mod lease;
 mod options;
 
 pub use crate::claim::{
     ClaimOptions, DEFAULT_DUPLICATE_WINDOW, DEFAULT_PREFIX, INSTANCE_HEADER, MAX_DUPLICATE_WINDOW,
-    MAX_STREAM_NAME_LEN, MIN_DUPLICATE_WINDOW, NatsClaimStore, RETENTION_MARGIN, Storage,
-    TOKEN_HEADER,
+    MAX_STREAM_NAME_LEN, MIN_DUPLICATE_WINDOW, NatsClaimStore, RETENTION_MARGIN, TOKEN_HEADER,
 };
 pub use crate::error::Error;
-pub use crate::options::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, MAX_PREFIX_LEN, NatsOptions};
+pub use crate::lease::{
+    CLOCK_KEY, DEFAULT_BUCKET, LEASE_BACKEND, LeaseStats, MAX_BUCKET_NAME_LEN, MAX_HISTORY,
+    NatsLeaseOptions, NatsLeaseStore, is_wrong_last_sequence,
+};
+pub use crate::options::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, MAX_PREFIX_LEN, NatsOptions, Storage,
+};
 
 /// The claim store's name in [`BackendInfo`](anarchon_core::BackendInfo),
 /// logs and errors.

@@ -36,6 +36,36 @@ pub struct NatsOptions {
     connection_name: String,
 }
 
+/// Where a new stream or bucket keeps its messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Storage {
+    /// On disk: runs survive a server restart (the default).
+    #[default]
+    File,
+    /// In memory: a server restart forgets every run.
+    Memory,
+}
+
+impl Storage {
+    /// Reads `file` or `memory`, as store URLs write it.
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        match text {
+            "file" => Some(Storage::File),
+            "memory" => Some(Storage::Memory),
+            _ => None,
+        }
+    }
+
+    /// The JetStream storage type.
+    pub(crate) fn stream_type(self) -> async_nats::jetstream::stream::StorageType {
+        match self {
+            Storage::File => async_nats::jetstream::stream::StorageType::File,
+            Storage::Memory => async_nats::jetstream::stream::StorageType::Memory,
+        }
+    }
+}
+
 /// A URL taken apart: the address async-nats connects to (no credentials)
 /// and the credentials.
 pub(crate) struct ParsedUrl {

@@ -18,13 +18,14 @@ use anarchon_core::{
     Scheduler, Slot, StoreError, SystemClock, Token,
 };
 use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsOptions};
+use anarchon_testkit::StoreFactory;
 use futures::future::join_all;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::Instant;
 
-use crate::common::{StreamGuard, claims, connect, url};
+use crate::common::{NatsLeaseFactory, StreamGuard, claims, connect, url};
 
 /// A TCP proxy with switches: cut every connection and refuse new ones, or
 /// stop passing the server's replies once the client sent some bytes.
@@ -361,4 +362,107 @@ async fn schedulers_keep_claiming_across_a_cut() {
     for store in &stores {
         assert!(connects(store) >= 2, "each store reconnected");
     }
+}
+
+/// The testkit's lost-reply check on the KV lease store: a claim whose
+/// reply is swallowed on the wire, sent again with the same token, is
+/// recognised (its swap was stored) or loses to the direct instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_lease_lost_reply_gives_one_winner() {
+    let direct = NatsLeaseFactory::new().await;
+    let proxy = anarchon_testkit::FaultProxy::start(upstream(&url().await))
+        .await
+        .unwrap();
+    let via = direct.through(format!("nats://{}", proxy.address()));
+    anarchon_testkit::faults::lost_reply_resolves_to_one_winner(
+        &via,
+        &direct,
+        &proxy,
+        anarchon_testkit::faults::RetryResolution::Recognised,
+    )
+    .await;
+}
+
+/// The testkit's random fault history on the KV lease store: schedulers
+/// whose store goes down, whose heartbeats fail or hang, never give a run
+/// two runners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_lease_random_faults_never_give_a_run_two_runners() {
+    let factory = NatsLeaseFactory::new().await;
+    anarchon_testkit::faults::random_faults_never_give_a_run_two_runners(
+        &factory,
+        Duration::from_secs(15),
+    )
+    .await;
+}
+
+/// A claim, and then a heartbeat, whose reply the proxy swallows (the
+/// request reached the server, or the connection dropped under it) fail
+/// with a temporary error; sent again with the same token, the claim is
+/// won with attempt 1 and fence 1 — whether its swap was stored the first
+/// time or not — and the heartbeat renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_lease_lost_acknowledgements_are_recognised() {
+    use anarchon_core::{LeaseStore, Renewal};
+    let direct = NatsLeaseFactory::new().await;
+    let proxy = anarchon_testkit::FaultProxy::start(upstream(&url().await))
+        .await
+        .unwrap();
+    let store = direct
+        .through(format!("nats://{}", proxy.address()))
+        .instance()
+        .await;
+    let run = RunKey::new(
+        JobName::new("lost-ack").unwrap(),
+        Slot::from_millis(SystemClock.now().as_millis() + 600_000),
+    );
+    let token = Token::generate();
+    let claim = anarchon_testkit::lease::lease_claim(run.clone(), token, "a");
+    // Swallow replies until one of the claim's requests lost its answer.
+    let mut first = None;
+    for _ in 0..20 {
+        let before = proxy.swallowed();
+        proxy.swallow_next_reply();
+        let answer = store.claim_lease(&claim).await;
+        if proxy.swallowed() > before && answer.is_err() {
+            first = Some(answer);
+            break;
+        }
+        if let Ok(ClaimOutcome::Won(_)) = answer {
+            break;
+        }
+    }
+    let mut won = None;
+    for _ in 0..100 {
+        match store.claim_lease(&claim).await {
+            Ok(ClaimOutcome::Won(win)) => {
+                won = Some(win);
+                break;
+            }
+            Ok(other) => panic!("the same token must win: {other:?} (first answer {first:?})"),
+            Err(e) => {
+                assert!(e.is_temporary(), "{e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let won = won.expect("the retried claim is won");
+    assert_eq!(won.attempt.get(), 1);
+    assert_eq!(won.fence.map(|f| f.get()), Some(1));
+
+    let before = proxy.swallowed();
+    proxy.swallow_next_reply();
+    let _ = store.heartbeat(&run, token, Duration::from_secs(30)).await;
+    assert!(proxy.swallowed() > before, "a reply was swallowed");
+    let mut renewed = None;
+    for _ in 0..100 {
+        match store.heartbeat(&run, token, Duration::from_secs(30)).await {
+            Ok(answer) => {
+                renewed = Some(answer);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert_eq!(renewed, Some(Renewal::Renewed));
 }

@@ -1,12 +1,12 @@
-//! What the NATS tests share: the server, a factory for the suites, and
-//! clean-up of the streams tests create.
+//! What the NATS tests share: the server, factories for the suites, and
+//! clean-up of the streams and buckets tests create.
 
 #![allow(dead_code)]
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsOptions};
+use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsLeaseOptions, NatsLeaseStore, NatsOptions};
 use anarchon_testkit::StoreFactory;
 use anarchon_testkit::servers::{Service, require, unique_prefix};
 
@@ -101,5 +101,62 @@ impl StoreFactory for NatsFactory {
 
     async fn instance(&self) -> Arc<NatsClaimStore> {
         Arc::new(connect(&self.connection, self.claims.clone()).await)
+    }
+}
+
+/// Lease options on a fresh bucket.
+pub(crate) fn leases() -> NatsLeaseOptions {
+    NatsLeaseOptions::new().bucket(unique_prefix("t"))
+}
+
+/// Connects a lease store, failing the test with the store's error.
+pub(crate) async fn connect_leases(
+    connection: &NatsOptions,
+    leases: NatsLeaseOptions,
+) -> NatsLeaseStore {
+    match NatsLeaseStore::connect(connection, leases).await {
+        Ok(store) => store,
+        Err(e) => panic!("cannot open the NATS lease store: {e}"),
+    }
+}
+
+/// One bucket per test; every `instance()` is a new lease store with its
+/// own client, as separate processes would have. The bucket is deleted
+/// when the factory is dropped.
+pub(crate) struct NatsLeaseFactory {
+    pub(crate) connection: NatsOptions,
+    pub(crate) leases: NatsLeaseOptions,
+    _guard: Option<StreamGuard>,
+}
+
+impl NatsLeaseFactory {
+    pub(crate) async fn new() -> Self {
+        let url = url().await;
+        let leases = leases();
+        Self {
+            _guard: Some(StreamGuard::new(&url, leases.stream_name())),
+            connection: NatsOptions::new(url),
+            leases,
+        }
+    }
+
+    /// Another factory on the same bucket whose instances connect to `url`
+    /// (a proxy) with a 1 s call limit; the bucket stays this one's to
+    /// delete.
+    pub(crate) fn through(&self, url: String) -> Self {
+        Self {
+            _guard: None,
+            connection: NatsOptions::new(url).timeout(Duration::from_secs(1)),
+            leases: self.leases.clone(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl StoreFactory for NatsLeaseFactory {
+    type Store = NatsLeaseStore;
+
+    async fn instance(&self) -> Arc<NatsLeaseStore> {
+        Arc::new(connect_leases(&self.connection, self.leases.clone()).await)
     }
 }

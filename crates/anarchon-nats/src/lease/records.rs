@@ -1,0 +1,612 @@
+//! What the lease store keeps in its bucket, and the lease flowchart on it.
+//!
+//! Nothing here talks to the server: [`decide`] is the flowchart of
+//! `MemoryStore` as a pure function over a job's document, a server time and
+//! a claim. The store reads, calls it, and writes the result back with one
+//! compare-and-swap.
+//!
+//! # Times
+//!
+//! Every time in a record is a time on the NATS server's clock. A writer
+//! cannot know the server's time at the moment its write is stored, so a
+//! time it sets "now" is written as [`Stamp::Written`]: "the timestamp the
+//! server gives the revision that holds this value, plus `w` ms". Whoever
+//! reads the revision turns it into [`Stamp::At`] with the revision's
+//! server timestamp (the KV entry's `created`), and writes it back resolved.
+//! So a heartbeat sets the lease end to exactly *server time of the write +
+//! lease*, without knowing that time.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anarchon_core::time::millis;
+use anarchon_core::{
+    Attempt, ClaimOutcome, Fence, FinalState, InstanceId, LeaseClaim, Overlap, RecordState, RunKey,
+    RunRecord, Timestamp, Token, Win,
+};
+use serde::{Deserialize, Serialize};
+
+/// A time on the server's clock, or one relative to the revision that holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum Stamp {
+    /// UTC milliseconds on the server's clock.
+    At(i64),
+    /// The server timestamp of the revision holding this value, plus `w` ms.
+    Written {
+        /// The offset in ms (negative for "just before").
+        w: i64,
+    },
+}
+
+impl Stamp {
+    /// The time the holding revision is written.
+    pub(crate) const NOW: Stamp = Stamp::Written { w: 0 };
+
+    /// `d` after the holding revision is written.
+    pub(crate) fn after_write(d: Duration) -> Stamp {
+        Stamp::Written { w: millis(d) }
+    }
+
+    /// This stamp in a revision written at `written_at`.
+    pub(crate) fn resolve(self, written_at: i64) -> i64 {
+        match self {
+            Stamp::At(at) => at,
+            Stamp::Written { w } => written_at.saturating_add(w),
+        }
+    }
+
+    fn fix(&mut self, written_at: i64) {
+        *self = Stamp::At(self.resolve(written_at));
+    }
+
+    /// The time, once resolved. An unresolved stamp reads as "now" (it can
+    /// only be one this process is about to write).
+    pub(crate) fn at_or(self, now: i64) -> i64 {
+        self.resolve(now)
+    }
+}
+
+/// The document under `job.<job>`: the job's fence counter and its live
+/// runs, plus ended runs not yet moved to their own keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct JobDoc {
+    /// The last fence handed out for the job. Only grows.
+    #[serde(default)]
+    pub(crate) fence: u64,
+    /// The highest slot that was ever live or ended here. A slot above it
+    /// has no record but possibly a `missed` one, so a claim need not read
+    /// its run key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) high: Option<i64>,
+    /// Running runs by slot.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) live: BTreeMap<i64, LiveRun>,
+    /// Runs that ended (succeeded, failed, interrupted, skipped) and whose
+    /// record is not yet under its own run key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) ended: BTreeMap<i64, RunDoc>,
+}
+
+/// A running run in its job's document.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LiveRun {
+    /// The holder's token.
+    pub(crate) token: String,
+    /// The attempt, from 1.
+    pub(crate) attempt: u32,
+    /// The fence of this attempt.
+    pub(crate) fence: u64,
+    /// The holder's instance id.
+    pub(crate) instance: String,
+    /// When attempt 1 was claimed.
+    pub(crate) started: Stamp,
+    /// When the lease ends.
+    pub(crate) lease_until: Stamp,
+}
+
+/// A run's record once it is no longer running: under `run.<job>.<slot>`,
+/// or in its job's `ended` until it is moved there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct RunDoc {
+    /// `missed`, `succeeded`, `failed`, `interrupted` or `skipped`.
+    pub(crate) state: String,
+    /// The last attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) attempt: Option<u32>,
+    /// Its fence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) fence: Option<u64>,
+    /// Who ran it last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) instance: Option<String>,
+    /// When attempt 1 was claimed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) started: Option<Stamp>,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) finished: Option<Stamp>,
+    /// The last lease end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) lease_until: Option<Stamp>,
+    /// A failed run's error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<String>,
+}
+
+impl RunDoc {
+    /// A run that ended without running (missed, skipped), now.
+    pub(crate) fn nobody(state: RecordState) -> Self {
+        Self {
+            state: state.as_str().to_owned(),
+            attempt: None,
+            fence: None,
+            instance: None,
+            started: None,
+            finished: Some(Stamp::NOW),
+            lease_until: None,
+            error: None,
+        }
+    }
+
+    /// A live run that ends now in `state`.
+    pub(crate) fn from_live(live: &LiveRun, state: FinalState, error: Option<String>) -> Self {
+        Self {
+            state: state.as_str().to_owned(),
+            attempt: Some(live.attempt),
+            fence: Some(live.fence),
+            instance: Some(live.instance.clone()),
+            started: Some(live.started),
+            finished: Some(Stamp::NOW),
+            lease_until: Some(live.lease_until),
+            error,
+        }
+    }
+
+    /// The record's state; `Running` is never stored in a `RunDoc`.
+    pub(crate) fn record_state(&self) -> Result<RecordState, String> {
+        match RecordState::parse(&self.state) {
+            Some(RecordState::Running) | None => Err(format!(
+                "a run record has the state {:?}, which is not one of missed, succeeded, failed, interrupted, skipped",
+                self.state
+            )),
+            Some(state) => Ok(state),
+        }
+    }
+
+    fn fix(&mut self, written_at: i64) {
+        for stamp in [&mut self.started, &mut self.finished, &mut self.lease_until]
+            .into_iter()
+            .flatten()
+        {
+            stamp.fix(written_at);
+        }
+    }
+
+    /// Decodes a run key's value written at `written_at`.
+    pub(crate) fn decode(bytes: &[u8], written_at: i64) -> Result<Self, String> {
+        let mut doc: RunDoc = serde_json::from_slice(bytes)
+            .map_err(|e| format!("a run record is not valid JSON: {e}"))?;
+        doc.record_state()?;
+        doc.fix(written_at);
+        Ok(doc)
+    }
+
+    /// The record as the history reports it.
+    pub(crate) fn to_record(&self, run: RunKey) -> Result<RunRecord, String> {
+        let at = |s: Option<Stamp>| s.map(|s| Timestamp::from_millis(s.at_or(0)));
+        Ok(RunRecord {
+            run,
+            state: self.record_state()?,
+            attempt: self.attempt.map(attempt).transpose()?,
+            fence: self.fence.map(Fence::new),
+            instance: self.instance.as_deref().map(instance).transpose()?,
+            started_at: at(self.started),
+            finished_at: at(self.finished),
+            lease_until: at(self.lease_until),
+            error: self.error.clone(),
+        })
+    }
+}
+
+impl LiveRun {
+    /// The record as the history reports it.
+    pub(crate) fn to_record(&self, run: RunKey) -> Result<RunRecord, String> {
+        Ok(RunRecord {
+            run,
+            state: RecordState::Running,
+            attempt: Some(attempt(self.attempt)?),
+            fence: Some(Fence::new(self.fence)),
+            instance: Some(instance(&self.instance)?),
+            started_at: Some(Timestamp::from_millis(self.started.at_or(0))),
+            finished_at: None,
+            lease_until: Some(Timestamp::from_millis(self.lease_until.at_or(0))),
+            error: None,
+        })
+    }
+
+    /// Whether `token` holds this run.
+    pub(crate) fn held_by(&self, token: Token) -> bool {
+        Token::parse(&self.token) == Some(token)
+    }
+}
+
+fn attempt(n: u32) -> Result<Attempt, String> {
+    Attempt::new(n).ok_or_else(|| "a run record has attempt 0".to_owned())
+}
+
+fn instance(id: &str) -> Result<InstanceId, String> {
+    InstanceId::new(id).map_err(|e| format!("a run record has an invalid instance id: {e}"))
+}
+
+impl JobDoc {
+    /// Decodes a job key's value written at `written_at`, resolving every
+    /// stamp with it.
+    pub(crate) fn decode(bytes: &[u8], written_at: i64) -> Result<Self, String> {
+        let mut doc: JobDoc = serde_json::from_slice(bytes)
+            .map_err(|e| format!("a job document is not valid JSON: {e}"))?;
+        for live in doc.live.values_mut() {
+            if Token::parse(&live.token).is_none() {
+                return Err(format!(
+                    "a live run holds the token {:?}, which is not a UUID",
+                    live.token
+                ));
+            }
+            if live.attempt == 0 {
+                return Err("a live run has attempt 0".into());
+            }
+            live.started.fix(written_at);
+            live.lease_until.fix(written_at);
+        }
+        for ended in doc.ended.values_mut() {
+            ended.record_state()?;
+            ended.fix(written_at);
+        }
+        Ok(doc)
+    }
+
+    /// The document as JSON.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        // Serialising plain maps, strings and numbers cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    fn raise_high(&mut self, slot: i64) {
+        self.high = Some(self.high.map_or(slot, |h| h.max(slot)));
+    }
+
+    fn next_fence(&mut self) -> u64 {
+        self.fence = self.fence.saturating_add(1);
+        self.fence
+    }
+
+    /// Whether a run of the job other than `slot` holds a live lease at `now`.
+    fn another_run_is_live(&self, slot: i64, now: i64) -> bool {
+        self.live
+            .iter()
+            .any(|(s, live)| *s != slot && live.lease_until.at_or(now) >= now)
+    }
+}
+
+/// What the run key of a slot that is not in its job's document says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outside {
+    /// Not read: the slot is above the document's `high`, so it has no
+    /// record or only a `missed` one.
+    NoneOrMissed,
+    /// No record.
+    Absent,
+    /// A `missed` record.
+    Missed,
+    /// The run ended.
+    Ended(FinalState),
+}
+
+/// What a claim makes the store write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// Nothing.
+    None,
+    /// The job document changed: compare-and-swap it.
+    Job,
+    /// Create the slot's run key as `missed`, if it has none.
+    CreateMissed,
+}
+
+/// Whether a claim's answer depends on the server's time, judging by the
+/// document as read. When no claim of a batch does, the store answers
+/// without asking the server for its time.
+pub(crate) fn needs_time(doc: &JobDoc, outside: Option<Outside>, req: &LeaseClaim) -> bool {
+    let slot = req.run().slot.as_millis();
+    if doc.ended.contains_key(&slot) {
+        return false;
+    }
+    if let Some(live) = doc.live.get(&slot) {
+        return !live.held_by(req.claim.token);
+    }
+    !matches!(outside, Some(Outside::Ended(_)))
+}
+
+/// The lease flowchart (as `MemoryStore` runs it) for one claim, on the
+/// job's document as read, at the server time `now`. Changes `doc` as the
+/// answer requires and says what to write. `None` when the answer needs
+/// the time and `now` is `None`.
+///
+/// `outside` is what the run key says when the slot is not in `doc`.
+pub(crate) fn decide(
+    doc: &mut JobDoc,
+    outside: Outside,
+    now: Option<i64>,
+    req: &LeaseClaim,
+) -> Option<Result<(ClaimOutcome, Effect), String>> {
+    let slot = req.run().slot.as_millis();
+    // 3. Finished, and not yet moved to its run key.
+    if let Some(ended) = doc.ended.get(&slot) {
+        return Some(match ended.record_state() {
+            Ok(RecordState::Finished(state)) => Ok((ClaimOutcome::Done(state), Effect::None)),
+            Ok(other) => Err(format!(
+                "an ended run of the job document has the state {}",
+                other.as_str()
+            )),
+            Err(e) => Err(e),
+        });
+    }
+    if let Some(live) = doc.live.get(&slot) {
+        let attempt = match Attempt::new(live.attempt) {
+            Some(a) => a,
+            None => return Some(Err("a live run has attempt 0".into())),
+        };
+        // 2. Our own claim, sent again.
+        if live.held_by(req.claim.token) {
+            let win = Win {
+                attempt,
+                fence: Some(Fence::new(live.fence)),
+            };
+            return Some(Ok((ClaimOutcome::Won(win), Effect::None)));
+        }
+        let now = now?;
+        let lease_until = live.lease_until.at_or(now);
+        // 4. Someone else's live lease.
+        if lease_until >= now {
+            return Some(Ok((
+                ClaimOutcome::Running {
+                    lease_until: Timestamp::from_millis(lease_until),
+                    store_now: Timestamp::from_millis(now),
+                },
+                Effect::None,
+            )));
+        }
+        // 5. The lease ran out.
+        if req.max_attempts.allows_after(attempt) {
+            let fence = doc.next_fence();
+            let attempt = attempt.next();
+            let Some(live) = doc.live.get_mut(&slot) else {
+                return Some(Err("the live run vanished from the document".into()));
+            };
+            live.attempt = attempt.get();
+            live.token = req.claim.token.to_string();
+            live.fence = fence;
+            live.instance = req.claim.instance.as_str().to_owned();
+            live.lease_until = Stamp::after_write(req.lease);
+            let win = Win {
+                attempt,
+                fence: Some(Fence::new(fence)),
+            };
+            return Some(Ok((ClaimOutcome::Won(win), Effect::Job)));
+        }
+        let Some(live) = doc.live.remove(&slot) else {
+            return Some(Err("the live run vanished from the document".into()));
+        };
+        let mut ended = RunDoc::from_live(&live, FinalState::Interrupted, None);
+        ended.lease_until = Some(Stamp::At(lease_until));
+        doc.ended.insert(slot, ended);
+        return Some(Ok((
+            ClaimOutcome::Done(FinalState::Interrupted),
+            Effect::Job,
+        )));
+    }
+    // 1. No record, or only a `missed` one (or an ended one under its key).
+    if let Outside::Ended(state) = outside {
+        return Some(Ok((ClaimOutcome::Done(state), Effect::None)));
+    }
+    let now = now?;
+    let late = Timestamp::from_millis(now).since(req.run().slot.at()) > req.claim.max_late;
+    if late {
+        let effect = match outside {
+            Outside::Missed => Effect::None,
+            _ => Effect::CreateMissed,
+        };
+        return Some(Ok((ClaimOutcome::Late, effect)));
+    }
+    if req.overlap == Overlap::Skip && doc.another_run_is_live(slot, now) {
+        doc.ended.insert(
+            slot,
+            RunDoc::nobody(RecordState::Finished(FinalState::Skipped)),
+        );
+        doc.raise_high(slot);
+        return Some(Ok((ClaimOutcome::Overlap, Effect::Job)));
+    }
+    let fence = doc.next_fence();
+    doc.live.insert(
+        slot,
+        LiveRun {
+            token: req.claim.token.to_string(),
+            attempt: Attempt::FIRST.get(),
+            fence,
+            instance: req.claim.instance.as_str().to_owned(),
+            started: Stamp::NOW,
+            lease_until: Stamp::after_write(req.lease),
+        },
+    );
+    doc.raise_high(slot);
+    let win = Win {
+        attempt: Attempt::FIRST,
+        fence: Some(Fence::new(fence)),
+    };
+    Some(Ok((ClaimOutcome::Won(win), Effect::Job)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anarchon_core::{ClaimRequest, JobName, MaxAttempts, Slot};
+
+    const LEASE: Duration = Duration::from_millis(300);
+
+    fn claim(slot: i64, token: Token) -> LeaseClaim {
+        LeaseClaim {
+            claim: ClaimRequest {
+                run: RunKey::new(JobName::new("j").expect("name"), Slot::from_millis(slot)),
+                token,
+                instance: InstanceId::new("i").expect("id"),
+                max_late: Duration::from_secs(60),
+            },
+            lease: LEASE,
+            overlap: Overlap::Allow,
+            max_attempts: MaxAttempts::new(2).expect("2"),
+        }
+    }
+
+    /// Encodes as a writer does and decodes as the next reader, whose
+    /// revision the server stamped at `written_at`.
+    fn store(doc: &JobDoc, written_at: i64) -> JobDoc {
+        JobDoc::decode(&doc.encode(), written_at).expect("decodes")
+    }
+
+    fn run(doc: &mut JobDoc, now: i64, req: &LeaseClaim) -> (ClaimOutcome, Effect) {
+        decide(doc, Outside::NoneOrMissed, Some(now), req)
+            .expect("time given")
+            .expect("valid")
+    }
+
+    #[test]
+    fn a_lease_ends_at_the_server_time_of_its_write_plus_the_lease() {
+        let (a, b) = (Token::generate(), Token::generate());
+        let mut doc = JobDoc::default();
+        let slot = 1_000_000;
+        let (won, effect) = run(&mut doc, slot, &claim(slot, a));
+        assert!(matches!(won, ClaimOutcome::Won(_)));
+        assert_eq!(effect, Effect::Job);
+        // The write is stored 40 ms after the decision's time.
+        let mut doc = store(&doc, slot + 40);
+        let live = &doc.live[&slot];
+        assert_eq!(live.lease_until, Stamp::At(slot + 40 + 300));
+        assert_eq!(live.started, Stamp::At(slot + 40));
+        // Alive up to and including its end, on the server's clock.
+        match run(&mut doc, slot + 340, &claim(slot, b)).0 {
+            ClaimOutcome::Running {
+                lease_until,
+                store_now,
+            } => {
+                assert_eq!(lease_until.as_millis(), slot + 340);
+                assert_eq!(store_now.as_millis(), slot + 340);
+            }
+            other => panic!("{other:?}"),
+        }
+        let (taken, effect) = run(&mut doc, slot + 341, &claim(slot, b));
+        assert_eq!(effect, Effect::Job);
+        assert_eq!(
+            taken,
+            ClaimOutcome::Won(Win {
+                attempt: Attempt::FIRST.next(),
+                fence: Some(Fence::new(2)),
+            })
+        );
+        // No attempts left after the second: the next expiry interrupts.
+        let mut doc = store(&doc, slot + 400);
+        let (done, _) = run(&mut doc, slot + 701, &claim(slot, Token::generate()));
+        assert_eq!(done, ClaimOutcome::Done(FinalState::Interrupted));
+        let doc = store(&doc, slot + 710);
+        assert!(doc.live.is_empty());
+        assert_eq!(doc.ended[&slot].finished, Some(Stamp::At(slot + 710)));
+        assert_eq!(doc.ended[&slot].lease_until, Some(Stamp::At(slot + 700)));
+        assert_eq!(doc.fence, 2, "fences never go back");
+    }
+
+    #[test]
+    fn answers_that_do_not_need_the_time_come_without_it() {
+        let a = Token::generate();
+        let mut doc = JobDoc::default();
+        let slot = 5_000;
+        run(&mut doc, slot, &claim(slot, a));
+        let mut doc = store(&doc, slot);
+        assert!(!needs_time(&doc, None, &claim(slot, a)));
+        assert!(needs_time(&doc, None, &claim(slot, Token::generate())));
+        assert!(needs_time(&doc, Some(Outside::Absent), &claim(slot + 1, a)));
+        assert!(!needs_time(
+            &doc,
+            Some(Outside::Ended(FinalState::Failed)),
+            &claim(slot + 1, a)
+        ));
+        let own = decide(&mut doc, Outside::NoneOrMissed, None, &claim(slot, a));
+        assert!(matches!(
+            own,
+            Some(Ok((ClaimOutcome::Won(_), Effect::None)))
+        ));
+        let other = decide(
+            &mut doc,
+            Outside::NoneOrMissed,
+            None,
+            &claim(slot, Token::generate()),
+        );
+        assert!(other.is_none(), "a foreign lease needs the time");
+    }
+
+    #[test]
+    fn late_claims_create_missed_once_and_skips_are_recorded() {
+        let mut doc = JobDoc::default();
+        let slot = 0;
+        let late_now = 61_001;
+        let (late, effect) = run(&mut doc, late_now, &claim(slot, Token::generate()));
+        assert_eq!((late, effect), (ClaimOutcome::Late, Effect::CreateMissed));
+        let again = decide(
+            &mut doc,
+            Outside::Missed,
+            Some(late_now),
+            &claim(slot, Token::generate()),
+        );
+        assert_eq!(again, Some(Ok((ClaimOutcome::Late, Effect::None))));
+        // Overlap skip while another run is live.
+        let mut skip = claim(100_000, Token::generate());
+        run(&mut doc, 100_000, &skip);
+        skip.claim.run.slot = Slot::from_millis(100_001);
+        skip.claim.token = Token::generate();
+        skip.overlap = Overlap::Skip;
+        let mut doc = store(&doc, 100_000);
+        let (outcome, effect) = run(&mut doc, 100_010, &skip);
+        assert_eq!((outcome, effect), (ClaimOutcome::Overlap, Effect::Job));
+        let doc = store(&doc, 100_020);
+        assert_eq!(doc.ended[&100_001].state, "skipped");
+        assert_eq!(doc.high, Some(100_001));
+        assert_eq!(doc.fence, 1, "a skip takes no fence");
+    }
+
+    #[test]
+    fn releases_end_the_lease_just_before_their_write() {
+        let mut doc = JobDoc::default();
+        let a = Token::generate();
+        run(&mut doc, 10, &claim(10, a));
+        let mut doc = store(&doc, 10);
+        if let Some(live) = doc.live.get_mut(&10) {
+            live.lease_until = Stamp::Written { w: -1 };
+        }
+        let mut doc = store(&doc, 50);
+        assert_eq!(doc.live[&10].lease_until, Stamp::At(49));
+        let (taken, _) = run(&mut doc, 50, &claim(10, Token::generate()));
+        assert!(matches!(taken, ClaimOutcome::Won(w) if w.attempt.get() == 2));
+    }
+
+    #[test]
+    fn broken_documents_are_refused() {
+        for bad in [
+            &b"not json"[..],
+            br#"{"live":{"1":{"token":"x","attempt":1,"fence":1,"instance":"i","started":1,"lease_until":2}}}"#,
+            br#"{"ended":{"1":{"state":"running"}}}"#,
+        ] {
+            assert!(JobDoc::decode(bad, 0).is_err());
+        }
+        assert!(RunDoc::decode(br#"{"state":"bogus"}"#, 0).is_err());
+        let missed = RunDoc::decode(br#"{"state":"missed","finished":{"w":0}}"#, 77).expect("ok");
+        assert_eq!(missed.finished, Some(Stamp::At(77)));
+    }
+}
