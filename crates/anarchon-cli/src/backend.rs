@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon::amqp::{AmqpOptions, AmqpStore};
-use anarchon::nats::{ClaimOptions, NatsClaimStore, NatsOptions};
+use anarchon::nats::{ClaimOptions, NatsClaimStore, NatsLeaseOptions, NatsLeaseStore, NatsOptions};
 use anarchon::pg::{PgOptions, PgStore, TableName};
 use anarchon::redis::{
     EvictionCheck, RedisIdmpStore, RedisLeaseStore, RedisOptions, RedisScriptStore,
@@ -36,7 +36,7 @@ use anarchon::{
 use crate::error::Error;
 
 /// The schemes this build opens, for messages.
-pub(crate) const SCHEMES: &str = "sqlite://, postgres:// (or postgresql://), redis:// (or rediss://), amqp:// (or amqps://) and nats://";
+pub(crate) const SCHEMES: &str = "sqlite://, postgres:// (or postgresql://), redis:// (or rediss://), amqp:// (or amqps://), nats:// (the claim store) and nats-kv:// (the KV lease store)";
 
 /// The backend names the Redis strategies report (`BackendInfo::name`).
 const REDIS_LEASE: &str = "redis-lease";
@@ -148,6 +148,13 @@ pub(crate) enum Backend {
         /// The stream and its window.
         claims: ClaimOptions,
     },
+    /// `nats-kv://…`: the JetStream KV lease store.
+    NatsKv {
+        /// How to connect (the URL with `nats://`).
+        connection: NatsOptions,
+        /// The bucket.
+        leases: NatsLeaseOptions,
+    },
 }
 
 /// An open store.
@@ -159,6 +166,8 @@ pub(crate) enum Opened {
     Postgres(Arc<PgStore>),
     /// A Redis lease store.
     RedisLease(Arc<RedisLeaseStore>),
+    /// A NATS KV lease store.
+    NatsLease(Arc<NatsLeaseStore>),
     /// A claim-only store (Redis `stream-id`, `idmp`, `script`, RabbitMQ,
     /// NATS).
     ClaimOnly(Arc<dyn ClaimStore>),
@@ -201,6 +210,16 @@ impl Backend {
                 })?;
                 Ok(Backend::Nats { connection, claims })
             }
+            "nats-kv" => {
+                let nats_url = url.replacen("nats-kv://", "nats://", 1);
+                let (connection, leases) = NatsLeaseOptions::from_url(&nats_url).map_err(|e| {
+                    invalid(match e {
+                        anarchon::nats::Error::InvalidUrl { reason, .. } => reason,
+                        other => other.to_string(),
+                    })
+                })?;
+                Ok(Backend::NatsKv { connection, leases })
+            }
             _ => Err(Error::StoreUrl {
                 url: redact(url),
                 reason: format!(
@@ -220,6 +239,7 @@ impl Backend {
             Backend::Redis { strategy, .. } => strategy.backend(),
             Backend::Amqp(_) => anarchon::amqp::BACKEND,
             Backend::Nats { .. } => anarchon::nats::BACKEND,
+            Backend::NatsKv { .. } => anarchon::nats::LEASE_BACKEND,
         }
     }
 
@@ -227,7 +247,7 @@ impl Backend {
     /// tells.
     pub(crate) fn is_lease(&self) -> bool {
         match self {
-            Backend::Sqlite(_) | Backend::Postgres { .. } => true,
+            Backend::Sqlite(_) | Backend::Postgres { .. } | Backend::NatsKv { .. } => true,
             Backend::Redis { strategy, .. } => *strategy == RedisStrategy::Lease,
             Backend::Amqp(_) | Backend::Nats { .. } => false,
         }
@@ -268,6 +288,9 @@ impl Backend {
             }
             Backend::Nats { connection, claims } => Opened::ClaimOnly(Arc::new(
                 NatsClaimStore::connect(connection, claims.clone()).await?,
+            )),
+            Backend::NatsKv { connection, leases } => Opened::NatsLease(Arc::new(
+                NatsLeaseStore::connect(connection, leases.clone()).await?,
             )),
         })
     }
@@ -327,7 +350,9 @@ impl Backend {
             })
         };
         match self {
-            Backend::Sqlite(_) | Backend::Postgres { .. } => Arc::new(MemoryStore::new()),
+            Backend::Sqlite(_) | Backend::Postgres { .. } | Backend::NatsKv { .. } => {
+                Arc::new(MemoryStore::new())
+            }
             Backend::Redis { strategy, .. } => match strategy {
                 RedisStrategy::Lease => Arc::new(MemoryStore::new()),
                 other => claim_only(other.memory()),
@@ -388,6 +413,11 @@ impl Backend {
                 claims.subject_filter(),
                 humantime::format_duration(claims.get_duplicate_window())
             ),
+            Backend::NatsKv { connection, leases } => format!(
+                "NATS JetStream KV {} (bucket {}, a lease store)",
+                server_of(&connection.redacted_url()),
+                leases.get_bucket()
+            ),
         }
     }
 }
@@ -399,6 +429,7 @@ impl Opened {
             Opened::Sqlite(store) => store.clone(),
             Opened::Postgres(store) => store.clone(),
             Opened::RedisLease(store) => store.clone(),
+            Opened::NatsLease(store) => store.clone(),
             Opened::ClaimOnly(store) => store.clone(),
         }
     }
@@ -415,7 +446,7 @@ impl Opened {
         match self {
             Opened::Sqlite(store) => store.close().await,
             Opened::Postgres(store) => store.close().await,
-            Opened::RedisLease(_) | Opened::ClaimOnly(_) => {}
+            Opened::RedisLease(_) | Opened::NatsLease(_) | Opened::ClaimOnly(_) => {}
         }
     }
 }

@@ -480,6 +480,21 @@ fn a_per_second_job_runs_on_postgres() {
     a_lease_store_records_runs(&url, &format!("table {table}"));
 }
 
+#[test]
+fn a_per_second_job_runs_on_nats_kv() {
+    let base = server(Service::Nats);
+    let bucket = unique_prefix("cli");
+    let _bucket = NatsStream {
+        url: base.clone(),
+        stream: format!("KV_{bucket}"),
+    };
+    let url = with_params(
+        &base.replacen("nats://", "nats-kv://", 1),
+        &format!("bucket={bucket}"),
+    );
+    a_lease_store_records_runs(&url, &format!("bucket {bucket}"));
+}
+
 /// URLs with a sentinel password (or token) that answer nowhere: `run`
 /// fails to open the store with status 1, `check` succeeds, a malformed one
 /// is refused with status 2 — and the password shows in none of it.
