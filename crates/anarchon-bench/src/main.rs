@@ -480,8 +480,12 @@ async fn make_target(name: &str) -> Result<Box<dyn Target>> {
             "ANARCHON_NATS_URL",
             "nats://127.0.0.1:4222",
         ))),
+        "nats-kv" => Box::new(targets::NatsKv::new(env_url(
+            "ANARCHON_NATS_URL",
+            "nats://127.0.0.1:4222",
+        ))),
         other => bail!(
-            "unknown backend {other:?}: memory, sqlite, postgres, redis-lease, redis-stream-id, redis-script, rabbitmq, nats"
+            "unknown backend {other:?}: memory, sqlite, postgres, redis-lease, redis-stream-id, redis-script, rabbitmq, nats, nats-kv"
         ),
     })
 }
@@ -692,6 +696,7 @@ async fn run_all(args: &[String]) -> Result<()> {
             "redis-script",
             "rabbitmq",
             "nats",
+            "nats-kv",
         ]
         .map(String::from)
         .to_vec(),

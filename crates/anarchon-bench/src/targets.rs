@@ -581,3 +581,50 @@ impl Target for Nats {
         }
     }
 }
+
+/// NATS JetStream KV lease store: store calls counted by the client (a
+/// claim is a read, a clock write and a compare-and-swap).
+pub(crate) struct NatsKv {
+    url: String,
+    bucket: String,
+    calls: Arc<AtomicU64>,
+}
+
+impl NatsKv {
+    pub(crate) fn new(url: String) -> Self {
+        Self {
+            url,
+            bucket: format!("bench{:08x}", Token::generate().as_u128() & 0xffff_ffff),
+            calls: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl Target for NatsKv {
+    fn name(&self) -> &'static str {
+        "nats-kv"
+    }
+    async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
+        let connection = anarchon_nats::NatsOptions::new(&self.url);
+        let leases = anarchon_nats::NatsLeaseOptions::new().bucket(&self.bucket);
+        let store = anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?;
+        Ok(counted(Arc::new(store), self.calls.clone()))
+    }
+    async fn round_trips(&self) -> Result<u64> {
+        Ok(self.calls.load(Ordering::Relaxed))
+    }
+    fn counted_by(&self) -> &'static str {
+        "the client, as store calls (a claim is a read, a clock write and a compare-and-swap: about 3 round trips)"
+    }
+    async fn baseline(&self, _: usize, _: usize) -> Result<Option<(String, f64)>> {
+        Ok(None)
+    }
+    async fn cleanup(&self) {
+        if let Ok(client) = async_nats::connect(&self.url).await {
+            let _ = async_nats::jetstream::new(client)
+                .delete_stream(format!("KV_{}", self.bucket))
+                .await;
+        }
+    }
+}
