@@ -80,3 +80,69 @@ async fn random_faults_never_give_a_run_two_runners() {
     let factory = common::PgFactory::new().await;
     faults::random_faults_never_give_a_run_two_runners(&factory, Duration::from_secs(15)).await;
 }
+
+/// PostgreSQL restarts under two running schedulers: they recover without
+/// a restart of their own, no slot runs twice, and a run won before the
+/// restart is still won after it (the store is durable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedulers_recover_from_a_database_restart() {
+    use anarchon_core::{ClaimOutcome, ClaimStore, RunKey, Schedule, Scheduler, Slot, Token};
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    let factory = common::PgFactory::new().await;
+    let runs: Arc<Mutex<BTreeMap<i64, u32>>> = Arc::default();
+    let mut schedulers = Vec::new();
+    for _ in 0..2 {
+        let mut b = Scheduler::builder(factory.instance().await)
+            .lease(Duration::from_secs(3))
+            .heartbeat(Duration::from_millis(500));
+        let runs = runs.clone();
+        b.job(
+            "through-restart",
+            Schedule::every(Duration::from_secs(1)).unwrap(),
+        )
+        .unwrap()
+        .run(move |ctx| {
+            *runs
+                .lock()
+                .unwrap()
+                .entry(ctx.slot().as_millis())
+                .or_default() += 1;
+            async { Ok::<_, String>(()) }
+        })
+        .unwrap();
+        schedulers.push(b.start().unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before: Vec<i64> = runs.lock().unwrap().keys().copied().collect();
+    assert!(!before.is_empty(), "runs before the restart");
+    let control = anarchon_testkit::restart::ServerControl::for_service(
+        anarchon_testkit::servers::Service::Postgres,
+    );
+    let _guard = tokio::task::spawn_blocking(move || control.restart())
+        .await
+        .unwrap();
+    let restarted_at = anarchon_core::Clock::now(&anarchon_core::SystemClock).as_millis();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for s in schedulers {
+        s.shutdown().await;
+    }
+    let runs = runs.lock().unwrap().clone();
+    assert!(runs.values().all(|n| *n == 1), "a slot ran twice: {runs:?}");
+    assert!(
+        runs.keys().any(|slot| *slot > restarted_at + 1000),
+        "claims resumed after the restart: {runs:?}"
+    );
+    // A run won before the restart cannot be won again after it.
+    let store = factory.instance().await;
+    let slot = Slot::from_millis(before[0]);
+    let run = RunKey::new(
+        anarchon_core::JobName::new("through-restart").unwrap(),
+        slot,
+    );
+    let mut again = anarchon_testkit::claim::claim_request(run, Token::generate(), "late");
+    again.max_late = Duration::from_secs(3600);
+    let outcome = store.claim(&again).await.unwrap();
+    assert!(!matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
+}

@@ -460,3 +460,61 @@ async fn testkit_random_faults_never_give_a_run_two_runners() {
     )
     .await;
 }
+
+/// A real restart of a Redis without persistence: the store notices that
+/// the server changed under it (a new run_id), and a finished run can be won
+/// again — the failure mode the docs describe for Redis without AOF.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_persistence_is_detected() {
+    use anarchon_core::{ClaimOutcome, LeaseStore, RunKey, RunOutcome, Token};
+    let factory = common::LeaseFactory::new().await;
+    let store = factory.connect().await.unwrap();
+    let slot = anarchon_testkit::claim::future_slot(&factory, 0);
+    let run = RunKey::new(anarchon_core::JobName::new("forgotten").unwrap(), slot);
+    let token = Token::generate();
+    let won = store
+        .claim_lease(&anarchon_testkit::lease::lease_claim(
+            run.clone(),
+            token,
+            "a",
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(won, ClaimOutcome::Won(_)));
+    store
+        .finish(&run, token, RunOutcome::Succeeded)
+        .await
+        .unwrap();
+    let control = anarchon_testkit::restart::ServerControl::for_service(
+        anarchon_testkit::servers::Service::Redis,
+    );
+    let _guard = tokio::task::spawn_blocking(move || control.restart())
+        .await
+        .unwrap();
+    // The first call after the restart reconnects and sees the new run_id.
+    let mut again = None;
+    for _ in 0..50 {
+        match store
+            .claim_lease(&anarchon_testkit::lease::lease_claim(
+                run.clone(),
+                Token::generate(),
+                "b",
+            ))
+            .await
+        {
+            Ok(outcome) => {
+                again = Some(outcome);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert!(
+        store.server_changes() >= 1,
+        "the changed run_id was noticed"
+    );
+    assert!(
+        matches!(again, Some(ClaimOutcome::Won(_))),
+        "without persistence the finished run was forgotten: {again:?}"
+    );
+}

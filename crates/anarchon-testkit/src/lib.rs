@@ -26,6 +26,7 @@ pub mod faults;
 pub mod history;
 pub mod lease;
 pub mod proxy;
+pub mod restart;
 pub mod scheduler;
 pub mod servers;
 pub mod stores;
