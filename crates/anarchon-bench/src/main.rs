@@ -41,13 +41,13 @@ impl Settings {
         Self {
             quick,
             racers: 8,
-            slots: if quick { 300 } else { 2000 },
+            slots: if quick { 100 } else { 2000 },
             batch_jobs: 1000,
             precision_jobs: 1000,
-            precision_secs: if quick { 5 } else { 30 },
-            takeover_trials: if quick { 3 } else { 20 },
+            precision_secs: if quick { 2 } else { 30 },
+            takeover_trials: if quick { 2 } else { 20 },
             idle_jobs: 10_000,
-            idle_secs: if quick { 10 } else { 60 },
+            idle_secs: if quick { 2 } else { 60 },
         }
     }
 }
@@ -416,7 +416,8 @@ async fn idle(backend: &str, jobs: usize, secs: u64) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(3_600_000 - into_hour + 2000)).await;
     }
     let scheduler = b.start()?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Let start-up settle before measuring.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let rt0 = target.round_trips().await?;
     let cpu0 = cpu_seconds();
     let t0 = Instant::now();
