@@ -8,8 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,131 +17,12 @@ use anarchon_core::{
     Scheduler, Slot, StoreError, SystemClock, Token,
 };
 use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsOptions};
+use anarchon_testkit::FaultProxy;
 use anarchon_testkit::StoreFactory;
 use futures::future::join_all;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::Instant;
 
 use crate::common::{NatsLeaseFactory, StreamGuard, claims, connect, url};
-
-/// A TCP proxy with switches: cut every connection and refuse new ones, or
-/// stop passing the server's replies once the client sent some bytes.
-struct Proxy {
-    address: SocketAddr,
-    shared: Arc<Shared>,
-    accept: JoinHandle<()>,
-}
-
-struct Shared {
-    upstream: String,
-    up: AtomicBool,
-    stall_pattern: Mutex<Option<Vec<u8>>>,
-    stalled: AtomicBool,
-    links: Mutex<Vec<AbortHandle>>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let shared = Arc::new(Shared {
-            upstream,
-            up: AtomicBool::new(true),
-            stall_pattern: Mutex::new(None),
-            stalled: AtomicBool::new(false),
-            links: Mutex::new(Vec::new()),
-        });
-        let accept = tokio::spawn({
-            let shared = shared.clone();
-            async move {
-                while let Ok((client, _)) = listener.accept().await {
-                    if !shared.up.load(Ordering::SeqCst) {
-                        drop(client);
-                        continue;
-                    }
-                    let Ok(server) = TcpStream::connect(&shared.upstream).await else {
-                        continue;
-                    };
-                    let (client_read, client_write) = client.into_split();
-                    let (server_read, server_write) = server.into_split();
-                    let up = tokio::spawn(pump(client_read, server_write, shared.clone(), true));
-                    let down = tokio::spawn(pump(server_read, client_write, shared.clone(), false));
-                    let mut links = shared.links.lock().unwrap();
-                    links.push(up.abort_handle());
-                    links.push(down.abort_handle());
-                }
-            }
-        });
-        Self {
-            address,
-            shared,
-            accept,
-        }
-    }
-
-    /// Drops every proxied connection and refuses new ones.
-    fn cut(&self) {
-        self.shared.up.store(false, Ordering::SeqCst);
-        for link in self.shared.links.lock().unwrap().drain(..) {
-            link.abort();
-        }
-        self.shared.stalled.store(false, Ordering::SeqCst);
-        *self.shared.stall_pattern.lock().unwrap() = None;
-    }
-
-    /// Accepts connections again.
-    fn restore(&self) {
-        self.shared.up.store(true, Ordering::SeqCst);
-    }
-
-    /// Once the client sends `pattern`, the server's replies stop reaching
-    /// it (the server still gets everything the client sends).
-    fn stall_replies_after(&self, pattern: &[u8]) {
-        *self.shared.stall_pattern.lock().unwrap() = Some(pattern.to_vec());
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-        for link in self.shared.links.lock().unwrap().drain(..) {
-            link.abort();
-        }
-    }
-}
-
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    shared: Arc<Shared>,
-    client_to_server: bool,
-) {
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        let n = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let chunk = &buffer[..n];
-        if client_to_server {
-            let pattern = shared.stall_pattern.lock().unwrap().clone();
-            if let Some(pattern) = pattern
-                && chunk
-                    .windows(pattern.len())
-                    .any(|w| w == pattern.as_slice())
-            {
-                shared.stalled.store(true, Ordering::SeqCst);
-            }
-        } else if shared.stalled.load(Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        if to.write_all(chunk).await.is_err() {
-            return;
-        }
-    }
-}
 
 /// The broker's `host:port` from a `nats://host:port` URL.
 fn upstream(url: &str) -> String {
@@ -157,14 +37,16 @@ fn upstream(url: &str) -> String {
 }
 
 /// A store whose connection goes through `proxy`.
-async fn proxied_store(proxy: &Proxy, claims: &ClaimOptions) -> NatsClaimStore {
+async fn proxied_store(proxy: &FaultProxy, claims: &ClaimOptions) -> NatsClaimStore {
     let options =
-        NatsOptions::new(format!("nats://{}", proxy.address)).timeout(Duration::from_secs(1));
+        NatsOptions::new(format!("nats://{}", proxy.address())).timeout(Duration::from_secs(1));
     connect(&options, claims.clone()).await
 }
 
-async fn start_proxy() -> Proxy {
-    Proxy::start(upstream(&url().await)).await
+async fn start_proxy() -> FaultProxy {
+    FaultProxy::start(upstream(&url().await))
+        .await
+        .expect("a proxy")
 }
 
 fn connects(store: &NatsClaimStore) -> u64 {

@@ -23,6 +23,9 @@ struct State {
     blackhole: AtomicBool,
     refuse: AtomicBool,
     swallow_next_reply: AtomicBool,
+    /// Once the client sends bytes holding this, replies stop (`stalled`).
+    stall_pattern: std::sync::Mutex<Option<Vec<u8>>>,
+    stalled: AtomicBool,
     /// Bumped to cut every open connection.
     generation: watch::Sender<u64>,
     connections: AtomicU64,
@@ -59,6 +62,8 @@ impl FaultProxy {
             blackhole: AtomicBool::new(false),
             refuse: AtomicBool::new(false),
             swallow_next_reply: AtomicBool::new(false),
+            stall_pattern: std::sync::Mutex::new(None),
+            stalled: AtomicBool::new(false),
             generation: watch::channel(0).0,
             connections: AtomicU64::new(0),
             swallowed: AtomicU64::new(0),
@@ -95,9 +100,39 @@ impl FaultProxy {
         self.state.refuse.store(on, Ordering::SeqCst);
     }
 
-    /// Closes every open connection now (both sides).
+    /// Closes every open connection now (both sides), and ends a stall.
     pub fn cut_connections(&self) {
+        *self
+            .state
+            .stall_pattern
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.state.stalled.store(false, Ordering::SeqCst);
         self.state.generation.send_modify(|g| *g += 1);
+    }
+
+    /// The store loses the server: every connection is closed and new ones
+    /// are refused, until [`Self::restore`].
+    pub fn cut(&self) {
+        self.set_refuse(true);
+        self.cut_connections();
+    }
+
+    /// Accepts connections again after [`Self::cut`].
+    pub fn restore(&self) {
+        self.set_refuse(false);
+    }
+
+    /// Once the client sends bytes that contain `pattern` (say, the claim's
+    /// header), the server's replies stop reaching any client, while the
+    /// server still gets everything: a request in flight whose answer never
+    /// comes. [`Self::cut_connections`] ends it.
+    pub fn stall_replies_after(&self, pattern: &[u8]) {
+        *self
+            .state
+            .stall_pattern
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(pattern.to_vec());
     }
 
     /// The next chunk the server sends back is thrown away and that
@@ -177,6 +212,22 @@ async fn pump(
             tokio::time::sleep(Duration::from_millis(latency)).await;
         }
         if state.blackhole.load(Ordering::SeqCst) {
+            continue;
+        }
+        if !is_reply {
+            let pattern = state
+                .stall_pattern
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            if let Some(pattern) = pattern
+                && buf[..n]
+                    .windows(pattern.len())
+                    .any(|w| w == pattern.as_slice())
+            {
+                state.stalled.store(true, Ordering::SeqCst);
+            }
+        } else if state.stalled.load(Ordering::SeqCst) {
             continue;
         }
         if is_reply && state.swallow_next_reply.swap(false, Ordering::SeqCst) {
