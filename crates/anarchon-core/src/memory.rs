@@ -314,14 +314,7 @@ impl LeaseStore for MemoryStore {
             let rec = state.jobs.get(&run.job).and_then(|j| j.runs.get(&run.slot));
             let state = match rec {
                 None => RunState::Absent,
-                Some(r) => match r.state {
-                    RecordState::Missed => RunState::Missed,
-                    RecordState::Finished(f) => RunState::Finished(f),
-                    RecordState::Running => RunState::Running {
-                        attempt: r.attempt.unwrap_or(Attempt::FIRST),
-                        lease_until: r.lease_until.unwrap_or(now),
-                    },
-                },
+                Some(r) => RunState::of_record(r.state, r.attempt, r.lease_until, now),
             };
             RunView {
                 store_now: now,

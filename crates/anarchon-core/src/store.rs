@@ -225,6 +225,27 @@ pub enum RunState {
     Finished(FinalState),
 }
 
+impl RunState {
+    /// What a stored record says about a run, as `peek` reports it: a
+    /// running record without an attempt is attempt 1, one without a lease
+    /// end has its lease end `store_now`.
+    pub fn of_record(
+        state: RecordState,
+        attempt: Option<Attempt>,
+        lease_until: Option<Timestamp>,
+        store_now: Timestamp,
+    ) -> Self {
+        match state {
+            RecordState::Missed => RunState::Missed,
+            RecordState::Finished(done) => RunState::Finished(done),
+            RecordState::Running => RunState::Running {
+                attempt: attempt.unwrap_or(Attempt::FIRST),
+                lease_until: lease_until.unwrap_or(store_now),
+            },
+        }
+    }
+}
+
 /// The state of a run in its history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RecordState {

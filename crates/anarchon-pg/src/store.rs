@@ -611,16 +611,12 @@ impl LeaseStore for PgStore {
         let protocol = |reason: String| PgError::protocol(format!("reading {run}"), reason);
         let state = match row.state.as_deref() {
             None => RunState::Absent,
-            Some(text) => match record_state(text).map_err(protocol)? {
-                RecordState::Missed => RunState::Missed,
-                RecordState::Finished(done) => RunState::Finished(done),
-                RecordState::Running => RunState::Running {
-                    attempt: attempt(row.attempt)
-                        .map_err(protocol)?
-                        .unwrap_or(Attempt::FIRST),
-                    lease_until: row.lease_until.map_or(store_now, Timestamp::from_millis),
-                },
-            },
+            Some(text) => RunState::of_record(
+                record_state(text).map_err(protocol)?,
+                attempt(row.attempt).map_err(protocol)?,
+                row.lease_until.map(Timestamp::from_millis),
+                store_now,
+            ),
         };
         Ok(RunView { store_now, state })
     }

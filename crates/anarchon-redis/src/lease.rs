@@ -454,14 +454,7 @@ impl LeaseStore for RedisLeaseStore {
             None => RunState::Absent,
             Some(fields) => {
                 let rec = parse_record(&run.job, fields).map_err(store_err)?;
-                match rec.state {
-                    RecordState::Missed => RunState::Missed,
-                    RecordState::Finished(f) => RunState::Finished(f),
-                    RecordState::Running => RunState::Running {
-                        attempt: rec.attempt.unwrap_or(Attempt::FIRST),
-                        lease_until: rec.lease_until.unwrap_or(store_now),
-                    },
-                }
+                RunState::of_record(rec.state, rec.attempt, rec.lease_until, store_now)
             }
         };
         Ok(RunView { store_now, state })

@@ -696,15 +696,12 @@ impl LeaseStore for SqliteStore {
         let now = Timestamp::from_millis(row.now);
         let state = match parse_state(row.state.as_deref())? {
             None => RunState::Absent,
-            Some(RecordState::Missed) => RunState::Missed,
-            Some(RecordState::Finished(f)) => RunState::Finished(f),
-            Some(RecordState::Running) => RunState::Running {
-                attempt: match row.attempt {
-                    None => Attempt::FIRST,
-                    Some(n) => parse_attempt(n)?,
-                },
-                lease_until: row.lease_until.map_or(now, Timestamp::from_millis),
-            },
+            Some(state) => RunState::of_record(
+                state,
+                row.attempt.map(parse_attempt).transpose()?,
+                row.lease_until.map(Timestamp::from_millis),
+                now,
+            ),
         };
         Ok(RunView {
             store_now: now,
