@@ -544,6 +544,16 @@ fn passwords_in_store_urls_are_never_printed() {
         assert!(stderr.contains("cannot open the store"), "{stderr}");
         assert!(stderr.contains(shown), "{shown}: {stderr}");
         assert!(!(stdout + &stderr).contains("Sentinel"), "{stderr}");
+        // Not at the most verbose log level either, from us or a client crate.
+        let traced = anarchon()
+            .current_dir(d)
+            .env("ANARCHON_LOG", "trace")
+            .args(["run", "--config", c, "--store", url])
+            .output()
+            .expect("run anarchon");
+        let all = String::from_utf8_lossy(&traced.stdout).into_owned()
+            + &String::from_utf8_lossy(&traced.stderr);
+        assert!(!all.contains("Sentinel"), "at trace level: {all}");
 
         let (code, stdout, stderr) = run_in(d, &["check", "--config", c, "--store", url]);
         assert_eq!(code, 0, "check {url}: {stderr}");
@@ -574,5 +584,26 @@ fn passwords_in_store_urls_are_never_printed() {
     assert!(!stderr.contains("Sentinel"), "{stderr}");
     for scheme in ["sqlite://", "postgres://", "redis://", "amqp://", "nats://"] {
         assert!(stderr.contains(scheme), "{stderr}");
+    }
+    // A real server that lets the connection in (the test server trusts
+    // local connections, so the password is sent and ignored): nothing the
+    // daemon or sqlx logs at trace level shows it.
+    let pg = server(Service::Postgres);
+    let with_password = pg.replacen("://postgres@", "://postgres:Sentinel-Pw-8@", 1);
+    if with_password != pg {
+        let url = with_params(&with_password, &format!("table={}", unique_prefix("cli")));
+        let traced = anarchon()
+            .current_dir(d)
+            .env("ANARCHON_LOG", "trace")
+            .args(["history", "tick", "--store", &url])
+            .output()
+            .expect("run anarchon");
+        let all = String::from_utf8_lossy(&traced.stdout).into_owned()
+            + &String::from_utf8_lossy(&traced.stderr);
+        assert!(
+            all.contains("TRACE") || all.contains("DEBUG"),
+            "trace logging is on: {all}"
+        );
+        assert!(!all.contains("Sentinel"), "at trace level: {all}");
     }
 }
