@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use crate::BACKEND;
 use crate::connection::{Connected, StreamRole, connect, ensure_stream};
 use crate::error::Error;
-use crate::options::{NatsOptions, Storage, validate_prefix};
+use crate::options::{NatsOptions, Storage, read_url, validate_prefix};
 
 /// The subject prefix unless told otherwise: claims go to
 /// `anarchon.<job>.claims`.
@@ -111,42 +111,24 @@ impl ClaimOptions {
     /// options' own errors as [`Self::validate`] and
     /// [`NatsOptions::validate`] report them.
     pub fn from_url(url: &str) -> Result<(NatsOptions, Self), Error> {
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: crate::options::redact(url),
-            reason,
-        };
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut connection = NatsOptions::new(base);
         let mut claims = Self::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let number = || {
-                value
-                    .parse::<u64>()
-                    .map_err(|_| invalid(format!("{key} must be a whole number")))
-            };
-            match key {
-                "prefix" => claims.prefix = value.to_owned(),
-                "stream" => claims.stream = Some(value.to_owned()),
-                "duplicate_window_ms" => {
-                    claims.duplicate_window = Duration::from_millis(number()?);
+        let (connection, shared) = read_url(
+            url,
+            "prefix, stream, duplicate_window_ms, storage, replicas or timeout_ms",
+            |param| {
+                match param.key {
+                    "prefix" => claims.prefix = param.value.to_owned(),
+                    "stream" => claims.stream = Some(param.value.to_owned()),
+                    "duplicate_window_ms" => {
+                        claims.duplicate_window = Duration::from_millis(param.number()?);
+                    }
+                    _ => return Ok(false),
                 }
-                "timeout_ms" => connection = connection.timeout(Duration::from_millis(number()?)),
-                "replicas" => {
-                    claims.replicas = usize::try_from(number()?)
-                        .map_err(|_| invalid("replicas is too large".into()))?;
-                }
-                "storage" => {
-                    claims.storage = Storage::parse(value)
-                        .ok_or_else(|| invalid("storage must be file or memory".into()))?;
-                }
-                other => {
-                    return Err(invalid(format!(
-                        "unknown parameter {other:?}; use prefix, stream, duplicate_window_ms, storage, replicas or timeout_ms"
-                    )));
-                }
-            }
-        }
+                Ok(true)
+            },
+        )?;
+        claims.storage = shared.storage.unwrap_or(claims.storage);
+        claims.replicas = shared.replicas.unwrap_or(claims.replicas);
         connection.validate()?;
         claims.validate()?;
         Ok((connection, claims))

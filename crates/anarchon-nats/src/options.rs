@@ -346,3 +346,72 @@ mod tests {
         }
     }
 }
+
+/// One `key=value` parameter of a store URL's query.
+pub(crate) struct UrlParam<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) value: &'a str,
+    url: &'a str,
+}
+
+impl UrlParam<'_> {
+    /// An [`Error::InvalidUrl`] about this URL (its password redacted).
+    pub(crate) fn invalid(&self, reason: String) -> Error {
+        Error::InvalidUrl {
+            url: redact(self.url),
+            reason,
+        }
+    }
+
+    /// The value as a whole number.
+    pub(crate) fn number(&self) -> Result<u64, Error> {
+        self.value
+            .parse::<u64>()
+            .map_err(|_| self.invalid(format!("{} must be a whole number", self.key)))
+    }
+}
+
+/// The settings every JetStream store reads from its URL besides its own.
+#[derive(Default)]
+pub(crate) struct StreamParams {
+    pub(crate) storage: Option<Storage>,
+    pub(crate) replicas: Option<usize>,
+}
+
+/// Reads a `nats://…?…` store URL: the connection from the part before `?`,
+/// the parameters both stores share (`timeout_ms`, `storage`, `replicas`)
+/// here, and every other parameter through `own`, which says whether it
+/// knew it. An unknown parameter is refused, listing `known`.
+pub(crate) fn read_url(
+    url: &str,
+    known: &str,
+    mut own: impl FnMut(&UrlParam<'_>) -> Result<bool, Error>,
+) -> Result<(NatsOptions, StreamParams), Error> {
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut connection = NatsOptions::new(base);
+    let mut shared = StreamParams::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let param = UrlParam { key, value, url };
+        match key {
+            "timeout_ms" => connection = connection.timeout(Duration::from_millis(param.number()?)),
+            "replicas" => {
+                shared.replicas = Some(
+                    usize::try_from(param.number()?)
+                        .map_err(|_| param.invalid("replicas is too large".into()))?,
+                );
+            }
+            "storage" => {
+                shared.storage = Some(
+                    Storage::parse(value)
+                        .ok_or_else(|| param.invalid("storage must be file or memory".into()))?,
+                );
+            }
+            _ if own(&param)? => {}
+            other => {
+                return Err(param.invalid(format!("unknown parameter {other:?}; use {known}")));
+            }
+        }
+    }
+    Ok((connection, shared))
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy};
 
 use crate::error::Error;
-use crate::options::{NatsOptions, Storage, redact};
+use crate::options::{NatsOptions, Storage, read_url};
 
 /// The KV bucket unless told otherwise.
 pub const DEFAULT_BUCKET: &str = "anarchon-leases";
@@ -65,42 +65,24 @@ impl NatsLeaseOptions {
     /// options' own errors as [`Self::validate`] and
     /// [`NatsOptions::validate`] report them.
     pub fn from_url(url: &str) -> Result<(NatsOptions, Self), Error> {
-        let invalid = |reason: String| Error::InvalidUrl {
-            url: redact(url),
-            reason,
-        };
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut connection = NatsOptions::new(base);
         let mut leases = Self::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let number = || {
-                value
-                    .parse::<u64>()
-                    .map_err(|_| invalid(format!("{key} must be a whole number")))
-            };
-            match key {
-                "bucket" => leases.bucket = value.to_owned(),
-                "history" => {
-                    leases.history = i64::try_from(number()?)
-                        .map_err(|_| invalid("history is too large".into()))?;
+        let (connection, shared) = read_url(
+            url,
+            "bucket, history, storage, replicas or timeout_ms",
+            |param| {
+                match param.key {
+                    "bucket" => leases.bucket = param.value.to_owned(),
+                    "history" => {
+                        leases.history = i64::try_from(param.number()?)
+                            .map_err(|_| param.invalid("history is too large".into()))?;
+                    }
+                    _ => return Ok(false),
                 }
-                "timeout_ms" => connection = connection.timeout(Duration::from_millis(number()?)),
-                "replicas" => {
-                    leases.replicas = usize::try_from(number()?)
-                        .map_err(|_| invalid("replicas is too large".into()))?;
-                }
-                "storage" => {
-                    leases.storage = Storage::parse(value)
-                        .ok_or_else(|| invalid("storage must be file or memory".into()))?;
-                }
-                other => {
-                    return Err(invalid(format!(
-                        "unknown parameter {other:?}; use bucket, history, storage, replicas or timeout_ms"
-                    )));
-                }
-            }
-        }
+                Ok(true)
+            },
+        )?;
+        leases.storage = shared.storage.unwrap_or(leases.storage);
+        leases.replicas = shared.replicas.unwrap_or(leases.replicas);
         connection.validate()?;
         leases.validate()?;
         Ok((connection, leases))
