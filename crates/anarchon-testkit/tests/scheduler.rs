@@ -573,7 +573,12 @@ async fn skewed_and_stepping_clocks_never_run_a_slot_twice() {
 
 #[tokio::test(start_paused = true)]
 async fn a_claim_only_store_skips_late_slots_locally_after_a_clock_step() {
-    let clock = TestClock::new();
+    // Start 3 s past a 10 s slot, whatever the real time: after 25 s and a
+    // one-hour step the clock reads 8 s past a slot, so exactly one slot
+    // lies inside the 15 s late window and none comes due in the next 1.5 s.
+    let now = anarchon_core::SystemClock.now().as_millis();
+    let clock =
+        TestClock::starting_at(Timestamp::from_millis(now - now.rem_euclid(10_000) + 3_000));
     let store = Arc::new(ClaimOnlyStore::default());
     let runs = runs();
     let mut b = Scheduler::builder(store).clock(clock.clone());
