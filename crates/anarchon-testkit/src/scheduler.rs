@@ -36,6 +36,44 @@ pub struct Started {
 
 type Log = Arc<Mutex<Vec<Started>>>;
 
+/// Picks the one run a takeover check freezes: the first run of a slot at
+/// or after a point set once every scheduler has started. A slot that
+/// comes earlier may have been claimed before the last scheduler was
+/// watching, and then nobody would be there to take it over.
+#[derive(Clone, Default)]
+struct FrozenRun {
+    from: Arc<Mutex<Option<Slot>>>,
+    slot: Arc<Mutex<Option<Slot>>>,
+}
+
+impl FrozenRun {
+    /// Arms the choice: slots that start at least a second and a half from
+    /// now (by `clock`) can be frozen.
+    fn arm(&self, clock: &dyn Clock) {
+        let from = clock.now().saturating_add(Duration::from_millis(1500));
+        *self.from.lock().unwrap_or_else(|p| p.into_inner()) = Some(Slot::from(from));
+    }
+
+    /// Whether this handler start is the frozen run: the first attempt of
+    /// the first slot after the armed point.
+    fn is_frozen(&self, slot: Slot, attempt: Attempt) -> bool {
+        let Some(from) = *self.from.lock().unwrap_or_else(|p| p.into_inner()) else {
+            return false;
+        };
+        if slot < from {
+            return false;
+        }
+        let mut frozen = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        let frozen = *frozen.get_or_insert(slot);
+        frozen == slot && attempt == Attempt::FIRST
+    }
+
+    /// The frozen slot, once a handler has started it.
+    fn slot(&self) -> Option<Slot> {
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 fn log() -> Log {
     Arc::new(Mutex::new(Vec::new()))
 }
@@ -58,6 +96,21 @@ async fn wait_for(log: &Log, what: &str, done: impl Fn(&[Started]) -> bool) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits for the frozen run to start and returns its entry.
+async fn wait_for_frozen(log: &Log, frozen: &FrozenRun) -> Started {
+    wait_for(log, "the frozen run to start", |e| {
+        frozen
+            .slot()
+            .is_some_and(|slot| e.iter().any(|s| s.slot == slot))
+    })
+    .await;
+    let slot = frozen.slot().expect("waited for it");
+    entries(log)
+        .into_iter()
+        .find(|s| s.slot == slot)
+        .expect("waited for it")
 }
 
 /// Three schedulers on one store run a per-second job: every slot from the
@@ -126,7 +179,7 @@ where
     let heartbeat = Duration::from_millis(200);
     let log = log();
     let cancelled: Arc<Mutex<Option<(CancelReason, Instant)>>> = Arc::default();
-    let frozen: Arc<Mutex<Option<Slot>>> = Arc::default();
+    let frozen = FrozenRun::default();
     let mut handles = Vec::new();
     let mut schedulers = Vec::new();
     for index in 0..2 {
@@ -153,18 +206,8 @@ where
                         scheduler: index,
                         job: ctx.job().to_string(),
                     });
-                    // The first run anyone starts hangs until it is told to stop.
-                    let hang = {
-                        let mut f = frozen.lock().unwrap_or_else(|p| p.into_inner());
-                        match *f {
-                            None => {
-                                *f = Some(ctx.slot());
-                                true
-                            }
-                            Some(s) => s == ctx.slot() && ctx.attempt() == Attempt::FIRST,
-                        }
-                    };
-                    if hang {
+                    // The frozen run hangs until it is told to stop.
+                    if frozen.is_frozen(ctx.slot(), ctx.attempt()) {
                         ctx.cancelled().await;
                         *cancelled.lock().unwrap_or_else(|p| p.into_inner()) =
                             Some((ctx.cancel_reason().expect("reason"), Instant::now()));
@@ -175,8 +218,8 @@ where
             .expect("handler");
         schedulers.push(builder.start().expect("start"));
     }
-    wait_for(&log, "the first run to start", |e| !e.is_empty()).await;
-    let first = entries(&log)[0].clone();
+    frozen.arm(factory.clock().as_ref());
+    let first = wait_for_frozen(&log, &frozen).await;
     handles[first.scheduler].set_heartbeats_down(true);
     let cut = Instant::now();
     wait_for(&log, "a takeover of the frozen run", |e| {
@@ -343,7 +386,7 @@ where
     let resume = Arc::new(tokio::sync::Notify::new());
     let log = log();
     let stale_write: Arc<Mutex<Option<bool>>> = Arc::default();
-    let frozen: Arc<Mutex<Option<Slot>>> = Arc::default();
+    let frozen = FrozenRun::default();
     let mut handles = Vec::new();
     let mut schedulers = Vec::new();
     for index in 0..2 {
@@ -376,15 +419,8 @@ where
                 );
                 async move {
                     let fence = ctx.fence().expect("lease stores give fences");
-                    let first = {
-                        let mut f = frozen.lock().unwrap_or_else(|p| p.into_inner());
-                        if f.is_none() {
-                            *f = Some(ctx.slot());
-                        }
-                        *f == Some(ctx.slot()) && ctx.attempt() == Attempt::FIRST
-                    };
-                    if !first {
-                        if *frozen.lock().unwrap_or_else(|p| p.into_inner()) == Some(ctx.slot()) {
+                    if !frozen.is_frozen(ctx.slot(), ctx.attempt()) {
+                        if frozen.slot() == Some(ctx.slot()) {
                             resource.write(fence, "the new runner");
                         }
                         log.lock().unwrap_or_else(|p| p.into_inner()).push(Started {
@@ -414,8 +450,8 @@ where
             .expect("handler");
         schedulers.push(builder.start().expect("start"));
     }
-    wait_for(&log, "the first run to start", |e| !e.is_empty()).await;
-    let first = entries(&log)[0].clone();
+    frozen.arm(factory.clock().as_ref());
+    let first = wait_for_frozen(&log, &frozen).await;
     handles[first.scheduler].set_heartbeats_hang(true);
     let paused = Instant::now();
     wait_for(&log, "a takeover of the paused run", |e| {
