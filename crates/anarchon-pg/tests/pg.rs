@@ -1108,6 +1108,87 @@ async fn tls_connections_are_encrypted() {
     );
 }
 
+/// The PostgreSQL server behind a TLS terminator with its own authority,
+/// and a URL to it without `sslmode`.
+#[cfg(feature = "tls")]
+async fn behind_tls(factory: &PgFactory) -> (anarchon_testkit::TlsTerminator, String) {
+    let parsed: PgConnectOptions = factory.url().parse().expect("test URL");
+    let upstream = format!("{}:{}", parsed.get_host(), parsed.get_port());
+    let terminator =
+        anarchon_testkit::TlsTerminator::start(upstream, anarchon_testkit::Handshake::Postgres)
+            .await
+            .expect("TLS terminator");
+    let user = parsed.get_username();
+    let database = parsed.get_database().unwrap_or("test");
+    let url = format!(
+        "postgres://{user}@localhost:{}/{database}",
+        terminator.port()
+    );
+    (terminator, url)
+}
+
+/// `sslmode=verify-full` with `sslrootcert` naming the authority that
+/// signed the server's certificate: the store connects over TLS and claims.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn verify_full_connects_with_the_servers_authority() {
+    let factory = PgFactory::new().await;
+    let (terminator, url) = behind_tls(&factory).await;
+    let store = factory
+        .store_with(
+            PgOptions::new(format!(
+                "{url}?sslmode=verify-full&sslrootcert={}",
+                terminator.ca_file().display()
+            ))
+            .table_name(factory.table().clone()),
+        )
+        .await;
+    let run = RunKey::new(job("verified"), Slot::from_millis(future_base()));
+    won(store
+        .claim_lease(&claim(run, Token::generate(), "a", Overlap::Allow))
+        .await
+        .expect("claim over verified TLS"));
+    assert!(terminator.handshakes() >= 1);
+    assert_eq!(terminator.refused_handshakes(), 0);
+}
+
+/// A server certificate signed by an authority the client was not told
+/// about is refused under `verify-full` (and `verify-ca`): the store does
+/// not open, and the error says it was the certificate.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn an_untrusted_certificate_is_refused() {
+    let factory = PgFactory::new().await;
+    let (terminator, url) = behind_tls(&factory).await;
+    for mode in ["verify-full", "verify-ca"] {
+        let error = PgStore::connect_with(
+            PgOptions::new(format!("{url}?sslmode={mode}"))
+                .table_name(factory.table().clone())
+                .connect_timeout(Duration::from_secs(5)),
+        )
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("sslmode={mode} must refuse an unknown authority"));
+        let message = error.to_string();
+        assert!(
+            message.to_lowercase().contains("certificate"),
+            "sslmode={mode}: the error names the certificate: {message}"
+        );
+    }
+    assert_eq!(terminator.handshakes(), 0, "no handshake may complete");
+    // The terminator notices the client's alert a moment after the client
+    // gave up.
+    let start = Instant::now();
+    while terminator.refused_handshakes() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the terminator saw {} refused handshakes",
+            terminator.refused_handshakes()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A batch sent again with the same tokens (after a lost reply) gets the
 /// same answers: the same wins with the same attempts and fences, and the
 /// same lease ends for runs others hold. Only the store's clock in a

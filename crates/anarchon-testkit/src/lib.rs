@@ -9,6 +9,8 @@
 //! * [`servers`]: finding a Redis, PostgreSQL, RabbitMQ or NATS server.
 //! * [`proxy`]: a TCP proxy that injects latency, cuts, lost replies and
 //!   blackholes between a store and a real server.
+//! * [`tls`]: a TLS terminator with its own certificate authority in front
+//!   of a plain server, for testing TLS connections and certificate checks.
 //!
 //! ```text
 //! // In a backend's tests/suite.rs:
@@ -30,8 +32,10 @@ pub mod restart;
 pub mod scheduler;
 pub mod servers;
 pub mod stores;
+pub mod tls;
 
 pub use crate::clock::{SkewedClock, TestClock};
 pub use crate::factory::{ClaimOnlyFactory, MemoryFactory, StoreFactory};
 pub use crate::proxy::FaultProxy;
 pub use crate::stores::{ClaimOnlyStore, Faulty, FencedResource};
+pub use crate::tls::{Handshake, TlsTerminator};
