@@ -1,5 +1,6 @@
 //! The crate's one error type, and how Redis errors map onto it.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anarchon_core::StoreError;
@@ -28,6 +29,45 @@ pub enum RedisStoreError {
     InvalidUrl {
         /// What is wrong with it.
         reason: String,
+    },
+
+    /// The URL or the options ask for TLS (a `rediss://` or `valkeys://`
+    /// URL, or [`RedisOptions::tls_ca_file`](crate::RedisOptions::tls_ca_file)),
+    /// but the crate was built without its `tls` feature.
+    #[error(
+        "{requested_by} asks for TLS, but anarchon-redis was built without TLS support: enable the `tls` feature of anarchon-redis"
+    )]
+    TlsNotEnabled {
+        /// What asked for TLS, e.g. `the URL scheme rediss://`.
+        requested_by: String,
+    },
+
+    /// The certificate authority file given with
+    /// [`RedisOptions::tls_ca_file`](crate::RedisOptions::tls_ca_file)
+    /// cannot be read or holds no usable certificate.
+    #[error("cannot use the certificate authority file {}: {reason}", path.display())]
+    CaFile {
+        /// The file as given.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+        /// The error reading it, if reading failed.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+
+    /// The TLS handshake with the server failed: most often the server's
+    /// certificate is not signed by an authority the client trusts, or does
+    /// not name the host of the URL. Not temporary.
+    #[error("the TLS handshake with Redis failed while {during}: {detail}")]
+    Tls {
+        /// What the store was doing.
+        during: &'static str,
+        /// What TLS reported, and what to check.
+        detail: String,
+        /// The client's error.
+        #[source]
+        source: Option<RedisError>,
     },
 
     /// An option of a strategy is out of its range.
@@ -183,6 +223,14 @@ impl RedisStoreError {
             Some(d) => d.to_owned(),
             None => err.to_string(),
         };
+        #[cfg(feature = "tls")]
+        if let Some(detail) = crate::tls::handshake_failure(&err) {
+            return RedisStoreError::Tls {
+                during,
+                detail,
+                source: Some(err),
+            };
+        }
         let kind = err.kind();
         if err.is_io_error()
             || err.is_timeout()

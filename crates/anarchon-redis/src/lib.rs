@@ -9,6 +9,7 @@ mod options;
 mod scan;
 mod server;
 mod stream_id;
+mod tls;
 
 use std::time::Duration;
 

@@ -21,6 +21,7 @@ use deadpool_redis::{Connection, Manager, Pool, PoolError, Runtime};
 use crate::error::RedisStoreError;
 use crate::options::{EvictionCheck, RedisOptions, redact};
 use crate::server::{EvictionFinding, ServerInfo, info_field, parse_server};
+use crate::tls::{connection_info, secret_of};
 
 /// How many times one call loads its scripts again after NOSCRIPT before
 /// it gives up (each time in the same round trip as the resend).
@@ -124,15 +125,6 @@ fn is_noscript(v: &Value) -> bool {
     }
 }
 
-/// The password of `url`, if it has one, to keep it out of messages.
-fn secret_of(url: &str) -> Option<&str> {
-    let rest = &url[url.find("://")? + 3..];
-    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
-    let userinfo = &authority[..authority.rfind('@')?];
-    let secret = userinfo.split_once(':').map_or(userinfo, |(_, p)| p);
-    (!secret.is_empty()).then_some(secret)
-}
-
 impl Link {
     /// Connects, reads what the server is, loads `scripts`, and checks the
     /// eviction policy as `opts` says. One round trip after the connection.
@@ -144,16 +136,14 @@ impl Link {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
             .set_response_timeout(Some(opts.response_timeout));
-        let manager = Manager::new_with_config(opts.url.as_str(), config).map_err(|e| {
+        let info = connection_info(opts)?;
+        let manager = Manager::new_with_config(info, config).map_err(|e| {
             let mut reason = e.to_string();
             if secret_of(&opts.url).is_some_and(|s| reason.contains(s)) {
                 reason = e.category().to_owned();
             }
             RedisStoreError::InvalidUrl {
-                reason: format!(
-                    "{reason} (expected redis://[user:password@]host:port[/db], got {})",
-                    redact(&opts.url)
-                ),
+                reason: format!("{reason} (got {})", redact(&opts.url)),
             }
         })?;
         let pool = Pool::builder(manager)
@@ -527,13 +517,6 @@ async fn query(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn secrets_are_found_for_scrubbing() {
-        assert_eq!(secret_of("redis://u:pw@h:1/0"), Some("pw"));
-        assert_eq!(secret_of("redis://pw@h"), Some("pw"));
-        assert_eq!(secret_of("redis://h:1"), None);
-    }
 
     #[test]
     fn config_get_answers_are_read() {

@@ -1,6 +1,7 @@
 //! Connection options and the key prefix.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::RedisStoreError;
@@ -98,6 +99,7 @@ pub struct RedisOptions {
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) eviction: EvictionCheck,
+    pub(crate) tls_ca_file: Option<PathBuf>,
 }
 
 impl RedisOptions {
@@ -107,8 +109,12 @@ impl RedisOptions {
     pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 
     /// Options for the server at `url` (`redis://[user:password@]host:port[/db]`,
-    /// `rediss://` needs the client's TLS features): prefix `cron`, 2 s to
-    /// connect, 2 s for each answer, warn about eviction.
+    /// or `rediss://…` for TLS, which needs the crate's `tls` feature):
+    /// prefix `cron`, 2 s to connect, 2 s for each answer, warn about
+    /// eviction, the system's root certificates for TLS.
+    ///
+    /// The URL is read when a store connects: a URL that does not parse, or
+    /// a TLS URL in a build without the `tls` feature, fails there.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -116,6 +122,7 @@ impl RedisOptions {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             eviction: EvictionCheck::Warn,
+            tls_ca_file: None,
         }
     }
 
@@ -149,9 +156,37 @@ impl RedisOptions {
         self
     }
 
+    /// Trust the certificate authorities in the PEM file at `path` — and
+    /// only those — for the server's certificate, instead of the system's
+    /// root certificates: for a server whose certificate a private
+    /// authority signed. Needs a `rediss://` URL and the crate's `tls`
+    /// feature.
+    ///
+    /// The file is read each time a store connects (so it can be replaced
+    /// between restarts); the server's certificate must still name the
+    /// URL's host.
+    ///
+    /// # Errors
+    ///
+    /// None here. When a store connects:
+    /// [`RedisStoreError::CaFile`] (naming the file) if it cannot be read or
+    /// holds no usable certificate, [`RedisStoreError::InvalidUrl`] if the
+    /// URL is not a TLS URL, [`RedisStoreError::TlsNotEnabled`] in a build
+    /// without the `tls` feature.
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca_file = Some(path.into());
+        self
+    }
+
     /// The key prefix.
     pub fn key_prefix(&self) -> &KeyPrefix {
         &self.prefix
+    }
+
+    /// The certificate authority file set with
+    /// [`tls_ca_file`](Self::tls_ca_file), if any.
+    pub fn tls_ca_path(&self) -> Option<&Path> {
+        self.tls_ca_file.as_deref()
     }
 }
 
@@ -163,6 +198,7 @@ impl fmt::Debug for RedisOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("eviction", &self.eviction)
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish()
     }
 }
@@ -240,6 +276,9 @@ mod tests {
             ("redis://:s3cret@h:6379/0", "redis://:***@h:6379/0"),
             ("redis://user:s3cret@h", "redis://user:***@h"),
             ("redis://s3cret@h", "redis://***@h"),
+            ("rediss://:s3cret@h:6380/0", "rediss://:***@h:6380/0"),
+            ("rediss://s3cret@h", "rediss://***@h"),
+            ("valkeys://user:s3cret@h", "valkeys://user:***@h"),
             (
                 "redis+unix:///tmp/r.sock?pass=s3cret&db=1",
                 "redis+unix:///tmp/r.sock?pass=***&db=1",
@@ -251,5 +290,10 @@ mod tests {
         let shown = format!("{opts:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("user:***@h:6379"), "{shown}");
+        let opts = RedisOptions::new("rediss://user:s3cret@h:6380/1").tls_ca_file("/etc/ca.pem");
+        let shown = format!("{opts:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("rediss://user:***@h:6380/1"), "{shown}");
+        assert!(shown.contains("/etc/ca.pem"), "{shown}");
     }
 }

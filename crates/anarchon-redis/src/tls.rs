@@ -1,0 +1,364 @@
+//! How a URL becomes the client's connection settings, TLS included.
+//!
+//! `rediss://` (and `valkeys://`) URLs need the crate's `tls` feature,
+//! which turns on rustls in the Redis client with the ring provider. The
+//! server's certificate is checked against the system's root certificates,
+//! or, with [`RedisOptions::tls_ca_file`], against the authorities in that
+//! file only. Nothing turns the check off: the client's `#insecure` URL
+//! fragment is refused.
+
+use deadpool_redis::redis::{ConnectionInfo, IntoConnectionInfo as _, RedisError};
+
+use crate::error::RedisStoreError;
+use crate::options::{RedisOptions, redact};
+
+/// The URL schemes that ask for TLS.
+const TLS_SCHEMES: [&str; 2] = ["rediss", "valkeys"];
+
+/// The settings the pool connects with: the parsed URL and, for a TLS URL,
+/// the trusted authorities.
+///
+/// # Errors
+///
+/// [`RedisStoreError::InvalidUrl`] for a URL that does not parse, a CA
+/// file with a plain URL, or `#insecure`; [`RedisStoreError::TlsNotEnabled`]
+/// for TLS in a build without the `tls` feature; [`RedisStoreError::CaFile`]
+/// for a CA file that cannot be used.
+pub(crate) fn connection_info(opts: &RedisOptions) -> Result<ConnectionInfo, RedisStoreError> {
+    let scheme = opts
+        .url
+        .split_once("://")
+        .map(|(scheme, _)| scheme.to_ascii_lowercase());
+    let tls_scheme = scheme.as_deref().filter(|s| TLS_SCHEMES.contains(s));
+
+    #[cfg(not(feature = "tls"))]
+    {
+        if let Some(scheme) = tls_scheme {
+            return Err(RedisStoreError::TlsNotEnabled {
+                requested_by: format!("the URL scheme {scheme}://"),
+            });
+        }
+        if opts.tls_ca_file.is_some() {
+            return Err(RedisStoreError::TlsNotEnabled {
+                requested_by: "the option tls_ca_file".to_owned(),
+            });
+        }
+    }
+
+    let info = opts
+        .url
+        .as_str()
+        .into_connection_info()
+        .map_err(|e| invalid_url(opts, &e))?;
+
+    if tls_scheme.is_none() {
+        if opts.tls_ca_file.is_some() {
+            return Err(RedisStoreError::InvalidUrl {
+                reason: format!(
+                    "a certificate authority file is set (tls_ca_file), but {} does not use TLS: use rediss://",
+                    redact(&opts.url)
+                ),
+            });
+        }
+        return Ok(info);
+    }
+
+    #[cfg(feature = "tls")]
+    {
+        secure(info, opts)
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        // Refused above; kept so the function has one shape in both builds.
+        Ok(info)
+    }
+}
+
+/// A URL the client refuses, without its password.
+fn invalid_url(opts: &RedisOptions, e: &RedisError) -> RedisStoreError {
+    let mut reason = e.to_string();
+    if secret_of(&opts.url).is_some_and(|s| reason.contains(s)) {
+        reason = e.category().to_owned();
+    }
+    RedisStoreError::InvalidUrl {
+        reason: format!(
+            "{reason} (expected redis://[user:password@]host:port[/db], or rediss://… for TLS, got {})",
+            redact(&opts.url)
+        ),
+    }
+}
+
+/// The password of `url`, if it has one, to keep it out of messages.
+pub(crate) fn secret_of(url: &str) -> Option<&str> {
+    let rest = &url[url.find("://")? + 3..];
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    let userinfo = &authority[..authority.rfind('@')?];
+    let secret = userinfo.split_once(':').map_or(userinfo, |(_, p)| p);
+    (!secret.is_empty()).then_some(secret)
+}
+
+#[cfg(feature = "tls")]
+mod enabled {
+    use std::path::Path;
+
+    use deadpool_redis::redis::{
+        Client, ConnectionAddr, ConnectionInfo, RedisError, TlsCertificates,
+    };
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+
+    use crate::error::RedisStoreError;
+    use crate::options::RedisOptions;
+
+    /// Makes sure rustls has a process-wide crypto provider.
+    ///
+    /// The Redis client builds its TLS configuration with
+    /// `rustls::ClientConfig::builder()`, which takes the process's default
+    /// provider and panics when there is none and rustls cannot pick one
+    /// from its features — as happens when another dependency also
+    /// compiles in aws-lc-rs. This installs ring, the provider this crate
+    /// builds rustls with. If the application installed a provider first,
+    /// that one stays.
+    pub(crate) fn install_ring_provider() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+
+    /// `info` (a TLS address) with the trusted authorities of `opts`.
+    pub(crate) fn secure(
+        info: ConnectionInfo,
+        opts: &RedisOptions,
+    ) -> Result<ConnectionInfo, RedisStoreError> {
+        install_ring_provider();
+        if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
+            return Err(RedisStoreError::InvalidUrl {
+                reason: "the #insecure fragment turns off the check of the server's certificate, which anarchon-redis refuses; if a private authority signed the certificate, give it with tls_ca_file".to_owned(),
+            });
+        }
+        let Some(path) = opts.tls_ca_file.as_deref() else {
+            // The client then trusts the system's root certificates.
+            return Ok(info);
+        };
+        let pem = read_ca(path)?;
+        let client = Client::build_with_tls(
+            info,
+            TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem),
+            },
+        )
+        .map_err(|e| ca_error(path, e.to_string()))?;
+        Ok(client.get_connection_info().clone())
+    }
+
+    fn ca_error(path: &Path, reason: String) -> RedisStoreError {
+        RedisStoreError::CaFile {
+            path: path.to_owned(),
+            reason,
+            source: None,
+        }
+    }
+
+    /// The PEM file at `path`, checked to hold at least one certificate
+    /// usable as a trust anchor.
+    fn read_ca(path: &Path) -> Result<Vec<u8>, RedisStoreError> {
+        // A small local file, read once per connect.
+        let pem = std::fs::read(path).map_err(|e| RedisStoreError::CaFile {
+            path: path.to_owned(),
+            reason: format!("cannot read it: {e}"),
+            source: Some(e),
+        })?;
+        let mut roots = rustls::RootCertStore::empty();
+        for (n, cert) in CertificateDer::pem_slice_iter(&pem).enumerate() {
+            let cert = cert.map_err(|e| {
+                ca_error(path, format!("certificate {} is not valid PEM: {e}", n + 1))
+            })?;
+            roots.add(cert).map_err(|e| {
+                ca_error(
+                    path,
+                    format!("certificate {} cannot be used as an authority: {e}", n + 1),
+                )
+            })?;
+        }
+        if roots.is_empty() {
+            return Err(ca_error(
+                path,
+                "it holds no certificate (expected PEM blocks starting with -----BEGIN CERTIFICATE-----)"
+                    .to_owned(),
+            ));
+        }
+        Ok(pem)
+    }
+
+    /// If `err` is a failed TLS handshake, what failed and what to check.
+    pub(crate) fn handshake_failure(err: &RedisError) -> Option<String> {
+        let tls = rustls_error(err)?;
+        let hint = match tls {
+            rustls::Error::InvalidCertificate(_) => {
+                "the server's certificate is not trusted: if a private authority signed it, give that authority with tls_ca_file; check too that the certificate names the URL's host"
+            }
+            rustls::Error::InvalidMessage(_) => {
+                "the server did not answer in TLS: is TLS enabled on this port?"
+            }
+            rustls::Error::AlertReceived(_) => {
+                "the server refused the handshake: does it require a client certificate?"
+            }
+            _ => "check the server's TLS settings",
+        };
+        Some(format!("{tls}; {hint}"))
+    }
+
+    /// The rustls error inside a client error, looking through the
+    /// `io::Error` that tokio-rustls wraps it in.
+    fn rustls_error(err: &RedisError) -> Option<&rustls::Error> {
+        use std::error::Error;
+        use std::sync::Arc;
+
+        fn inside<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a rustls::Error> {
+            if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+                return Some(tls);
+            }
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                return io.get_ref()?.downcast_ref::<rustls::Error>();
+            }
+            // The client keeps its cause as an `Arc<dyn Error>`.
+            if let Some(shared) = e.downcast_ref::<Arc<dyn Error + Send + Sync>>() {
+                let inner: &(dyn Error + 'static) = &**shared;
+                if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+                    return Some(tls);
+                }
+                if let Some(io) = inner.downcast_ref::<std::io::Error>() {
+                    return io.get_ref()?.downcast_ref::<rustls::Error>();
+                }
+            }
+            None
+        }
+
+        let mut next = err.source();
+        while let Some(e) = next {
+            if let Some(tls) = inside(e) {
+                return Some(tls);
+            }
+            next = e.source();
+        }
+        None
+    }
+}
+
+#[cfg(feature = "tls")]
+pub(crate) use enabled::{handshake_failure, secure};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_found_for_scrubbing() {
+        assert_eq!(secret_of("redis://u:pw@h:1/0"), Some("pw"));
+        assert_eq!(secret_of("rediss://pw@h"), Some("pw"));
+        assert_eq!(secret_of("redis://h:1"), None);
+    }
+
+    #[test]
+    fn a_ca_file_with_a_plain_url_is_refused() {
+        let opts = RedisOptions::new("redis://u:s3cret@127.0.0.1:6379").tls_ca_file("/no/such.pem");
+        let err = connection_info(&opts).expect_err("refused");
+        #[cfg(feature = "tls")]
+        assert!(
+            matches!(&err, RedisStoreError::InvalidUrl { reason } if reason.contains("rediss://")),
+            "{err:?}"
+        );
+        #[cfg(not(feature = "tls"))]
+        assert!(
+            matches!(&err, RedisStoreError::TlsNotEnabled { requested_by } if requested_by.contains("tls_ca_file")),
+            "{err:?}"
+        );
+        assert!(!format!("{err} {err:?}").contains("s3cret"), "{err:?}");
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn tls_urls_need_the_tls_feature() {
+        for url in [
+            "rediss://:s3cret@127.0.0.1:6380/0",
+            "REDISS://127.0.0.1",
+            "valkeys://u:s3cret@127.0.0.1",
+        ] {
+            let err = connection_info(&RedisOptions::new(url)).expect_err("refused");
+            assert!(
+                matches!(err, RedisStoreError::TlsNotEnabled { .. }),
+                "{url}: {err:?}"
+            );
+            let shown = format!("{err} {err:?}");
+            assert!(shown.contains("`tls` feature"), "{shown}");
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        assert!(connection_info(&RedisOptions::new("redis://127.0.0.1")).is_ok());
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_urls_are_read_and_insecure_is_refused() {
+        use deadpool_redis::redis::ConnectionAddr;
+        let info = connection_info(&RedisOptions::new("rediss://:s3cret@localhost:6380/2"))
+            .expect("works");
+        assert!(
+            matches!(info.addr(), ConnectionAddr::TcpTls { host, port: 6380, insecure: false, .. } if host == "localhost"),
+            "{:?}",
+            info.addr()
+        );
+        let info =
+            connection_info(&RedisOptions::new("valkeys://u:s3cret@127.0.0.1")).expect("works");
+        assert!(
+            matches!(
+                info.addr(),
+                ConnectionAddr::TcpTls {
+                    port: 6379,
+                    insecure: false,
+                    ..
+                }
+            ),
+            "{:?}",
+            info.addr()
+        );
+        let err = connection_info(&RedisOptions::new(
+            "rediss://:s3cret@localhost:6380/#insecure",
+        ))
+        .expect_err("refused");
+        assert!(
+            matches!(&err, RedisStoreError::InvalidUrl { reason } if reason.contains("#insecure")),
+            "{err:?}"
+        );
+        assert!(!format!("{err} {err:?}").contains("s3cret"), "{err:?}");
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn unusable_ca_files_are_named() {
+        let dir = std::env::temp_dir();
+        let missing = dir.join(format!("anarchon-no-such-ca-{}.pem", std::process::id()));
+        let not_pem = dir.join(format!("anarchon-not-a-ca-{}.pem", std::process::id()));
+        let garbage = dir.join(format!("anarchon-garbage-ca-{}.pem", std::process::id()));
+        std::fs::write(&not_pem, "hello, I am not a certificate\n").expect("works");
+        std::fs::write(
+            &garbage,
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        )
+        .expect("works");
+        for (path, says) in [
+            (&missing, "cannot read it"),
+            (&not_pem, "holds no certificate"),
+            (&garbage, "certificate 1 cannot be used as an authority"),
+        ] {
+            let opts = RedisOptions::new("rediss://:s3cret@localhost:6380").tls_ca_file(path);
+            let err = connection_info(&opts).expect_err("refused");
+            assert!(matches!(err, RedisStoreError::CaFile { .. }), "{err:?}");
+            let shown = err.to_string();
+            assert!(shown.contains(&path.display().to_string()), "{shown}");
+            assert!(shown.contains(says), "{shown}");
+            assert!(!format!("{shown} {err:?}").contains("s3cret"), "{err:?}");
+            assert!(!err.is_temporary());
+        }
+        let _ = std::fs::remove_file(&not_pem);
+        let _ = std::fs::remove_file(&garbage);
+    }
+}
