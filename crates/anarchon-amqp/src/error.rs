@@ -3,6 +3,7 @@
 //! No message here ever holds a password: URLs are shown redacted, and
 //! lapin's own URL errors (which repeat the whole URL) are never passed on.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anarchon_core::StoreError;
@@ -57,6 +58,49 @@ pub enum Error {
         option: &'static str,
         /// What the range is.
         reason: String,
+    },
+
+    /// The URL or the options ask for TLS (an `amqps://` URL, or
+    /// [`AmqpOptions::tls_ca_file`](crate::AmqpOptions::tls_ca_file)), but
+    /// the crate was built without its `tls` feature.
+    ///
+    /// (Without the feature, the client would open an `amqps://` URL as
+    /// plain TCP and send the password in the clear; the store refuses
+    /// instead.)
+    #[error(
+        "{requested_by} asks for TLS, but anarchon-amqp was built without TLS support: enable the `tls` feature of anarchon-amqp (`amqp-tls` of anarchon)"
+    )]
+    TlsNotEnabled {
+        /// What asked for TLS, e.g. `the URL scheme amqps://`.
+        requested_by: String,
+    },
+
+    /// The certificate authority file given with
+    /// [`AmqpOptions::tls_ca_file`](crate::AmqpOptions::tls_ca_file) cannot
+    /// be read or holds no usable certificate.
+    #[error("cannot use the certificate authority file {}: {reason}", path.display())]
+    CaFile {
+        /// The file as given.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+        /// The error reading it, if reading failed.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+
+    /// The TLS handshake with the broker failed: most often its certificate
+    /// is not signed by an authority the store trusts, or does not name the
+    /// URL's host, or the port does not speak TLS. Not temporary.
+    #[error("the TLS handshake with RabbitMQ at {url} failed: {detail}")]
+    Tls {
+        /// The URL, password redacted.
+        url: String,
+        /// What TLS reported, and what to check.
+        detail: String,
+        /// The client's error.
+        #[source]
+        source: Box<lapin::Error>,
     },
 
     /// The broker could not be reached at all.
@@ -167,6 +211,9 @@ impl Error {
             | Error::InvalidPrefix { .. }
             | Error::SlotTtlOutOfRange { .. }
             | Error::InvalidOption { .. }
+            | Error::TlsNotEnabled { .. }
+            | Error::CaFile { .. }
+            | Error::Tls { .. }
             | Error::LoginRefused { .. }
             | Error::VhostNotAllowed { .. }
             | Error::AccessRefused { .. }

@@ -5,6 +5,8 @@ mod names;
 mod options;
 mod session;
 mod store;
+#[cfg(feature = "tls")]
+mod tls;
 
 pub use crate::error::Error;
 pub use crate::names::{MAX_PREFIX_LEN, MAX_QUEUE_NAME_LEN, gate_queue_name, winner_mark_name};

@@ -1,6 +1,7 @@
 //! How to reach RabbitMQ and how to name and keep the gate queues.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lapin::uri::AMQPUri;
@@ -70,6 +71,7 @@ pub struct AmqpOptions {
     timeout: Duration,
     max_channels: usize,
     connection_name: String,
+    tls_ca_file: Option<PathBuf>,
 }
 
 impl AmqpOptions {
@@ -84,13 +86,15 @@ impl AmqpOptions {
             timeout: DEFAULT_TIMEOUT,
             max_channels: DEFAULT_MAX_CHANNELS,
             connection_name: "anarchon".to_owned(),
+            tls_ca_file: None,
         }
     }
 
     /// Reads a store URL: an AMQP URL whose query may also carry `prefix`,
-    /// `slot_ttl_ms` and `timeout_ms` (lapin's own parameters `heartbeat`,
-    /// `frame_max`, `channel_max`, `connection_timeout` and
-    /// `auth_mechanism` pass through).
+    /// `slot_ttl_ms`, `timeout_ms` and `tls_ca_file` (a path, `%`-escaped
+    /// where needed; see [`Self::tls_ca_file`]); lapin's own parameters
+    /// `heartbeat`, `frame_max`, `channel_max`, `connection_timeout` and
+    /// `auth_mechanism` pass through.
     ///
     /// # Errors
     ///
@@ -119,10 +123,15 @@ impl AmqpOptions {
                 "prefix" => options.prefix = value.to_owned(),
                 "slot_ttl_ms" => options.slot_ttl = millis()?,
                 "timeout_ms" => options.timeout = millis()?,
+                "tls_ca_file" => {
+                    let path = percent_decode(value)
+                        .ok_or_else(|| invalid("tls_ca_file has an invalid %-escape".into()))?;
+                    options.tls_ca_file = Some(PathBuf::from(path));
+                }
                 k if LAPIN_PARAMETERS.contains(&k) => kept.push(pair),
                 other => {
                     return Err(invalid(format!(
-                        "unknown parameter {other:?}; anarchon reads prefix, slot_ttl_ms and timeout_ms, lapin reads {}",
+                        "unknown parameter {other:?}; anarchon reads prefix, slot_ttl_ms, timeout_ms and tls_ca_file, lapin reads {}",
                         LAPIN_PARAMETERS.join(", ")
                     )));
                 }
@@ -176,6 +185,25 @@ impl AmqpOptions {
         self
     }
 
+    /// Trust the certificate authorities in the PEM file at `path` for the
+    /// broker's certificate, in addition to the system's root certificates:
+    /// for a broker whose certificate a private authority signed. Needs an
+    /// `amqps://` URL and the crate's `tls` feature.
+    ///
+    /// The file is read when the options are checked and when the store
+    /// connects (the store keeps its certificates for later reconnects).
+    /// The broker's certificate must still name the URL's host.
+    ///
+    /// Errors are reported by [`Self::validate`] and
+    /// [`AmqpStore::connect`](crate::AmqpStore::connect):
+    /// [`Error::CaFile`] (naming the file) if it cannot be read or holds no
+    /// usable certificate, [`Error::InvalidOption`] with an `amqp://` URL,
+    /// [`Error::TlsNotEnabled`] in a build without the `tls` feature.
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca_file = Some(path.into());
+        self
+    }
+
     /// The URL with its password replaced by `***`.
     pub fn redacted_url(&self) -> String {
         redact(&self.url)
@@ -201,12 +229,28 @@ impl AmqpOptions {
         self.max_channels
     }
 
+    /// The certificate authority file set with
+    /// [`tls_ca_file`](Self::tls_ca_file), if any.
+    pub fn get_tls_ca_file(&self) -> Option<&Path> {
+        self.tls_ca_file.as_deref()
+    }
+
+    /// Whether the URL asks for TLS (`amqps://`).
+    pub fn uses_tls(&self) -> bool {
+        self.url
+            .split_once("://")
+            .is_some_and(|(scheme, _)| scheme == "amqps")
+    }
+
     /// Checks every option without touching the broker.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidUrl`], [`Error::InvalidPrefix`],
-    /// [`Error::SlotTtlOutOfRange`] or [`Error::InvalidOption`].
+    /// [`Error::SlotTtlOutOfRange`], [`Error::InvalidOption`];
+    /// [`Error::TlsNotEnabled`] for an `amqps://` URL or a CA file in a
+    /// build without the `tls` feature; [`Error::CaFile`] for a CA file
+    /// that cannot be read or holds no usable certificate.
     pub fn validate(&self) -> Result<(), Error> {
         self.parse_url()?;
         names::validate_prefix(&self.prefix)?;
@@ -227,7 +271,44 @@ impl AmqpOptions {
                 reason: "it must be between 1 and 1024".into(),
             });
         }
+        self.tls_certificates()?;
         Ok(())
+    }
+
+    /// The PEM text of the extra certificate authorities to trust, if a
+    /// file is set; checks that TLS is asked for consistently and that this
+    /// build can do it.
+    pub(crate) fn tls_certificates(&self) -> Result<Option<String>, Error> {
+        #[cfg(not(feature = "tls"))]
+        {
+            if self.uses_tls() {
+                return Err(Error::TlsNotEnabled {
+                    requested_by: format!("the URL {}", self.redacted_url()),
+                });
+            }
+            if self.tls_ca_file.is_some() {
+                return Err(Error::TlsNotEnabled {
+                    requested_by: "the option tls_ca_file".to_owned(),
+                });
+            }
+            Ok(None)
+        }
+        #[cfg(feature = "tls")]
+        {
+            let Some(path) = &self.tls_ca_file else {
+                return Ok(None);
+            };
+            if !self.uses_tls() {
+                return Err(Error::InvalidOption {
+                    option: "tls_ca_file",
+                    reason: format!(
+                        "a certificate authority file is set, but {} does not use TLS: use amqps://",
+                        self.redacted_url()
+                    ),
+                });
+            }
+            crate::tls::read_ca_file(path).map(Some)
+        }
     }
 
     /// The URL as lapin reads it.
@@ -269,8 +350,31 @@ impl fmt::Debug for AmqpOptions {
             .field("timeout", &self.timeout)
             .field("max_channels", &self.max_channels)
             .field("connection_name", &self.connection_name)
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish()
     }
+}
+
+/// `text` with its `%XX` escapes decoded; `None` for a broken escape or a
+/// result that is not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return None;
+            }
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// The part of a URL between `://` and the path.
@@ -350,6 +454,78 @@ mod tests {
             assert!(matches!(err, Error::SlotTtlOutOfRange { .. }), "{err}");
             assert!(err.to_string().contains("20s"), "{err}");
         }
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn tls_needs_the_tls_feature() {
+        // lapin without a TLS backend would open amqps:// as plain TCP.
+        for options in [
+            AmqpOptions::new("amqps://app:hunter2@h/%2f"),
+            AmqpOptions::new("amqp://app:hunter2@h/%2f").tls_ca_file("/etc/ca.pem"),
+        ] {
+            let err = options.validate().expect_err("no TLS in this build");
+            assert!(matches!(err, Error::TlsNotEnabled { .. }), "{err:?}");
+            let text = err.to_string();
+            assert!(text.contains("`tls` feature"), "{text}");
+            assert!(!text.contains("hunter2"), "{text}");
+            assert!(!err.is_temporary());
+        }
+        let err = AmqpOptions::from_url("amqps://app:hunter2@h/%2f").expect_err("refused");
+        assert!(err.to_string().contains("amqps://app:***@h/%2f"), "{err}");
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_urls_are_accepted_and_a_ca_file_needs_one() {
+        AmqpOptions::new("amqps://app:hunter2@h/%2f")
+            .validate()
+            .expect("amqps:// with the tls feature");
+        let err = AmqpOptions::new("amqp://app:hunter2@h/%2f")
+            .tls_ca_file("/etc/ca.pem")
+            .validate()
+            .expect_err("a CA file without TLS");
+        let text = err.to_string();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidOption {
+                    option: "tls_ca_file",
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(text.contains("amqps://"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    #[test]
+    fn from_url_reads_the_ca_file_path() {
+        let path = std::env::temp_dir().join("anarchon amqp missing ca.pem");
+        let url = format!(
+            "amqps://u:p@h/%2f?tls_ca_file={}",
+            path.display().to_string().replace(' ', "%20")
+        );
+        let err = AmqpOptions::from_url(&url).expect_err("missing file, or no TLS");
+        if cfg!(feature = "tls") {
+            assert!(matches!(err, Error::CaFile { .. }), "{err:?}");
+            assert!(
+                err.to_string().contains(&path.display().to_string()),
+                "{err}"
+            );
+        } else {
+            assert!(matches!(err, Error::TlsNotEnabled { .. }), "{err:?}");
+        }
+        assert_eq!(percent_decode("a%20b%2Fc"), Some("a b/c".to_owned()));
+        assert_eq!(percent_decode("a%2"), None);
+        assert_eq!(percent_decode("a%+1"), None);
+        assert!(AmqpOptions::from_url("amqps://u:p@h/%2f?tls_ca_file=%zz").is_err());
+        let shown = format!(
+            "{:?}",
+            AmqpOptions::new("amqps://h/%2f").tls_ca_file("/etc/ca.pem")
+        );
+        assert!(shown.contains("/etc/ca.pem"), "{shown}");
     }
 
     #[test]

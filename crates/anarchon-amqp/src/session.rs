@@ -56,6 +56,10 @@ impl Session {
 /// The store's connection and channels.
 pub(crate) struct Pool {
     uri: AMQPUri,
+    /// The extra certificate authorities (PEM) for `amqps://`, read once
+    /// when the store was opened.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    ca_pem: Option<String>,
     url: String,
     connection_name: String,
     current: tokio::sync::Mutex<Option<Arc<Session>>>,
@@ -115,6 +119,7 @@ impl Pool {
         options.validate()?;
         Ok(Self {
             uri: options.parse_url()?,
+            ca_pem: options.tls_certificates()?,
             url: options.redacted_url(),
             connection_name: options.connection_name_value().to_owned(),
             current: tokio::sync::Mutex::new(None),
@@ -233,12 +238,31 @@ impl Pool {
     async fn connect(&self) -> Result<Connection, Error> {
         let properties = ConnectionProperties::default()
             .with_connection_name(self.connection_name.as_str().into());
-        Connection::connect_uri(self.uri.clone(), properties)
-            .await
-            .map_err(|e| self.connect_error(e))
+        #[cfg(feature = "tls")]
+        let connected = lapin::DefaultConnectionBuilder::new()
+            .map_err(|e| self.amqp_error("connecting", e))?
+            .with_uri(self.uri.clone())
+            .with_properties(properties)
+            .with_tls_config(lapin::tcp::OwnedTLSConfig {
+                identity: None,
+                cert_chain: self.ca_pem.clone(),
+            })
+            .connect()
+            .await;
+        #[cfg(not(feature = "tls"))]
+        let connected = Connection::connect_uri(self.uri.clone(), properties).await;
+        connected.map_err(|e| self.connect_error(e))
     }
 
     fn connect_error(&self, e: lapin::Error) -> Error {
+        #[cfg(feature = "tls")]
+        if let Some(detail) = crate::tls::handshake_failure(&e) {
+            return Error::Tls {
+                url: self.url.clone(),
+                detail,
+                source: Box::new(e),
+            };
+        }
         let user = self.uri.authority.userinfo.username.clone();
         match amqp_kind(&e) {
             Some(AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)) => Error::LoginRefused {

@@ -77,6 +77,16 @@ const DOUBT_PRUNE_AT: usize = 1024;
 /// temporary error (before it), which the scheduler retries with the same
 /// token.
 ///
+/// # Broker restarts
+///
+/// Gate queues and marks are durable and claims persistent (confirmed only
+/// once on disk), so a broker restart keeps every run it had confirmed: a
+/// claim retried after the restart is answered as before it. A broker that
+/// comes back *without its data* (reset, a new node name, no persistent
+/// volume) has forgotten every run, and a claim for a run won before that
+/// would win it again; the store cannot tell such a broker from a restarted
+/// one.
+///
 /// # Cancel safety
 ///
 /// If a claim future is dropped, its channel is closed, not reused, and the
@@ -105,7 +115,10 @@ impl AmqpStore {
     ///
     /// # Errors
     ///
-    /// The option errors of [`AmqpOptions::validate`];
+    /// The option errors of [`AmqpOptions::validate`] (including
+    /// [`Error::TlsNotEnabled`] and [`Error::CaFile`]); [`Error::Tls`] when
+    /// the TLS handshake fails (an untrusted certificate, a port that does
+    /// not speak TLS);
     /// [`Error::LoginRefused`] for a wrong user name or password,
     /// [`Error::VhostNotAllowed`] for a vhost that does not exist (or that
     /// the user may not use), [`Error::Unreachable`] or [`Error::Timeout`]

@@ -1,13 +1,18 @@
 //! Fault tests: the connection to RabbitMQ is cut mid-test by a TCP proxy
-//! between the stores and the broker (the shared broker itself is never
-//! stopped). Run alone: `cargo test -p anarchon-amqp --test faults`
-//! (`cargo xtask test-all` does, one test at a time).
+//! between the stores and the broker, and — in the `..._broker_restart`
+//! tests — the broker itself is restarted (`rabbitmqctl stop_app` /
+//! `start_app`, or `ANARCHON_AMQP_STOP` / `ANARCHON_AMQP_START`), with a
+//! guard that starts it again if the test fails half-way. Run alone, under
+//! the lock the project's machines use for the shared broker:
+//! `flock /tmp/anarchon-rabbitmq.lock cargo test -p anarchon-amqp --test faults -- --test-threads=1`
+//! (`cargo xtask test-all` runs them one at a time, after the suites).
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,10 +22,21 @@ use anarchon_core::{
     Scheduler, Slot, StoreError, SystemClock, Token,
 };
 use anarchon_testkit::FaultProxy;
+use anarchon_testkit::restart::{RestartGuard, ServerControl};
+use anarchon_testkit::servers::Service;
 use futures::future::join_all;
 use tokio::time::Instant;
 
 use crate::common::{TEST_SLOT_TTL, connect, options, url};
+
+/// Restarts the test broker (stop, start, wait until it answers) off the
+/// runtime's threads. The guard starts it again if it is down when the
+/// guard is dropped, so a failing test never leaves it stopped.
+async fn restart_broker() -> RestartGuard {
+    tokio::task::spawn_blocking(|| ServerControl::for_service(Service::Amqp).restart())
+        .await
+        .unwrap()
+}
 
 /// `url` pointed at `proxy` instead of the broker, and the broker's
 /// `host:port`.
@@ -279,4 +295,278 @@ async fn testkit_lost_reply_gives_at_most_one_winner() {
         anarchon_testkit::faults::RetryResolution::MayStayUnknown,
     )
     .await;
+}
+
+/// A direct store (no proxy) on `prefix`, each with its own connection, as
+/// separate processes would have.
+async fn direct_store(prefix: &str) -> AmqpStore {
+    connect(
+        options()
+            .await
+            .prefix(prefix)
+            .timeout(Duration::from_secs(2)),
+    )
+    .await
+}
+
+/// Three schedulers, each on its own connection, run a job every second
+/// while the broker really restarts. Without restarting anything of their
+/// own they claim again afterwards, and no slot runs twice — before, during
+/// or after the restart. The runs won before the restart are still
+/// remembered after it: the gate queues are durable and the claims in them
+/// persistent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schedulers_keep_claiming_across_a_broker_restart() {
+    let prefix = anarchon_testkit::servers::unique_prefix("t");
+    let ran: Arc<Mutex<Vec<(Slot, usize)>>> = Arc::default();
+    let mut stores = Vec::new();
+    let mut schedulers = Vec::new();
+    for index in 0..3 {
+        let store = Arc::new(direct_store(&prefix).await);
+        stores.push(store.clone());
+        let mut builder = Scheduler::builder(store);
+        let ran = ran.clone();
+        builder
+            .job("tick", Schedule::every(Duration::from_secs(1)).unwrap())
+            .unwrap()
+            .run(move |ctx| {
+                let ran = ran.clone();
+                async move {
+                    ran.lock().unwrap().push((ctx.slot(), index));
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+        schedulers.push(builder.start().unwrap());
+    }
+    let slots_after = |t: i64| {
+        let mut slots: Vec<Slot> = ran
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(s, _)| *s)
+            .filter(|s| s.as_millis() > t)
+            .collect();
+        slots.sort();
+        slots.dedup();
+        slots
+    };
+    let wait_for = |what: &'static str, t: i64, n: usize| async move {
+        let start = Instant::now();
+        while slots_after(t).len() < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "gave up waiting for {what}; slots run: {:?}",
+                slots_after(i64::MIN)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+
+    wait_for("two runs before the restart", i64::MIN, 2).await;
+    let before = slots_after(i64::MIN);
+    let guard = restart_broker().await;
+    let back = SystemClock.now().as_millis();
+    wait_for("three runs after the restart", back, 3).await;
+    for scheduler in schedulers {
+        scheduler.shutdown().await;
+    }
+
+    let mut runs: BTreeMap<Slot, Vec<usize>> = BTreeMap::new();
+    for (slot, index) in ran.lock().unwrap().iter() {
+        runs.entry(*slot).or_default().push(*index);
+    }
+    for (slot, by) in &runs {
+        assert_eq!(by.len(), 1, "slot {slot} ran {} times: {runs:?}", by.len());
+    }
+    for store in &stores {
+        assert!(
+            store.connections_opened() >= 2,
+            "each store reconnected by itself (was the broker behind the test URL restarted?)"
+        );
+    }
+    // Every run won before the restart is still taken: a new instance asking
+    // for it now (as a late or retried claim would) loses.
+    let late = direct_store(&prefix).await;
+    for slot in before {
+        let outcome = claim(&late, &request("tick", slot.as_millis(), "late"))
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            ClaimOutcome::Lost,
+            "slot {slot}, won before the restart, was open again after it"
+        );
+    }
+    drop(guard);
+}
+
+/// What one claim, sent again and again with the same token while the
+/// broker restarts (as the scheduler retries a temporary error), saw.
+struct Retried {
+    /// Errors and `Unknown` answers while the broker was going down or away.
+    interrupted: usize,
+    /// The answer to the first try sent after the broker was back.
+    after: ClaimOutcome,
+}
+
+/// Sends `req` to `store` every 50 ms until `back` is set and a try sent
+/// after that has an answer.
+async fn retry_across(store: Arc<AmqpStore>, req: ClaimRequest, back: Arc<AtomicBool>) -> Retried {
+    let start = Instant::now();
+    let mut interrupted = 0;
+    loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the broker did not come back for {}",
+            req.run
+        );
+        let sent_after_restart = back.load(Ordering::SeqCst);
+        match store.claim(&req).await {
+            Ok(after) if sent_after_restart => return Retried { interrupted, after },
+            Ok(ClaimOutcome::Unknown) => interrupted += 1,
+            Ok(_) => {}
+            Err(e) => {
+                assert!(e.is_temporary(), "{} failed for good: {e}", req.run);
+                interrupted += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Claims of runs won before a real broker restart are retried through the
+/// restart with the same token and answered right after it: the winner's
+/// own retry is still told it won (its mark survived), every other claim
+/// is not (the gate and the claim in it survived), and a run first claimed
+/// while the broker was away gets at most one winner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_retried_across_a_broker_restart_never_win_a_run_twice() {
+    const WON: i64 = 8;
+    let prefix = anarchon_testkit::servers::unique_prefix("t");
+    let a = Arc::new(direct_store(&prefix).await);
+    let b = Arc::new(direct_store(&prefix).await);
+
+    // Runs 0..WON: a wins each, b loses each.
+    let mut won_runs = Vec::new();
+    for slot in 0..WON {
+        let won = request("gate", slot, "a");
+        assert!(matches!(a.claim(&won).await.unwrap(), ClaimOutcome::Won(_)));
+        let lost = request("gate", slot, "b");
+        assert_eq!(b.claim(&lost).await.unwrap(), ClaimOutcome::Lost);
+        won_runs.push(won);
+    }
+
+    let back = Arc::new(AtomicBool::new(false));
+    // Every won run is asked about again and again through the restart:
+    // the even ones by their winner with its own token, the odd ones by b
+    // with a new token. (Not both on one run: a winner's retry that reached
+    // an emptied gate first would fill it again and hide the hole.)
+    let (own_runs, other_runs): (Vec<_>, Vec<_>) = won_runs
+        .iter()
+        .cloned()
+        .partition(|won| won.run.slot.as_millis() % 2 == 0);
+    let own: Vec<_> = own_runs
+        .iter()
+        .map(|won| tokio::spawn(retry_across(a.clone(), won.clone(), back.clone())))
+        .collect();
+    let others: Vec<_> = other_runs
+        .iter()
+        .map(|won| {
+            let other = request("gate", won.run.slot.as_millis(), "b");
+            tokio::spawn(retry_across(b.clone(), other, back.clone()))
+        })
+        .collect();
+    // Runs nobody claimed before: both stores start claiming them once the
+    // broker is seen going away, and keep trying until it is back.
+    let fresh = {
+        let (a, b, back) = (a.clone(), b.clone(), back.clone());
+        let probe = b.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            // Wait until a claim fails: the broker is going down.
+            loop {
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "the broker never went away"
+                );
+                match probe.claim(&request("probe", 0, "probe")).await {
+                    Err(_) | Ok(ClaimOutcome::Unknown) => break,
+                    Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+            let mut tries = Vec::new();
+            for slot in 100..104 {
+                tries.push(tokio::spawn(retry_across(
+                    a.clone(),
+                    request("gate", slot, "a"),
+                    back.clone(),
+                )));
+                tries.push(tokio::spawn(retry_across(
+                    b.clone(),
+                    request("gate", slot, "b"),
+                    back.clone(),
+                )));
+            }
+            let mut answers = Vec::new();
+            for t in join_all(tries).await {
+                answers.push(t.unwrap().after);
+            }
+            answers
+        })
+    };
+
+    let guard = restart_broker().await;
+    back.store(true, Ordering::SeqCst);
+
+    for (won, retried) in own_runs.iter().zip(join_all(own).await) {
+        let retried = retried.unwrap();
+        assert!(
+            retried.interrupted > 0,
+            "the winner's retries of {} never saw the broker go away",
+            won.run
+        );
+        assert!(
+            matches!(retried.after, ClaimOutcome::Won(_)),
+            "the winner of {} retried its claim after the restart and was told {:?}",
+            won.run,
+            retried.after
+        );
+    }
+    for (won, retried) in other_runs.iter().zip(join_all(others).await) {
+        let retried = retried.unwrap();
+        assert!(
+            retried.interrupted > 0,
+            "b's retries of {} never saw the broker go away",
+            won.run
+        );
+        assert!(
+            matches!(retried.after, ClaimOutcome::Lost | ClaimOutcome::Unknown),
+            "{} was won before the restart, and another claim retried right after it was told {:?}",
+            won.run,
+            retried.after
+        );
+    }
+    let fresh = fresh.await.unwrap();
+    for pair in fresh.chunks(2) {
+        assert!(
+            winners(pair) <= 1,
+            "a run first claimed during the restart was won twice: {pair:?}"
+        );
+    }
+
+    // Asked once more, by a store that connects only now: every run won
+    // before the restart is still taken.
+    let late = direct_store(&prefix).await;
+    for won in &won_runs {
+        let slot = won.run.slot.as_millis();
+        assert_eq!(
+            claim(&late, &request("gate", slot, "late")).await.unwrap(),
+            ClaimOutcome::Lost,
+            "slot {slot}"
+        );
+    }
+    assert!(a.connections_opened() >= 2, "a reconnected by itself");
+    assert!(b.connections_opened() >= 2, "b reconnected by itself");
+    drop(guard);
 }
