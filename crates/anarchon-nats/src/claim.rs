@@ -101,9 +101,11 @@ impl ClaimOptions {
         }
     }
 
-    /// Reads a store URL: a NATS URL whose query may carry `prefix`,
-    /// `stream`, `duplicate_window_ms`, `storage` (`file` or `memory`),
-    /// `replicas` and `timeout_ms`.
+    /// Reads a store URL: a NATS URL (`nats://`, or `tls://` for TLS)
+    /// whose query may carry `prefix`, `stream`, `duplicate_window_ms`,
+    /// `storage` (`file` or `memory`), `replicas`, `timeout_ms`, and for
+    /// TLS `tls=true` (TLS with a `nats://` URL), `tls_ca_file=<path>` (a
+    /// private certificate authority, %-escaped) and `tls_first=true`.
     ///
     /// # Errors
     ///
@@ -114,7 +116,7 @@ impl ClaimOptions {
         let mut claims = Self::new();
         let (connection, shared) = read_url(
             url,
-            "prefix, stream, duplicate_window_ms, storage, replicas or timeout_ms",
+            "prefix, stream, duplicate_window_ms, storage, replicas, timeout_ms, tls, tls_ca_file or tls_first",
             |param| {
                 match param.key {
                     "prefix" => claims.prefix = param.value.to_owned(),
@@ -298,6 +300,9 @@ pub struct NatsClaimStore {
     stream: String,
     window: Duration,
     timeout: Duration,
+    /// What the stream was made from: to make it again when a server
+    /// restart deleted an in-memory stream.
+    claims: ClaimOptions,
 }
 
 impl NatsClaimStore {
@@ -337,6 +342,7 @@ impl NatsClaimStore {
             stream: claims.stream_name(),
             window,
             timeout,
+            claims,
         })
     }
 
@@ -369,7 +375,39 @@ impl NatsClaimStore {
         StoreError::unavailable(BACKEND, format!("NATS at {}: {message}", self.url))
     }
 
+    /// Publishes the claim; returns the acknowledgement's sequence and
+    /// whether it was a duplicate.
+    ///
+    /// An in-memory stream is gone after the server restarted: it is made
+    /// again (empty: every run is forgotten, as [`Storage::Memory`] says) and
+    /// the claim sent once more. A stream on disk that is gone was deleted
+    /// by someone: the claim fails with a temporary error naming it.
     async fn publish(&self, req: &ClaimRequest) -> Result<(u64, bool), StoreError> {
+        match self.publish_once(req).await {
+            Err(Sent::StreamGone(_)) if self.claims.storage == Storage::Memory => {
+                tracing::warn!(stream = %self.stream, "the in-memory claims stream is gone (did the NATS server restart?): creating it again; every run claimed before is forgotten");
+                self.recreate().await?;
+                self.publish_once(req).await.map_err(Sent::into_error)
+            }
+            other => other.map_err(Sent::into_error),
+        }
+    }
+
+    /// Creates the stream again as [`NatsClaimStore::connect`] did.
+    async fn recreate(&self) -> Result<(), StoreError> {
+        ensure_stream(
+            &self.jetstream,
+            self.claims.stream_config(),
+            &self.url,
+            self.timeout,
+            &CLAIMS_STREAM,
+            |config| verify(config, &self.claims),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn publish_once(&self, req: &ClaimRequest) -> Result<(u64, bool), Sent> {
         let subject = self.subject(&req.run.job);
         let mut headers = HeaderMap::new();
         headers.insert(MESSAGE_ID_HEADER, Self::message_id(&req.run).as_str());
@@ -391,38 +429,40 @@ impl NatsClaimStore {
         let limit = self.timeout + Duration::from_secs(1);
         let ack = match tokio::time::timeout(limit, sent).await {
             Err(_) => {
-                return Err(self.unavailable(format!(
+                return Err(Sent::Failed(self.unavailable(format!(
                     "no acknowledgement for the claim of {} within {limit:?}; it may have been stored: send it again with the same token",
                     req.run
-                )));
+                ))));
             }
             Ok(Err(e)) => {
                 let message = format!("publishing the claim of {} failed: {e}", req.run);
                 return Err(match e.kind() {
-                    PublishErrorKind::StreamNotFound => self.unavailable(format!(
-                        "no JetStream stream takes {subject:?}: the stream {:?} was deleted, or JetStream is still starting",
-                        self.stream
-                    )),
+                    PublishErrorKind::StreamNotFound => Sent::StreamGone(
+                        self.unavailable(format!(
+                            "no JetStream stream takes {subject:?}: the stream {:?} was deleted, or JetStream is still starting; restarting the application creates it again",
+                            self.stream
+                        ))
+                        .with_source(e),
+                    ),
                     PublishErrorKind::MaxPayloadExceeded => {
-                        StoreError::invalid(BACKEND, message)
+                        Sent::Failed(StoreError::invalid(BACKEND, message).with_source(e))
                     }
                     PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
-                        StoreError::protocol(BACKEND, message)
+                        Sent::Failed(StoreError::protocol(BACKEND, message).with_source(e))
                     }
-                    _ => self.unavailable(message),
-                }
-                .with_source(e));
+                    _ => Sent::Failed(self.unavailable(message).with_source(e)),
+                });
             }
             Ok(Ok(ack)) => ack,
         };
         if ack.stream != self.stream {
-            return Err(StoreError::protocol(
+            return Err(Sent::Failed(StoreError::protocol(
                 BACKEND,
                 format!(
                     "the claim of {} was stored in stream {:?}, not {:?}",
                     req.run, ack.stream, self.stream
                 ),
-            ));
+            )));
         }
         Ok((ack.sequence, ack.duplicate))
     }
@@ -481,6 +521,22 @@ impl NatsClaimStore {
                 tracing::warn!(run = %req.run, sequence, "the stored claim has no valid {TOKEN_HEADER} header: someone else published it; the run counts as taken");
                 Ok(Some(false))
             }
+        }
+    }
+}
+
+/// Why a publish failed.
+enum Sent {
+    /// No stream takes the subject.
+    StreamGone(StoreError),
+    /// Anything else.
+    Failed(StoreError),
+}
+
+impl Sent {
+    fn into_error(self) -> StoreError {
+        match self {
+            Sent::StreamGone(e) | Sent::Failed(e) => e,
         }
     }
 }

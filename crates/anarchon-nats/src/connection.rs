@@ -19,6 +19,7 @@ use serde::de::IgnoredAny;
 
 use crate::error::Error;
 use crate::options::{Credentials, NatsOptions};
+use crate::tls;
 
 /// A client with a JetStream context that answered.
 pub(crate) struct Connected {
@@ -37,11 +38,23 @@ pub(crate) async fn connect(options: &NatsOptions) -> Result<Connected, Error> {
         .connection_timeout(options.get_connect_timeout())
         .request_timeout(Some(options.get_timeout()))
         .name(options.get_connection_name());
+    if options.uses_tls() {
+        tls::install_ring_provider();
+        connect = connect.require_tls(true);
+        if options.get_tls_first() {
+            connect = connect.tls_first();
+        }
+        if let Some(path) = options.get_tls_ca_file() {
+            connect = connect.tls_client_config(tls::trusting(path)?);
+        }
+    }
     connect = match parsed.credentials {
         Credentials::None => connect,
         Credentials::Token(token) => connect.token(token),
         Credentials::UserPassword(user, password) => connect.user_and_password(user, password),
     };
+    // One attempt (async-nats retries only when told to), and a time limit
+    // around it all, so a connect fails within the configured time.
     let limit = options.get_connect_timeout() + Duration::from_secs(1);
     let client = match tokio::time::timeout(limit, connect.connect(parsed.address.as_str())).await {
         Err(_) => {
@@ -52,6 +65,13 @@ pub(crate) async fn connect(options: &NatsOptions) -> Result<Connected, Error> {
             });
         }
         Ok(Err(e)) => {
+            if let Some(reason) = tls::handshake_failure(&e) {
+                return Err(Error::Tls {
+                    url,
+                    reason,
+                    source: Box::new(e),
+                });
+            }
             return Err(match e.kind() {
                 ConnectErrorKind::AuthorizationViolation => Error::AuthorizationViolation { url },
                 ConnectErrorKind::TimedOut

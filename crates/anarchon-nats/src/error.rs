@@ -2,6 +2,7 @@
 //!
 //! No message here ever holds a password or token: URLs are shown redacted.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anarchon_core::{BoxError, StoreError};
@@ -137,6 +138,33 @@ pub enum Error {
         subject: String,
         /// The server's message.
         message: String,
+    },
+
+    /// The TLS handshake with the server failed: its certificate is not
+    /// trusted, or it does not speak TLS where TLS was asked for.
+    #[error("TLS with NATS at {url} failed: {reason}")]
+    Tls {
+        /// The URL, redacted.
+        url: String,
+        /// What failed, and what to check.
+        reason: String,
+        /// What the client said.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The certificate authority file given with
+    /// [`NatsOptions::tls_ca_file`](crate::NatsOptions::tls_ca_file)
+    /// cannot be used.
+    #[error("cannot use the TLS certificate authority file {}: {reason}", path.display())]
+    TlsCaFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+        /// The I/O error, when the file could not be read.
+        #[source]
+        source: Option<std::io::Error>,
     },
 
     /// The server did not answer in time.

@@ -28,7 +28,7 @@ use tokio::sync::OnceCell;
 use self::records::{Effect, JobDoc, Outside, RunDoc, Stamp, decide, needs_time};
 use crate::connection::{Connected, StreamRole, connect, ensure_stream};
 use crate::error::Error;
-use crate::options::NatsOptions;
+use crate::options::{NatsOptions, Storage};
 
 pub use self::options::{DEFAULT_BUCKET, MAX_BUCKET_NAME_LEN, MAX_HISTORY, NatsLeaseOptions};
 
@@ -171,6 +171,26 @@ pub struct NatsLeaseStore {
     bucket: String,
     timeout: Duration,
     counters: Counters,
+    /// What the bucket was made from: to make it again when a server
+    /// restart deleted an in-memory bucket.
+    leases: NatsLeaseOptions,
+}
+
+/// A failed request, and whether it failed because the bucket's stream is
+/// gone.
+enum Gone {
+    /// No stream: deleted, or an in-memory bucket after a server restart.
+    Yes(StoreError),
+    /// Any other failure.
+    Not(StoreError),
+}
+
+impl Gone {
+    fn into_error(self) -> StoreError {
+        match self {
+            Gone::Yes(e) | Gone::Not(e) => e,
+        }
+    }
 }
 
 /// One key's latest message.
@@ -257,6 +277,7 @@ impl NatsLeaseStore {
             bucket: leases.get_bucket().to_owned(),
             timeout,
             counters: Counters::default(),
+            leases,
         })
     }
 
@@ -308,8 +329,42 @@ impl NatsLeaseStore {
         Counters::add(&self.counters.round_trips, n);
     }
 
+    /// Whether a call that found the bucket's stream gone may make it
+    /// again: only an in-memory bucket, which a server restart deletes. One
+    /// on disk that is gone was deleted by someone; making it again would
+    /// start every job's fence numbers from 1 behind their back.
+    fn may_recreate(&self) -> bool {
+        self.leases.get_storage() == Storage::Memory
+    }
+
+    /// Creates the in-memory bucket again, empty, as
+    /// [`NatsLeaseStore::connect`] did.
+    async fn recreate(&self) -> Result<(), StoreError> {
+        tracing::warn!(bucket = %self.bucket, "the in-memory lease bucket is gone (did the NATS server restart?): creating it again; every run and fence counter before is forgotten");
+        ensure_stream(
+            &self.jetstream,
+            self.leases.stream_config(),
+            &self.url,
+            self.timeout,
+            &LEASE_BUCKET,
+            |config| self.leases.verify(config),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// The latest message of `key`, from the stream's leader.
     async fn read(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        match self.read_once(key).await {
+            Err(Gone::Yes(_)) if self.may_recreate() => {
+                self.recreate().await?;
+                self.read_once(key).await.map_err(Gone::into_error)
+            }
+            other => other.map_err(Gone::into_error),
+        }
+    }
+
+    async fn read_once(&self, key: &str) -> Result<Option<Entry>, Gone> {
         Counters::add(&self.counters.requests, 1);
         let subject = self.subject(key);
         let answer = tokio::time::timeout(
@@ -319,20 +374,27 @@ impl NatsLeaseStore {
         .await;
         let message = match answer {
             Err(_) => {
-                return Err(
-                    self.unavailable(format!("reading {key} took longer than {:?}", self.timeout))
-                );
+                return Err(Gone::Not(self.unavailable(format!(
+                    "reading {key} took longer than {:?}",
+                    self.timeout
+                ))));
             }
             Ok(Err(e)) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
             Ok(Err(e)) => {
-                return Err(self
+                let gone = matches!(e.kind(), LastRawMessageErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND);
+                let error = self
                     .unavailable(format!("reading {key} failed: {e}"))
-                    .with_source(e));
+                    .with_source(e);
+                return Err(if gone {
+                    Gone::Yes(error)
+                } else {
+                    Gone::Not(error)
+                });
             }
             Ok(Ok(message)) => message,
         };
         let written_at = server_millis(message.time).ok_or_else(|| {
-            self.protocol(format!("{key} has a timestamp before 1970 or after 2262"))
+            Gone::Not(self.protocol(format!("{key} has a timestamp before 1970 or after 2262")))
         })?;
         let removed = message
             .headers
@@ -354,6 +416,23 @@ impl NatsLeaseStore {
         payload: Vec<u8>,
         expected: Option<u64>,
     ) -> Result<Option<u64>, StoreError> {
+        match self.write_once(key, payload.clone(), expected).await {
+            Err(Gone::Yes(_)) if self.may_recreate() => {
+                self.recreate().await?;
+                self.write_once(key, payload, expected)
+                    .await
+                    .map_err(Gone::into_error)
+            }
+            other => other.map_err(Gone::into_error),
+        }
+    }
+
+    async fn write_once(
+        &self,
+        key: &str,
+        payload: Vec<u8>,
+        expected: Option<u64>,
+    ) -> Result<Option<u64>, Gone> {
         Counters::add(&self.counters.requests, 1);
         let mut headers = HeaderMap::new();
         if let Some(revision) = expected {
@@ -370,29 +449,28 @@ impl NatsLeaseStore {
         };
         let limit = self.timeout + Duration::from_secs(1);
         match tokio::time::timeout(limit, sent).await {
-            Err(_) => Err(self.unavailable(format!(
+            Err(_) => Err(Gone::Not(self.unavailable(format!(
                 "no acknowledgement for the write of {key} within {limit:?}; it may have been stored: send the same call again"
-            ))),
+            )))),
             Ok(Err(e)) if expected.is_some() && is_wrong_last_sequence(&e) => Ok(None),
             Ok(Err(e)) => {
                 let message = format!("writing {key} failed: {e}");
                 Err(match e.kind() {
-                    PublishErrorKind::StreamNotFound => self.unavailable(format!(
-                        "no JetStream stream takes {key} in bucket {:?}: it was deleted, or JetStream is still starting",
+                    PublishErrorKind::StreamNotFound => Gone::Yes(self.unavailable(format!(
+                        "no JetStream stream takes {key} in bucket {:?}: it was deleted, or JetStream is still starting; restarting the application creates it again",
                         self.bucket
-                    )),
+                    )).with_source(e)),
                     PublishErrorKind::MaxPayloadExceeded => {
-                        StoreError::invalid(LEASE_BACKEND, message)
+                        Gone::Not(StoreError::invalid(LEASE_BACKEND, message).with_source(e))
                     }
-                    _ => self.unavailable(message),
-                }
-                .with_source(e))
+                    _ => Gone::Not(self.unavailable(message).with_source(e)),
+                })
             }
             Ok(Ok(ack)) if ack.stream != self.stream.cached_info().config.name => {
-                Err(self.protocol(format!(
+                Err(Gone::Not(self.protocol(format!(
                     "the write of {key} was stored in stream {:?}",
                     ack.stream
-                )))
+                ))))
             }
             Ok(Ok(ack)) => Ok(Some(ack.sequence)),
         }

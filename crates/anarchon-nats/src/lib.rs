@@ -5,6 +5,7 @@ mod connection;
 mod error;
 mod lease;
 mod options;
+mod tls;
 
 pub use crate::claim::{
     ClaimOptions, DEFAULT_DUPLICATE_WINDOW, DEFAULT_PREFIX, INSTANCE_HEADER, MAX_DUPLICATE_WINDOW,

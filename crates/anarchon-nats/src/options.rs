@@ -2,6 +2,7 @@
 //! every store in this crate.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::Error;
@@ -20,6 +21,16 @@ pub const MAX_PREFIX_LEN: usize = 100;
 /// token as `nats://token@host:4222`. `Debug` and every error show the URL
 /// with the password (or token) replaced by `***`.
 ///
+/// # TLS
+///
+/// A `tls://` URL (or `nats+tls://`), [`require_tls`](Self::require_tls),
+/// [`tls_ca_file`](Self::tls_ca_file) or [`tls_first`](Self::tls_first)
+/// makes the connection use TLS, and refuses to connect without it. The
+/// server's certificate is checked against the system's root certificates,
+/// or, with `tls_ca_file`, against the authorities in that file only.
+/// Nothing turns the check off. A server that asks for TLS in its greeting
+/// gets it with a `nats://` URL too.
+///
 /// ```
 /// use std::time::Duration;
 /// use anarchon_nats::NatsOptions;
@@ -27,6 +38,10 @@ pub const MAX_PREFIX_LEN: usize = 100;
 /// let options = NatsOptions::new("nats://cron:s3cret@nats.internal:4222")
 ///     .timeout(Duration::from_secs(3));
 /// assert!(!format!("{options:?}").contains("s3cret"));
+///
+/// let private = NatsOptions::new("tls://nats.internal:4222")
+///     .tls_ca_file("/etc/anarchon/nats-ca.pem");
+/// assert!(private.uses_tls());
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct NatsOptions {
@@ -34,6 +49,9 @@ pub struct NatsOptions {
     timeout: Duration,
     connect_timeout: Duration,
     connection_name: String,
+    require_tls: bool,
+    tls_first: bool,
+    tls_ca_file: Option<PathBuf>,
 }
 
 /// Where a new stream or bucket keeps its messages.
@@ -81,15 +99,69 @@ pub(crate) enum Credentials {
 }
 
 impl NatsOptions {
-    /// Options for the server at `url` (`nats://host:4222`, `tls://…`).
-    /// Nothing is checked until a store connects.
+    /// Options for the server at `url` (`nats://host:4222`, or
+    /// `tls://host:4222` for TLS). Nothing is checked until a store
+    /// connects.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             connection_name: "anarchon".to_owned(),
+            require_tls: false,
+            tls_first: false,
+            tls_ca_file: None,
         }
+    }
+
+    /// Connects with TLS, or not at all, whatever the URL's scheme
+    /// (default: only for `tls://` URLs, or when the server asks for it).
+    pub fn require_tls(mut self, require: bool) -> Self {
+        self.require_tls = require;
+        self
+    }
+
+    /// Trusts the certificate authorities in the PEM file at `path`, and
+    /// only those, for the server's certificate: for a server whose
+    /// certificate a private authority signed. Implies TLS.
+    ///
+    /// The file is read when a store connects; a file that cannot be read
+    /// or holds no usable certificate fails the connect with
+    /// [`Error::TlsCaFile`], naming it.
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_ca_file = Some(path.into());
+        self
+    }
+
+    /// Starts TLS before the server's greeting, for a server configured
+    /// with `handshake_first` (default off: the server greets in plain
+    /// text and TLS starts after). Implies TLS.
+    pub fn tls_first(mut self, first: bool) -> Self {
+        self.tls_first = first;
+        self
+    }
+
+    /// Whether connections use TLS: a `tls://` URL, or any of
+    /// [`require_tls`](Self::require_tls), [`tls_ca_file`](Self::tls_ca_file)
+    /// or [`tls_first`](Self::tls_first).
+    pub fn uses_tls(&self) -> bool {
+        self.require_tls
+            || self.tls_first
+            || self.tls_ca_file.is_some()
+            || self
+                .url
+                .split_once("://")
+                .is_some_and(|(scheme, _)| TLS_SCHEMES.contains(&scheme))
+    }
+
+    /// The certificate authority file, if one was given.
+    pub fn get_tls_ca_file(&self) -> Option<&Path> {
+        self.tls_ca_file.as_deref()
+    }
+
+    /// Whether TLS starts before the server's greeting.
+    pub fn get_tls_first(&self) -> bool {
+        self.tls_first
     }
 
     /// How long one store call waits for the server (default 5 s): a
@@ -138,6 +210,16 @@ impl NatsOptions {
     /// [`Error::InvalidUrl`] or [`Error::InvalidOption`].
     pub fn validate(&self) -> Result<(), Error> {
         self.parse_url()?;
+        if self
+            .tls_ca_file
+            .as_ref()
+            .is_some_and(|path| path.as_os_str().is_empty())
+        {
+            return Err(Error::InvalidOption {
+                option: "tls_ca_file",
+                reason: "the path is empty".into(),
+            });
+        }
         for (option, value) in [
             ("timeout", self.timeout),
             ("connect_timeout", self.connect_timeout),
@@ -160,10 +242,13 @@ impl NatsOptions {
         let (scheme, rest) = self
             .url
             .split_once("://")
-            .ok_or_else(|| invalid("it must start with nats:// (or tls://)"))?;
-        if !matches!(scheme, "nats" | "tls") {
-            return Err(invalid("it must start with nats:// (or tls://)"));
-        }
+            .ok_or_else(|| invalid("it must start with nats:// (or tls:// for TLS)"))?;
+        // async-nats knows `tls`; `nats+tls` is the same.
+        let scheme = match scheme {
+            "nats" => "nats",
+            "tls" | "nats+tls" => "tls",
+            _ => return Err(invalid("it must start with nats:// (or tls:// for TLS)")),
+        };
         let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
         let (authority, tail) = rest.split_at(end);
         if !(tail.is_empty() || tail == "/") {
@@ -209,26 +294,68 @@ impl fmt::Debug for NatsOptions {
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("connection_name", &self.connection_name)
+            .field("require_tls", &self.require_tls)
+            .field("tls_first", &self.tls_first)
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish()
     }
 }
 
-/// `url` with the password (or a token) in its user info replaced by `***`.
+/// The schemes that ask for TLS.
+const TLS_SCHEMES: [&str; 2] = ["tls", "nats+tls"];
+
+/// `url` with the password (or a token) in its user info replaced by
+/// `***`, and the value of every query parameter whose name speaks of a
+/// secret (`pass`, `token`, `secret`, `key`, `cred`, `jwt`, `seed`).
 pub(crate) fn redact(url: &str) -> String {
     // Without a scheme, the whole text up to the path is the authority.
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (format!("{scheme}://"), rest),
         None => (String::new(), url),
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}{user}:***@{host}{tail}"),
-            None => format!("{scheme}***@{host}{tail}"),
-        },
-        None => url.to_owned(),
-    }
+    // The user info ends at the last `@` before the query: a password with
+    // an unescaped `/` is still hidden.
+    let query_at = rest.find(['?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = match rest[..query_at].rfind('@') {
+        Some(at) => {
+            let (userinfo, host_and_tail) = (&rest[..at], &rest[at + 1..]);
+            let end = host_and_tail
+                .find(['/', '?', '#'])
+                .unwrap_or(host_and_tail.len());
+            let (host, tail) = host_and_tail.split_at(end);
+            let hidden = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***@{host}"),
+                None => format!("***@{host}"),
+            };
+            (hidden, tail)
+        }
+        None => {
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            (rest[..end].to_owned(), &rest[end..])
+        }
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((key, _)) if is_secret_param(key) => format!("{key}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}{authority}{tail}")
+}
+
+/// Whether a query parameter of this name may hold a secret.
+fn is_secret_param(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    ["pass", "token", "secret", "key", "cred", "jwt", "seed"]
+        .iter()
+        .any(|word| key.contains(word))
 }
 
 fn percent_decode(text: &str) -> Option<String> {
@@ -327,6 +454,74 @@ mod tests {
     }
 
     #[test]
+    fn tls_comes_from_the_scheme_or_the_options() {
+        assert!(!NatsOptions::new("nats://h:4222").uses_tls());
+        for tls in [
+            NatsOptions::new("tls://h:4222"),
+            NatsOptions::new("nats+tls://h:4222"),
+            NatsOptions::new("nats://h:4222").require_tls(true),
+            NatsOptions::new("nats://h:4222").tls_first(true),
+            NatsOptions::new("nats://h:4222").tls_ca_file("/ca.pem"),
+        ] {
+            assert!(tls.uses_tls(), "{tls:?}");
+        }
+        let parsed = NatsOptions::new("nats+tls://u:pw@h:4222")
+            .parse_url()
+            .expect("valid");
+        assert_eq!(parsed.address, "tls://h:4222");
+        assert!(
+            NatsOptions::new("nats://h")
+                .tls_ca_file("")
+                .validate()
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn secrets_in_the_query_never_show() {
+        assert_eq!(
+            redact("tls://u:pw@h:4222?prefix=p&password=hunter2&tls_ca_file=/ca.pem&Token=t0k"),
+            "tls://u:***@h:4222?prefix=p&password=***&tls_ca_file=/ca.pem&Token=***"
+        );
+        assert_eq!(redact("nats://h:4222"), "nats://h:4222");
+        assert_eq!(redact("nats://u:pa/ss@h:4222"), "nats://u:***@h:4222");
+        assert_eq!(redact("nats://t0k/en@h:4222/"), "nats://***@h:4222/");
+        let err = read_url("nats://h:4222?password=hunter2", "nothing", |_| Ok(false))
+            .err()
+            .expect("unknown parameter")
+            .to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(err.contains("password"), "{err}");
+    }
+
+    #[test]
+    fn store_urls_carry_tls() {
+        let (connection, _) = read_url(
+            "nats://h:4222?tls=true&tls_first=true&tls_ca_file=/etc/my%20ca.pem",
+            "",
+            |_| Ok(false),
+        )
+        .expect("valid");
+        assert!(connection.uses_tls());
+        assert!(connection.get_tls_first());
+        assert_eq!(
+            connection.get_tls_ca_file(),
+            Some(Path::new("/etc/my ca.pem"))
+        );
+        for bad in [
+            "nats://u:hunter2@h:4222?tls=yes",
+            "nats://u:hunter2@h:4222?tls_first=1",
+            "nats://u:hunter2@h:4222?tls_ca_file=%zz",
+        ] {
+            let err = read_url(bad, "", |_| Ok(false))
+                .err()
+                .expect(bad)
+                .to_string();
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
     fn prefixes_are_subject_tokens() {
         for ok in ["anarchon", "a.b-c_d"] {
             validate_prefix(ok).expect(ok);
@@ -369,6 +564,21 @@ impl UrlParam<'_> {
             .parse::<u64>()
             .map_err(|_| self.invalid(format!("{} must be a whole number", self.key)))
     }
+
+    /// The value as `true` or `false`.
+    pub(crate) fn flag(&self) -> Result<bool, Error> {
+        match self.value {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err(self.invalid(format!("{} must be true or false", self.key))),
+        }
+    }
+
+    /// The value with its %-escapes decoded.
+    pub(crate) fn decoded(&self) -> Result<String, Error> {
+        percent_decode(self.value)
+            .ok_or_else(|| self.invalid(format!("{} has a bad %-escape", self.key)))
+    }
 }
 
 /// The settings every JetStream store reads from its URL besides its own.
@@ -379,9 +589,11 @@ pub(crate) struct StreamParams {
 }
 
 /// Reads a `nats://…?…` store URL: the connection from the part before `?`,
-/// the parameters both stores share (`timeout_ms`, `storage`, `replicas`)
-/// here, and every other parameter through `own`, which says whether it
-/// knew it. An unknown parameter is refused, listing `known`.
+/// the parameters both stores share (`timeout_ms`, `storage`, `replicas`,
+/// and TLS: `tls`, `tls_ca_file`, `tls_first`) here, and every other
+/// parameter through `own`, which says whether it knew it. An unknown
+/// parameter is refused, listing `known`. No error shows a password or
+/// token.
 pub(crate) fn read_url(
     url: &str,
     known: &str,
@@ -395,6 +607,9 @@ pub(crate) fn read_url(
         let param = UrlParam { key, value, url };
         match key {
             "timeout_ms" => connection = connection.timeout(Duration::from_millis(param.number()?)),
+            "tls" => connection = connection.require_tls(param.flag()?),
+            "tls_first" => connection = connection.tls_first(param.flag()?),
+            "tls_ca_file" => connection = connection.tls_ca_file(param.decoded()?),
             "replicas" => {
                 shared.replicas = Some(
                     usize::try_from(param.number()?)

@@ -1,6 +1,7 @@
 //! Fault tests: the connection to NATS is cut mid-test by a TCP proxy
-//! between the stores and the server (the shared server itself is never
-//! stopped). Run alone: `cargo test -p anarchon-nats --test faults`
+//! between the stores and the server, and the server itself is restarted
+//! (`ServerControl`, which always leaves it running). Run alone:
+//! `cargo test -p anarchon-nats --test faults -- --test-threads=1`
 //! (`cargo xtask test-all` does, one test at a time).
 
 #![allow(clippy::unwrap_used)]
@@ -16,25 +17,16 @@ use anarchon_core::{
     ClaimOutcome, ClaimRequest, ClaimStore, Clock, InstanceId, JobName, RunKey, Schedule,
     Scheduler, Slot, StoreError, SystemClock, Token,
 };
-use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsOptions};
+use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsOptions, Storage};
 use anarchon_testkit::FaultProxy;
 use anarchon_testkit::StoreFactory;
+use anarchon_testkit::restart::{RestartGuard, ServerControl};
+use anarchon_testkit::servers::Service;
+use async_nats::jetstream::stream::StorageType;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use crate::common::{NatsLeaseFactory, StreamGuard, claims, connect, url};
-
-/// The broker's `host:port` from a `nats://host:port` URL.
-fn upstream(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-    let host = host.trim_end_matches('/');
-    if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:4222")
-    }
-}
+use crate::common::{NatsFactory, NatsLeaseFactory, StreamGuard, claims, connect, upstream, url};
 
 /// A store whose connection goes through `proxy`.
 async fn proxied_store(proxy: &FaultProxy, claims: &ClaimOptions) -> NatsClaimStore {
@@ -246,6 +238,24 @@ async fn schedulers_keep_claiming_across_a_cut() {
     }
 }
 
+/// The testkit's lost-reply check on the claim store: a claim whose reply
+/// is swallowed on the wire, sent again with the same token, is recognised
+/// as won (the stream stored it: the duplicate holds its token) or loses to
+/// the direct instance: exactly one winner per run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_lost_reply_gives_one_winner() {
+    let direct = NatsFactory::new().await;
+    let proxy = start_proxy().await;
+    let via = direct.through(format!("nats://{}", proxy.address()));
+    anarchon_testkit::faults::lost_reply_resolves_to_one_winner(
+        &via,
+        &direct,
+        &proxy,
+        anarchon_testkit::faults::RetryResolution::Recognised,
+    )
+    .await;
+}
+
 /// The testkit's lost-reply check on the KV lease store: a claim whose
 /// reply is swallowed on the wire, sent again with the same token, is
 /// recognised (its swap was stored) or loses to the direct instance.
@@ -347,4 +357,403 @@ async fn kv_lease_lost_acknowledgements_are_recognised() {
         }
     }
     assert_eq!(renewed, Some(Renewal::Renewed));
+}
+
+// ---------------------------------------------------------------------
+// Real restarts of the NATS server. These stop the shared server (inside
+// the lock every NATS test command takes) and always leave it running: the
+// testkit's guard starts it again should a test fail half-way.
+// ---------------------------------------------------------------------
+
+/// Every run the schedulers of a restart test ran: (slot ms, scheduler,
+/// fence).
+type Ran = Arc<Mutex<Vec<(i64, usize, Option<u64>)>>>;
+
+/// Stops nats-server and starts it again, waiting until it answers.
+async fn restart_nats() -> RestartGuard {
+    let control = ServerControl::for_service(Service::Nats);
+    tokio::task::spawn_blocking(move || control.restart())
+        .await
+        .unwrap()
+}
+
+/// The latest message on `subject` of `stream`, read straight from the
+/// server.
+async fn latest(stream: &str, subject: &str) -> async_nats::jetstream::message::StreamMessage {
+    let client = async_nats::connect(url().await.as_str()).await.unwrap();
+    let jetstream = async_nats::jetstream::new(client);
+    let stream = jetstream.get_stream(stream).await.unwrap();
+    stream
+        .get_last_raw_message_by_subject(subject)
+        .await
+        .unwrap()
+}
+
+/// The storage type of `stream`, read straight from the server.
+async fn storage_of(stream: &str) -> StorageType {
+    let client = async_nats::connect(url().await.as_str()).await.unwrap();
+    let jetstream = async_nats::jetstream::new(client);
+    let mut stream = jetstream.get_stream(stream).await.unwrap();
+    stream.info().await.unwrap().config.storage
+}
+
+fn now_ms() -> i64 {
+    SystemClock.now().as_millis()
+}
+
+/// The handler of the per-second job `tick` of scheduler `index`: records
+/// every run.
+fn record(
+    ran: &Ran,
+    index: usize,
+) -> impl Fn(anarchon_core::RunContext) -> std::future::Ready<Result<(), String>> + Send + Sync + 'static
+{
+    let ran = ran.clone();
+    move |ctx| {
+        ran.lock()
+            .unwrap()
+            .push((ctx.slot().as_millis(), index, ctx.fence().map(|f| f.get())));
+        std::future::ready(Ok(()))
+    }
+}
+
+fn every_second() -> Schedule {
+    Schedule::every(Duration::from_secs(1)).unwrap()
+}
+
+/// The distinct slots after `after` (ms) that ran.
+fn slots_after(ran: &Ran, after: i64) -> Vec<i64> {
+    let mut slots: Vec<i64> = ran
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(slot, _, _)| *slot)
+        .filter(|slot| *slot > after)
+        .collect();
+    slots.sort_unstable();
+    slots.dedup();
+    slots
+}
+
+async fn wait_for_runs(ran: &Ran, after: i64, n: usize, what: &str) {
+    let start = Instant::now();
+    while slots_after(ran, after).len() < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "gave up waiting for {what}: {:?}",
+            ran.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Fails unless every slot in `ran` ran exactly once.
+fn assert_each_slot_ran_once(ran: &Ran) {
+    let mut runs: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
+    for (slot, index, _) in ran.lock().unwrap().iter() {
+        runs.entry(*slot).or_default().push(*index);
+    }
+    for (slot, by) in &runs {
+        assert_eq!(by.len(), 1, "slot {slot} ran {} times: {runs:?}", by.len());
+    }
+}
+
+/// The claim store across a real restart of nats-server: three
+/// schedulers, each with its own connection, run a per-second job; the
+/// server stops and starts again; the stores reconnect by themselves and
+/// claims resume; no slot runs twice. The stream is on disk (the default),
+/// so its duplicate window survives: a claim stored just before the
+/// restart whose acknowledgement never came is won when sent again with
+/// the same token right after it, and lost with any other token, as are
+/// the runs claimed before the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claim_store_survives_a_server_restart() {
+    let factory = NatsFactory::new().await;
+    let direct = factory.instance().await;
+    assert_eq!(
+        storage_of(direct.stream_name()).await,
+        StorageType::File,
+        "the claims stream is kept on disk by default"
+    );
+    let ran: Ran = Arc::default();
+    let mut stores = Vec::new();
+    let mut schedulers = Vec::new();
+    for index in 0..3 {
+        let store = factory.instance().await;
+        stores.push(store.clone());
+        let mut builder = Scheduler::builder(store);
+        builder
+            .job("tick", every_second())
+            .unwrap()
+            .run(record(&ran, index))
+            .unwrap();
+        schedulers.push(builder.start().unwrap());
+    }
+    wait_for_runs(&ran, i64::MIN, 2, "two runs before the restart").await;
+
+    // A claim the server stores but whose acknowledgement never comes.
+    let proxy = start_proxy().await;
+    let via = factory
+        .through(format!("nats://{}", proxy.address()))
+        .instance()
+        .await;
+    let slot = anarchon_testkit::claim::future_slot(&factory, 0).as_millis();
+    let held = request("held", slot, "held");
+    proxy.stall_replies_after(b"anarchon-claim");
+    let first = via.claim(&held).await;
+    let e = first.expect_err("the acknowledgement was held back");
+    assert!(e.is_temporary(), "{e}");
+    let stored = latest(direct.stream_name(), &direct.subject(&held.run.job)).await;
+    assert_eq!(
+        stored
+            .headers
+            .get(anarchon_nats::TOKEN_HEADER)
+            .map(|v| v.as_str().to_owned()),
+        Some(held.token.to_string()),
+        "the server stored the held claim before the restart"
+    );
+
+    let before = slots_after(&ran, i64::MIN);
+    let _guard = restart_nats().await;
+    let restarted_at = now_ms();
+    proxy.cut_connections();
+
+    // Right after the restart, the same token: the stream remembers the
+    // claim and whose it is.
+    let again = claim(&via, &held).await.unwrap();
+    assert!(
+        matches!(again, ClaimOutcome::Won(_)),
+        "the held claim, sent again with its token after the restart: {again:?}"
+    );
+    let other = claim(&direct, &request("held", slot, "other"))
+        .await
+        .unwrap();
+    assert_eq!(other, ClaimOutcome::Lost, "another token after the restart");
+    // The runs claimed before the restart stay claimed.
+    for slot in &before {
+        let late = claim(&direct, &request("tick", *slot, "late"))
+            .await
+            .unwrap();
+        assert_eq!(
+            late,
+            ClaimOutcome::Lost,
+            "slot {slot} was won before the restart"
+        );
+    }
+
+    wait_for_runs(&ran, restarted_at + 1000, 3, "three runs after the restart").await;
+    for scheduler in schedulers {
+        scheduler.shutdown().await;
+    }
+    assert_each_slot_ran_once(&ran);
+    for store in stores.iter().chain([&direct, &via]) {
+        assert!(connects(store) >= 2, "each store reconnected by itself");
+    }
+}
+
+/// The KV lease store across a real restart of nats-server: three
+/// schedulers, each with its own connection, run a per-second job; the
+/// server stops and starts again; the stores reconnect and claims resume;
+/// no slot runs twice, and fences keep growing (the bucket, on disk by
+/// default, keeps every job's document). A claim whose swap was stored just
+/// before the restart but never acknowledged is won when sent again with
+/// the same token right after it (attempt 1, fence 1), and another token
+/// finds the lease running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kv_lease_store_survives_a_server_restart() {
+    use anarchon_core::LeaseStore;
+    let factory = NatsLeaseFactory::new().await;
+    let direct = factory.instance().await;
+    assert_eq!(
+        storage_of(&factory.leases.stream_name()).await,
+        StorageType::File,
+        "the lease bucket is kept on disk by default"
+    );
+    let ran: Ran = Arc::default();
+    let mut stores = Vec::new();
+    let mut schedulers = Vec::new();
+    for index in 0..3 {
+        let store = factory.instance().await;
+        stores.push(store.clone());
+        let mut builder = Scheduler::builder(store)
+            .lease(Duration::from_secs(3))
+            .heartbeat(Duration::from_millis(500));
+        builder
+            .job("tick", every_second())
+            .unwrap()
+            .run(record(&ran, index))
+            .unwrap();
+        schedulers.push(builder.start().unwrap());
+    }
+    wait_for_runs(&ran, i64::MIN, 2, "two runs before the restart").await;
+
+    // A claim whose swap the server stores but never acknowledges.
+    let proxy = start_proxy().await;
+    let via = factory
+        .through(format!("nats://{}", proxy.address()))
+        .instance()
+        .await;
+    let run = RunKey::new(
+        JobName::new("held").unwrap(),
+        anarchon_testkit::claim::future_slot(&factory, 0),
+    );
+    let token = Token::generate();
+    let held = anarchon_testkit::lease::lease_claim(run.clone(), token, "held");
+    let swap = format!("PUB $KV.{}.job.held ", factory.leases.get_bucket());
+    proxy.stall_replies_after(swap.as_bytes());
+    let first = via.claim_lease(&held).await;
+    let e = first.expect_err("the swap's acknowledgement was held back");
+    assert!(e.is_temporary(), "{e}");
+    let stored = latest(
+        &factory.leases.stream_name(),
+        &format!("$KV.{}.job.held", factory.leases.get_bucket()),
+    )
+    .await;
+    assert!(
+        String::from_utf8_lossy(&stored.payload).contains(&token.to_string()),
+        "the server stored the held claim's swap before the restart"
+    );
+
+    let before = slots_after(&ran, i64::MIN);
+    let fence_before = ran
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|(_, _, fence)| *fence)
+        .max()
+        .expect("runs before the restart have fences");
+    let _guard = restart_nats().await;
+    let restarted_at = now_ms();
+    proxy.cut_connections();
+
+    let again = retry(|| via.claim_lease(&held)).await;
+    match again {
+        ClaimOutcome::Won(win) => {
+            assert_eq!(win.attempt.get(), 1);
+            assert_eq!(win.fence.map(|f| f.get()), Some(1));
+        }
+        other => panic!("the held claim, sent again with its token after the restart: {other:?}"),
+    }
+    let other_claim = anarchon_testkit::lease::lease_claim(run.clone(), Token::generate(), "other");
+    let other = retry(|| direct.claim_lease(&other_claim)).await;
+    assert!(
+        matches!(other, ClaimOutcome::Running { .. }),
+        "another token after the restart finds the lease running: {other:?}"
+    );
+    for slot in &before {
+        let mut late_claim = anarchon_testkit::lease::lease_claim(
+            RunKey::new(JobName::new("tick").unwrap(), Slot::from_millis(*slot)),
+            Token::generate(),
+            "late",
+        );
+        late_claim.claim.max_late = Duration::from_secs(3600);
+        let late = retry(|| direct.claim_lease(&late_claim)).await;
+        assert!(
+            !matches!(late, ClaimOutcome::Won(_)),
+            "slot {slot} ran before the restart: {late:?}"
+        );
+    }
+
+    wait_for_runs(&ran, restarted_at + 1000, 3, "three runs after the restart").await;
+    for scheduler in schedulers {
+        scheduler.shutdown().await;
+    }
+    assert_each_slot_ran_once(&ran);
+    let fences_after: Vec<u64> = ran
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(slot, _, _)| *slot > restarted_at + 1000)
+        .filter_map(|(_, _, fence)| *fence)
+        .collect();
+    assert!(
+        fences_after.iter().all(|fence| *fence > fence_before),
+        "fences after the restart continue from {fence_before}: {fences_after:?}"
+    );
+    for store in stores.iter().chain([&direct, &via]) {
+        let connects = store.client().statistics().connects.load(Ordering::SeqCst);
+        assert!(connects >= 2, "each store reconnected by itself");
+    }
+}
+
+/// What the documentation says of `Storage::Memory`: a server restart
+/// deletes the in-memory stream and bucket with every run in them. The
+/// stores make them again by themselves, empty, so claims resume without
+/// restarting the application — and a run claimed before the restart is
+/// won again after it by another token, with its job's fences starting
+/// from 1 again. (The default, `Storage::File`, forgets nothing:
+/// `claim_store_survives_a_server_restart`,
+/// `kv_lease_store_survives_a_server_restart`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_storage_forgets_every_run_across_a_restart() {
+    use anarchon_core::LeaseStore;
+    let url = url().await;
+    let claims = claims().storage(Storage::Memory);
+    let _stream = StreamGuard::new(&url, claims.stream_name());
+    let claim_store = connect(&NatsOptions::new(&url), claims.clone()).await;
+    assert_eq!(
+        storage_of(claim_store.stream_name()).await,
+        StorageType::Memory
+    );
+    let leases = common::leases().storage(Storage::Memory);
+    let _bucket = StreamGuard::new(&url, leases.stream_name());
+    let lease_store = common::connect_leases(&NatsOptions::new(&url), leases.clone()).await;
+    assert_eq!(storage_of(&leases.stream_name()).await, StorageType::Memory);
+
+    let slot = now_ms() + 600_000;
+    let run = RunKey::new(JobName::new("forgotten").unwrap(), Slot::from_millis(slot));
+    let first = claim(&claim_store, &request("forgotten", slot, "a"))
+        .await
+        .unwrap();
+    assert!(matches!(first, ClaimOutcome::Won(_)), "{first:?}");
+    for (offset, fence) in [(0, 1), (1000, 2)] {
+        let next = RunKey::new(run.job.clone(), Slot::from_millis(slot + offset));
+        let mine = anarchon_testkit::lease::lease_claim(next, Token::generate(), "a");
+        match retry(|| lease_store.claim_lease(&mine)).await {
+            ClaimOutcome::Won(win) => assert_eq!(win.fence.map(|f| f.get()), Some(fence)),
+            other => panic!("a new run is won: {other:?}"),
+        }
+    }
+
+    let _guard = restart_nats().await;
+
+    let again = claim(&claim_store, &request("forgotten", slot, "b"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, ClaimOutcome::Won(_)),
+        "the memory stream forgot the claim: another token wins the run again: {again:?}"
+    );
+    let theirs = anarchon_testkit::lease::lease_claim(run, Token::generate(), "b");
+    match retry(|| lease_store.claim_lease(&theirs)).await {
+        ClaimOutcome::Won(win) => assert_eq!(
+            win.fence.map(|f| f.get()),
+            Some(1),
+            "the memory bucket forgot the job's fence counter"
+        ),
+        other => panic!("the memory bucket forgot the run: another token wins it again: {other:?}"),
+    }
+    assert_eq!(
+        storage_of(claim_store.stream_name()).await,
+        StorageType::Memory,
+        "the stream was made again as it was"
+    );
+}
+
+/// Sends `op` until it answers without a temporary error (up to 20 s).
+async fn retry<T, F, Fut>(mut op: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let start = Instant::now();
+    loop {
+        match op().await {
+            Ok(answer) => return answer,
+            Err(e) if e.is_temporary() && start.elapsed() < Duration::from_secs(20) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
 }

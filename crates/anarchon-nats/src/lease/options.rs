@@ -55,9 +55,11 @@ impl NatsLeaseOptions {
         }
     }
 
-    /// Reads a store URL: a NATS URL whose query may carry `bucket`,
-    /// `history`, `storage` (`file` or `memory`), `replicas` and
-    /// `timeout_ms`.
+    /// Reads a store URL: a NATS URL (`nats://`, or `tls://` for TLS)
+    /// whose query may carry `bucket`, `history`, `storage` (`file` or
+    /// `memory`), `replicas`, `timeout_ms`, and for TLS `tls=true` (TLS
+    /// with a `nats://` URL), `tls_ca_file=<path>` (a private certificate
+    /// authority, %-escaped) and `tls_first=true`.
     ///
     /// # Errors
     ///
@@ -68,7 +70,7 @@ impl NatsLeaseOptions {
         let mut leases = Self::new();
         let (connection, shared) = read_url(
             url,
-            "bucket, history, storage, replicas or timeout_ms",
+            "bucket, history, storage, replicas, timeout_ms, tls, tls_ca_file or tls_first",
             |param| {
                 match param.key {
                     "bucket" => leases.bucket = param.value.to_owned(),

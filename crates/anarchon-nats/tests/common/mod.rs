@@ -20,6 +20,18 @@ pub(crate) async fn url() -> String {
     require(Service::Nats).await
 }
 
+/// The server's `host:port` from a `nats://host:port` URL.
+pub(crate) fn upstream(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let host = host.trim_end_matches('/');
+    if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:4222")
+    }
+}
+
 /// Claim options on a fresh prefix (and so a fresh stream).
 pub(crate) fn claims() -> ClaimOptions {
     ClaimOptions::new()
@@ -78,9 +90,9 @@ impl Drop for StreamGuard {
 /// One prefix and stream per test; every `instance()` is a new store with
 /// its own client, as separate processes would have.
 pub(crate) struct NatsFactory {
-    connection: NatsOptions,
-    claims: ClaimOptions,
-    _guard: StreamGuard,
+    pub(crate) connection: NatsOptions,
+    pub(crate) claims: ClaimOptions,
+    _guard: Option<StreamGuard>,
 }
 
 impl NatsFactory {
@@ -88,9 +100,20 @@ impl NatsFactory {
         let url = url().await;
         let claims = claims();
         Self {
-            _guard: StreamGuard::new(&url, claims.stream_name()),
+            _guard: Some(StreamGuard::new(&url, claims.stream_name())),
             connection: NatsOptions::new(url),
             claims,
+        }
+    }
+
+    /// Another factory on the same stream whose instances connect to `url`
+    /// (a proxy) with a 1 s call limit; the stream stays this one's to
+    /// delete.
+    pub(crate) fn through(&self, url: String) -> Self {
+        Self {
+            _guard: None,
+            connection: NatsOptions::new(url).timeout(Duration::from_secs(1)),
+            claims: self.claims.clone(),
         }
     }
 }
