@@ -8,10 +8,14 @@
 //! |---|---|---|
 //! | `sqlite://` | SQLite file | lease |
 //! | `postgres://`, `postgresql://` | PostgreSQL | lease |
-//! | `redis://`, `rediss://` | Redis / Valkey, `strategy=lease` (default) | lease |
+//! | `redis://`, `rediss://` (TLS) | Redis / Valkey, `strategy=lease` (default) | lease |
 //! | `redis://…?strategy=stream-id\|idmp\|script` | Redis / Valkey | claim-only |
-//! | `amqp://`, `amqps://` | RabbitMQ gate queues | claim-only |
-//! | `nats://` | NATS JetStream de-duplication | claim-only |
+//! | `amqp://`, `amqps://` (TLS) | RabbitMQ gate queues | claim-only |
+//! | `nats://`, `tls://` or `nats+tls://` (TLS) | NATS JetStream de-duplication | claim-only |
+//! | `nats-kv://`, `nats-kv+tls://` (TLS) | NATS JetStream key-value leases | lease |
+//!
+//! Every TLS scheme takes `tls_ca_file=<path>` to trust a private
+//! certificate authority instead of the system's.
 //!
 //! Whatever the URL names, the daemon hands the opened store to the core as
 //! an `Arc<dyn ClaimStore>`; the core decides from the store itself whether
@@ -36,7 +40,7 @@ use anarchon::{
 use crate::error::Error;
 
 /// The schemes this build opens, for messages.
-pub(crate) const SCHEMES: &str = "sqlite://, postgres:// (or postgresql://), redis:// (or rediss://), amqp:// (or amqps://), nats:// (the claim store) and nats-kv:// (the KV lease store)";
+pub(crate) const SCHEMES: &str = "sqlite://, postgres:// (or postgresql://), redis:// (or rediss://), amqp:// (or amqps://), nats:// (or tls://, nats+tls://: the claim store) and nats-kv:// (or nats-kv+tls://: the KV lease store)";
 
 /// The backend names the Redis strategies report (`BackendInfo::name`).
 const REDIS_LEASE: &str = "redis-lease";
@@ -71,8 +75,7 @@ const PG_PARAMETERS: &str =
     "table, pool_size, connect_timeout_ms, statement_timeout_ms, migrate, application_name";
 
 /// The query parameters anarchon reads from a Redis URL.
-const REDIS_PARAMETERS: &str =
-    "strategy, prefix, window_ms, duration_ms, timeout_ms, connect_timeout_ms, eviction";
+const REDIS_PARAMETERS: &str = "strategy, prefix, window_ms, duration_ms, timeout_ms, connect_timeout_ms, eviction, tls_ca_file";
 
 /// How a Redis URL's store claims runs (its `strategy` parameter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,7 +204,7 @@ impl Backend {
                 })?;
                 Ok(Backend::Amqp(options))
             }
-            "nats" => {
+            "nats" | "tls" | "nats+tls" => {
                 let (connection, claims) = ClaimOptions::from_url(url).map_err(|e| {
                     invalid(match e {
                         anarchon::nats::Error::InvalidUrl { reason, .. } => reason,
@@ -210,8 +213,12 @@ impl Backend {
                 })?;
                 Ok(Backend::Nats { connection, claims })
             }
-            "nats-kv" => {
-                let nats_url = url.replacen("nats-kv://", "nats://", 1);
+            "nats-kv" | "nats-kv+tls" => {
+                let nats_url = url.replacen("nats-kv+tls://", "tls://", 1).replacen(
+                    "nats-kv://",
+                    "nats://",
+                    1,
+                );
                 let (connection, leases) = NatsLeaseOptions::from_url(&nats_url).map_err(|e| {
                     invalid(match e {
                         anarchon::nats::Error::InvalidUrl { reason, .. } => reason,
@@ -707,9 +714,11 @@ fn parse_redis(url: &str) -> Result<Backend, String> {
     let mut response_timeout = None;
     let mut eviction = None;
     let mut prefix = None;
+    let mut ca_file = None;
     for &(key, value) in &split.pairs {
         match key {
             "strategy" => strategy = value,
+            "tls_ca_file" => ca_file = Some(percent_decoded(key, value)?),
             "prefix" => prefix = Some(value),
             "window_ms" => window = Some(millis(key, value)?),
             "duration_ms" => duration = Some(millis(key, value)?),
@@ -787,6 +796,12 @@ fn parse_redis(url: &str) -> Result<Backend, String> {
     if let Some(prefix) = prefix {
         options = options.prefix(prefix).map_err(|e| e.to_string())?;
     }
+    if let Some(path) = ca_file {
+        if !split.base.starts_with("rediss://") && !split.base.starts_with("valkeys://") {
+            return Err("tls_ca_file needs a rediss:// URL (TLS)".into());
+        }
+        options = options.tls_ca_file(path);
+    }
     let port = auth.port.unwrap_or(6379);
     let db = if db.is_empty() { "0" } else { db };
     Ok(Backend::Redis {
@@ -800,6 +815,28 @@ fn parse_redis(url: &str) -> Result<Backend, String> {
 /// nothing: what it refuses (a TLS URL in a build without TLS, a bad
 /// database number, an unknown `protocol`) is refused before the daemon
 /// starts. Its message is dropped if it shows any of the URL's user info.
+/// A query value with its `%XX` escapes decoded (a file path may hold
+/// characters a URL must escape).
+fn percent_decoded(key: &str, value: &str) -> Result<String, String> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = value
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| format!("{key} has a broken %-escape"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| format!("{key} is not UTF-8 once decoded"))
+}
+
 fn check_with_redis_client(url: &str) -> Result<(), String> {
     use deadpool_redis::redis::IntoConnectionInfo as _;
     let Err(e) = url.into_connection_info() else {
@@ -835,7 +872,13 @@ pub(crate) fn redact(url: &str) -> String {
     let authority = match authority.rsplit_once('@') {
         Some((userinfo, host)) => match userinfo.split_once(':') {
             Some((user, _)) => format!("{user}:***@{host}"),
-            None if matches!(scheme, "nats" | "redis" | "rediss") => format!("***@{host}"),
+            None if matches!(
+                scheme,
+                "nats" | "tls" | "nats+tls" | "nats-kv" | "nats-kv+tls" | "redis" | "rediss"
+            ) =>
+            {
+                format!("***@{host}")
+            }
             None => authority.to_owned(),
         },
         None => authority.to_owned(),
@@ -881,6 +924,9 @@ mod tests {
             ("redis://:pw@h:6379", "redis://:***@h:6379"),
             ("redis://pw@h:6379", "redis://***@h:6379"),
             ("nats://tok3n@h:4222", "nats://***@h:4222"),
+            ("nats-kv://tok3n@h:4222", "nats-kv://***@h:4222"),
+            ("tls://tok3n@h:4222", "tls://***@h:4222"),
+            ("nats-kv+tls://tok3n@h:4222", "nats-kv+tls://***@h:4222"),
             ("amqp://guest@h/%2f?x=1", "amqp://guest@h/%2f?x=1"),
             (
                 "postgres://h/db?user=u&password=hunter2&sslmode=require",
@@ -1065,6 +1111,55 @@ mod tests {
     }
 
     #[test]
+    fn tls_urls_carry_a_private_authority() {
+        let redis = Backend::parse(
+            "rediss://:s3cret@h:6380/0?strategy=script&tls_ca_file=/etc/ca%20files/team.pem",
+        )
+        .unwrap();
+        assert_eq!(redis.name(), "redis-script");
+        let Backend::Redis { options, .. } = &redis else {
+            panic!()
+        };
+        assert_eq!(
+            options.tls_ca_path(),
+            Some(std::path::Path::new("/etc/ca files/team.pem"))
+        );
+        assert!(!format!("{redis:?}").contains("s3cret"));
+
+        // The RabbitMQ store reads its authority file as the URL is read,
+        // so a wrong path shows up in `anarchon check`.
+        let err = Backend::parse("amqps://u:s3cret@h/%2f?tls_ca_file=/nonexistent/ca.pem")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+        assert!(!err.contains("s3cret"), "{err}");
+
+        for url in [
+            "tls://tok3n@h:4222",
+            "nats+tls://tok3n@h:4222",
+            "nats://tok3n@h:4222?tls_ca_file=/etc/ca.pem",
+        ] {
+            let backend = Backend::parse(url).unwrap();
+            assert_eq!(backend.name(), "nats", "{url}");
+            let Backend::Nats { connection, .. } = &backend else {
+                panic!()
+            };
+            assert!(connection.uses_tls(), "{url}");
+        }
+        let kv = Backend::parse("nats-kv+tls://tok3n@h:4222?tls_ca_file=/etc/ca.pem").unwrap();
+        assert!(kv.is_lease());
+        let Backend::NatsKv { connection, .. } = &kv else {
+            panic!()
+        };
+        assert!(connection.uses_tls());
+        assert_eq!(
+            connection.get_tls_ca_file(),
+            Some(std::path::Path::new("/etc/ca.pem"))
+        );
+        assert!(!format!("{kv:?}").contains("tok3n"));
+    }
+
+    #[test]
     fn bad_redis_urls_say_what_is_wrong() {
         for (url, says) in [
             (
@@ -1103,10 +1198,11 @@ mod tests {
                 "redis://:s3cret@h?protocol=resp9",
                 "Invalid protocol version",
             ),
-            // The Redis client of this build has no TLS (anarchon-redis does
-            // not enable it). When it does, rediss:// parses: update this
-            // line and the "Redis" section of docs/cli.md.
-            ("rediss://:s3cret@h", "TLS"),
+            (
+                "redis://:s3cret@h?tls_ca_file=/ca.pem",
+                "needs a rediss:// URL",
+            ),
+            ("rediss://:s3cret@h?tls_ca_file=%zz", "broken %-escape"),
         ] {
             let err = Backend::parse(url).unwrap_err();
             let text = err.to_string();
