@@ -27,7 +27,7 @@ use anarchon_testkit::servers::Service;
 use futures::future::join_all;
 use tokio::time::Instant;
 
-use crate::common::{TEST_SLOT_TTL, connect, options, url};
+use crate::common::{TEST_SLOT_TTL, connect, options, through, url};
 
 /// Restarts the test broker (stop, start, wait until it answers) off the
 /// runtime's threads. The guard starts it again if it is down when the
@@ -36,25 +36,6 @@ async fn restart_broker() -> RestartGuard {
     tokio::task::spawn_blocking(|| ServerControl::for_service(Service::Amqp).restart())
         .await
         .unwrap()
-}
-
-/// `url` pointed at `proxy` instead of the broker, and the broker's
-/// `host:port`.
-fn through(url: &str, proxy: Option<&FaultProxy>) -> (String, String) {
-    let (scheme, rest) = url.split_once("://").unwrap();
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (userinfo, host) = match authority.rsplit_once('@') {
-        Some((u, h)) => (format!("{u}@"), h),
-        None => (String::new(), authority),
-    };
-    let upstream = if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:5672")
-    };
-    let target = proxy.map_or(upstream.clone(), |p| p.address().to_string());
-    (format!("{scheme}://{userinfo}{target}{tail}"), upstream)
 }
 
 async fn proxied_store(proxy: &FaultProxy, prefix: &str, timeout: Duration) -> AmqpStore {
@@ -257,6 +238,25 @@ async fn schedulers_keep_claiming_across_a_cut() {
     for store in &stores {
         assert!(store.connections_opened() >= 2, "each store reconnected");
     }
+}
+
+/// The whole claim suite, with every instance connecting through a
+/// [`FaultProxy`] that adds [`SLOW_LINK_LATENCY`](anarchon_testkit::SLOW_LINK_LATENCY) each way.
+///
+/// `tests/suite.rs` runs it over loopback, where a claim's declare, publish
+/// and confirm come back in microseconds and racing instances hardly
+/// overlap. Here each round trip takes milliseconds on a real TCP path, so
+/// claims of the same run are in flight together far more often, as
+/// between hosts: exclusivity, own-retry recognition and whole schedulers
+/// are checked under that interleaving too (the reliability issue: "run
+/// the claim suite through the proxy for every backend").
+mod claim_suite_through_a_slow_proxy {
+    anarchon_testkit::claim_suite!(
+        crate::common::AmqpFactory::new()
+            .await
+            .behind_a_slow_proxy()
+            .await
+    );
 }
 
 /// Instances of one prefix, connecting to `options`' URL.

@@ -1,6 +1,7 @@
 //! Fault tests: the connection to NATS is cut mid-test by a TCP proxy
-//! between the stores and the server, and the server itself is restarted
-//! (`ServerControl`, which always leaves it running). Run alone:
+//! between the stores and the server, the server itself is restarted
+//! (`ServerControl`, which always leaves it running), and the claim suite
+//! runs over a slow line. Run alone:
 //! `cargo test -p anarchon-nats --test faults -- --test-threads=1`
 //! (`cargo xtask test-all` does, one test at a time).
 
@@ -236,6 +237,40 @@ async fn schedulers_keep_claiming_across_a_cut() {
     for store in &stores {
         assert!(connects(store) >= 2, "each store reconnected");
     }
+}
+
+/// The whole claim suite on the claim store, with every instance
+/// connecting through a [`FaultProxy`] that adds
+/// [`SLOW_LINK_LATENCY`](anarchon_testkit::SLOW_LINK_LATENCY) each way.
+///
+/// `tests/suite.rs` runs it over loopback, where a claim's publish and
+/// acknowledgement come back in microseconds and racing instances hardly
+/// overlap. Here each round trip takes milliseconds on a real TCP path, so
+/// claims of the same run are in flight together far more often, as
+/// between hosts: exclusivity, own-retry recognition and whole schedulers
+/// are checked under that interleaving too (the reliability issue: "run
+/// the claim suite through the proxy for every backend").
+mod claim_suite_through_a_slow_proxy {
+    anarchon_testkit::claim_suite!(
+        crate::common::NatsFactory::new()
+            .await
+            .behind_a_slow_proxy()
+            .await
+    );
+}
+
+/// The whole claim suite on the KV lease store, through a slow proxy, for
+/// the reasons given on `claim_suite_through_a_slow_proxy`. A KV claim
+/// reads the job's document and then swaps it (three round trips when it
+/// wins), so here racers' swaps meet revisions that changed since their
+/// read, as they would between hosts.
+mod kv_lease_claim_suite_through_a_slow_proxy {
+    anarchon_testkit::claim_suite!(
+        crate::common::NatsLeaseFactory::new()
+            .await
+            .behind_a_slow_proxy()
+            .await
+    );
 }
 
 /// The testkit's lost-reply check on the claim store: a claim whose reply

@@ -1,6 +1,7 @@
 //! Faults between the scheduler and a real PostgreSQL: a claim's reply lost
-//! on the wire, and a random history of faults. Run alone, after the
-//! suites, by `cargo xtask test-all` (`cargo test -p anarchon-pg --test faults`).
+//! on the wire, a random history of faults, a restart, and the whole claim
+//! suite over a slow line. Run alone, after the suites, by
+//! `cargo xtask test-all` (`cargo test -p anarchon-pg --test faults`).
 
 #![allow(clippy::unwrap_used)]
 
@@ -37,31 +38,31 @@ impl StoreFactory for On {
     }
 }
 
-/// The server's `host:port` and the URL with the proxy's address instead.
-fn through(url: &str, proxy: &FaultProxy) -> (String, String) {
-    let (scheme, rest) = url.split_once("://").unwrap();
-    let (auth, rest) = rest.rsplit_once('@').map_or(("", rest), |(a, r)| (a, r));
-    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let at = if auth.is_empty() {
-        String::new()
-    } else {
-        format!("{auth}@")
-    };
-    (
-        host.to_owned(),
-        format!("{scheme}://{at}{}{path}", proxy.address()),
-    )
+/// The whole claim suite, with every instance connecting through a
+/// [`FaultProxy`] that adds [`SLOW_LINK_LATENCY`](anarchon_testkit::SLOW_LINK_LATENCY) each way.
+///
+/// `tests/suite.rs` runs it over loopback, where a claim's one round trip
+/// comes back in microseconds and racing instances hardly overlap. Here
+/// each round trip takes milliseconds on a real TCP path, so claims of the
+/// same run are in flight together far more often, as between hosts:
+/// exclusivity, own-retry recognition and whole schedulers are checked
+/// under that interleaving too (the reliability issue: "run the claim suite through the
+/// proxy for every backend").
+mod claim_suite_through_a_slow_proxy {
+    anarchon_testkit::claim_suite!(
+        crate::common::PgFactory::new()
+            .await
+            .behind_a_slow_proxy()
+            .await
+    );
 }
 
 #[tokio::test]
 async fn a_lost_claim_reply_still_gives_the_run_one_winner() {
     let url = common::url().await;
     let table = common::fresh_table();
-    let host = url.split_once("://").unwrap().1;
-    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
-    let host = &host[..host.find('/').unwrap_or(host.len())];
-    let proxy = FaultProxy::start(host).await.unwrap();
-    let (_, proxied) = through(&url, &proxy);
+    let proxy = FaultProxy::start(common::upstream(&url)).await.unwrap();
+    let proxied = common::via(&url, &proxy);
     let direct = On {
         url: url.clone(),
         table: table.clone(),

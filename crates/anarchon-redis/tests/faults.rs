@@ -1,6 +1,6 @@
 //! Faults: Redis unreachable, a line that drops or hangs, scripts flushed
-//! mid-run, another server behind the same address, and an eviction
-//! policy that can forget runs.
+//! mid-run, another server behind the same address, an eviction policy
+//! that can forget runs, and the claim suite over a slow line.
 //!
 //! None of them stops the shared server: a proxy in front of it drops or
 //! freezes the line. Two disturb the whole server briefly (SCRIPT FLUSH,
@@ -426,6 +426,40 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
         .await
         .unwrap();
     assert_eq!(store.server().eviction, EvictionFinding::NoEviction);
+}
+
+/// The whole claim suite on the `lease` strategy, with every instance
+/// connecting through a [`anarchon_testkit::FaultProxy`] that adds
+/// [`SLOW_LINK_LATENCY`](anarchon_testkit::SLOW_LINK_LATENCY) each way.
+///
+/// `tests/suite.rs` runs it over loopback, where a claim's pipeline comes
+/// back in microseconds and racing instances hardly overlap. Here each
+/// round trip takes milliseconds on a real TCP path, so claims of the same
+/// run are in flight together far more often, as between hosts: exclusivity,
+/// own-retry recognition and whole schedulers are checked under that
+/// interleaving too (the reliability issue: "run the claim suite through the
+/// proxy for every backend").
+mod lease_claim_suite_through_a_slow_proxy {
+    anarchon_testkit::claim_suite!(
+        crate::common::LeaseFactory::new()
+            .await
+            .behind_a_slow_proxy()
+            .await
+    );
+}
+
+/// The whole claim suite on the claim-only `stream-id` strategy, through a
+/// slow proxy, for the reasons given on
+/// `lease_claim_suite_through_a_slow_proxy`. Its claim is one pipelined
+/// round trip (`XADD`, then `XRANGE` to recognise an own retry), so here
+/// racers' pipelines overlap on the server as they would between hosts.
+mod stream_id_claim_suite_through_a_slow_proxy {
+    anarchon_testkit::claim_suite!(
+        crate::common::StreamIdFactory::new()
+            .await
+            .behind_a_slow_proxy()
+            .await
+    );
 }
 
 /// The testkit's lost-reply check, through the testkit's proxy.

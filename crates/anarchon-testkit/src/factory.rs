@@ -112,3 +112,72 @@ impl StoreFactory for ClaimOnlyFactory {
         self.clock.clone()
     }
 }
+
+/// How much a [`ProxiedFactory`] made by the backends' "slow link" suites
+/// delays each chunk, each way: enough that racing claims overlap as they
+/// would between hosts, little enough for a suite to stay quick.
+pub const SLOW_LINK_LATENCY: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// A factory whose instances all reach the server through one
+/// [`FaultProxy`](crate::FaultProxy), which lives as long as the factory.
+///
+/// `factory` must already point at the proxy. Every new instance has to
+/// open a connection through it: a URL that misses the proxy fails the test
+/// instead of quietly testing the direct path. `K` is anything else to keep
+/// alive as long (say, the direct factory that cleans up at the end).
+pub struct ProxiedFactory<F, K = ()> {
+    factory: F,
+    proxy: crate::FaultProxy,
+    _keep: K,
+}
+
+impl<F: StoreFactory> ProxiedFactory<F> {
+    /// Wraps `factory`, whose instances connect through `proxy`.
+    pub fn new(factory: F, proxy: crate::FaultProxy) -> Self {
+        Self {
+            factory,
+            proxy,
+            _keep: (),
+        }
+    }
+
+    /// Also keeps `keep` alive until the factory is dropped.
+    pub fn keeping<K: Send + Sync + 'static>(self, keep: K) -> ProxiedFactory<F, K> {
+        ProxiedFactory {
+            factory: self.factory,
+            proxy: self.proxy,
+            _keep: keep,
+        }
+    }
+}
+
+impl<F, K> ProxiedFactory<F, K> {
+    /// The proxy, to inject faults while a check runs.
+    pub fn proxy(&self) -> &crate::FaultProxy {
+        &self.proxy
+    }
+
+    /// The wrapped factory.
+    pub fn factory(&self) -> &F {
+        &self.factory
+    }
+}
+
+#[async_trait]
+impl<F: StoreFactory, K: Send + Sync + 'static> StoreFactory for ProxiedFactory<F, K> {
+    type Store = F::Store;
+
+    async fn instance(&self) -> Arc<F::Store> {
+        let before = self.proxy.connections();
+        let store = self.factory.instance().await;
+        assert!(
+            self.proxy.connections() > before,
+            "a new instance opened no connection through the proxy"
+        );
+        store
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.factory.clock()
+    }
+}

@@ -35,7 +35,9 @@ pub mod stores;
 pub mod tls;
 
 pub use crate::clock::{SkewedClock, TestClock};
-pub use crate::factory::{ClaimOnlyFactory, MemoryFactory, StoreFactory};
+pub use crate::factory::{
+    ClaimOnlyFactory, MemoryFactory, ProxiedFactory, SLOW_LINK_LATENCY, StoreFactory,
+};
 pub use crate::proxy::FaultProxy;
 pub use crate::stores::{ClaimOnlyStore, Faulty, FencedResource};
 pub use crate::tls::{Handshake, TlsTerminator};

@@ -1,14 +1,16 @@
-//! What the NATS tests share: the server, factories for the suites, and
-//! clean-up of the streams and buckets tests create.
+//! What the NATS tests share: the server, factories for the suites
+//! (directly or behind the testkit's slow proxy), and clean-up of the
+//! streams and buckets tests create.
 
 #![allow(dead_code)]
 
+use anarchon_testkit::{ProxiedFactory, SLOW_LINK_LATENCY};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsLeaseOptions, NatsLeaseStore, NatsOptions};
-use anarchon_testkit::StoreFactory;
 use anarchon_testkit::servers::{Service, require, unique_prefix};
+use anarchon_testkit::{FaultProxy, StoreFactory};
 
 /// The duplicate window the suites use: long enough for the default
 /// `max_late` (60 s + 10 s margin).
@@ -30,6 +32,17 @@ pub(crate) fn upstream(url: &str) -> String {
     } else {
         format!("{host}:4222")
     }
+}
+
+/// A proxy in front of the test server that delays each chunk by
+/// [`SLOW_LINK_LATENCY`] both ways, and its `nats://` URL.
+async fn slow_proxy() -> (FaultProxy, String) {
+    let proxy = FaultProxy::start(upstream(&url().await))
+        .await
+        .expect("a local port for the proxy");
+    proxy.set_latency(SLOW_LINK_LATENCY);
+    let url = format!("nats://{}", proxy.address());
+    (proxy, url)
 }
 
 /// Claim options on a fresh prefix (and so a fresh stream).
@@ -116,6 +129,14 @@ impl NatsFactory {
             claims: self.claims.clone(),
         }
     }
+
+    /// This factory with every instance behind one [`FaultProxy`] that
+    /// delays each chunk by [`SLOW_LINK_LATENCY`] both ways (and the 1 s
+    /// call limit of [`Self::through`]).
+    pub(crate) async fn behind_a_slow_proxy(self) -> ProxiedFactory<Self, Self> {
+        let (proxy, url) = slow_proxy().await;
+        ProxiedFactory::new(self.through(url), proxy).keeping(self)
+    }
 }
 
 #[async_trait::async_trait]
@@ -172,6 +193,14 @@ impl NatsLeaseFactory {
             connection: NatsOptions::new(url).timeout(Duration::from_secs(1)),
             leases: self.leases.clone(),
         }
+    }
+
+    /// This factory with every instance behind one [`FaultProxy`] that
+    /// delays each chunk by [`SLOW_LINK_LATENCY`] both ways (and the 1 s
+    /// call limit of [`Self::through`]).
+    pub(crate) async fn behind_a_slow_proxy(self) -> ProxiedFactory<Self, Self> {
+        let (proxy, url) = slow_proxy().await;
+        ProxiedFactory::new(self.through(url), proxy).keeping(self)
     }
 }
 

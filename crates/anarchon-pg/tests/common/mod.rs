@@ -1,13 +1,14 @@
 //! What the PostgreSQL tests share: the server, a factory with its own
-//! table per test, and clean-up.
+//! table per test (directly or through a slow proxy), and clean-up.
 
 #![allow(dead_code, unreachable_pub)]
 
+use anarchon_testkit::{ProxiedFactory, SLOW_LINK_LATENCY};
 use std::sync::Arc;
 
 use anarchon_pg::{PgOptions, PgStore, TableName};
-use anarchon_testkit::StoreFactory;
 use anarchon_testkit::servers::{Service, require, unique_prefix};
+use anarchon_testkit::{FaultProxy, StoreFactory};
 use async_trait::async_trait;
 use sqlx::{Connection, PgConnection};
 
@@ -29,21 +30,71 @@ pub async fn admin(url: &str) -> PgConnection {
         .unwrap_or_else(|e| panic!("cannot connect to the test server: {e}"))
 }
 
+/// `url` split around its `host[:port]`: (scheme and user, host, rest).
+fn split_host(url: &str) -> (String, &str, &str) {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((user, host)) => (format!("{scheme}://{user}@"), host, tail),
+        None => (format!("{scheme}://"), authority, tail),
+    }
+}
+
+/// The server's `host:port` in `url`.
+pub fn upstream(url: &str) -> String {
+    let (_, host, _) = split_host(url);
+    if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:5432")
+    }
+}
+
+/// `url` with `proxy`'s address in place of the server's.
+pub fn via(url: &str, proxy: &FaultProxy) -> String {
+    let (head, _, tail) = split_host(url);
+    format!("{head}{}{tail}", proxy.address())
+}
+
 /// One table per test; every [`StoreFactory::instance`] is a new
 /// [`PgStore`] with its own pool. The table and its objects are dropped
 /// when the factory is, even when the test failed.
 pub struct PgFactory {
     url: String,
+    /// Where instances connect: `url`, or a proxy in front of it.
+    connect_to: String,
     table: TableName,
 }
 
 impl PgFactory {
     /// A factory on a fresh table.
     pub async fn new() -> Self {
+        let url = url().await;
         Self {
-            url: url().await,
+            connect_to: url.clone(),
+            url,
             table: fresh_table(),
         }
+    }
+
+    /// This factory with instances that connect to `url` (a proxy in front
+    /// of the server) instead; [`Self::url`] and the clean-up still go
+    /// straight to the server.
+    pub fn through(mut self, url: String) -> Self {
+        self.connect_to = url;
+        self
+    }
+
+    /// This factory with every instance behind one [`FaultProxy`] that
+    /// delays each chunk by [`SLOW_LINK_LATENCY`] both ways.
+    pub async fn behind_a_slow_proxy(self) -> ProxiedFactory<Self> {
+        let proxy = FaultProxy::start(upstream(&self.url))
+            .await
+            .expect("a local port for the proxy");
+        proxy.set_latency(SLOW_LINK_LATENCY);
+        let url = via(&self.url, &proxy);
+        ProxiedFactory::new(self.through(url), proxy)
     }
 
     /// The server's URL.
@@ -58,7 +109,7 @@ impl PgFactory {
 
     /// The options every instance uses: a small pool of its own.
     pub fn options(&self) -> PgOptions {
-        PgOptions::new(&self.url)
+        PgOptions::new(&self.connect_to)
             .table_name(self.table.clone())
             .pool_size(2)
     }

@@ -1,10 +1,12 @@
-//! What the Redis tests share: factories per strategy, raw access to the
-//! server, and a proxy that counts commands and can cut or freeze the line.
+//! What the Redis tests share: factories per strategy (directly or behind
+//! the testkit's slow proxy), raw access to the server, and a proxy that
+//! counts commands and can cut or freeze the line.
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 pub mod proxy;
 
+use anarchon_testkit::{ProxiedFactory, SLOW_LINK_LATENCY};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,8 +15,8 @@ use anarchon_redis::{
     RedisIdmpStore, RedisLeaseStore, RedisOptions, RedisScriptStore, RedisStoreError,
     RedisStreamIdStore, Version,
 };
-use anarchon_testkit::StoreFactory;
 use anarchon_testkit::servers::{Service, require, unique_prefix};
+use anarchon_testkit::{FaultProxy, StoreFactory};
 use deadpool_redis::redis::{self, AsyncCommands};
 
 /// The test server's URL (fails the test with instructions if there is none).
@@ -138,6 +140,17 @@ pub async fn server_version(url: &str) -> (String, Version) {
     ("Redis".into(), Version::parse(&v).unwrap())
 }
 
+/// `url` with `proxy`'s address in place of the server's `host[:port]`.
+pub fn via(url: &str, proxy: &FaultProxy) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let user = authority
+        .rsplit_once('@')
+        .map_or(String::new(), |(user, _)| format!("{user}@"));
+    format!("{scheme}://{user}{}{tail}", proxy.address())
+}
+
 macro_rules! factory {
     ($name:ident, $store:ty, $stem:literal, |$opts:ident| $connect:expr) => {
         /// A namespace (key prefix) on the test server; each instance is a
@@ -158,6 +171,27 @@ macro_rules! factory {
                     opts,
                     _cleanup,
                 }
+            }
+
+            /// This factory's prefix, with instances that connect to `url`
+            /// (a proxy in front of the server) instead; the clean-up still
+            /// goes straight to the server.
+            pub fn through(mut self, url: &str) -> Self {
+                self.opts = RedisOptions::new(url)
+                    .prefix(&self.prefix)
+                    .expect("unique prefixes are valid");
+                self
+            }
+
+            /// This factory with every instance behind one [`FaultProxy`]
+            /// that delays each chunk by [`SLOW_LINK_LATENCY`] both ways.
+            pub async fn behind_a_slow_proxy(self) -> ProxiedFactory<Self> {
+                let proxy = FaultProxy::start(proxy::host_port(&self.url))
+                    .await
+                    .expect("a local port for the proxy");
+                proxy.set_latency(SLOW_LINK_LATENCY);
+                let url = via(&self.url, &proxy);
+                ProxiedFactory::new(self.through(&url), proxy)
             }
 
             pub async fn connect(&self) -> Result<$store, RedisStoreError> {
