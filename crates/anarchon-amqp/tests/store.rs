@@ -110,6 +110,52 @@ async fn a_gate_declared_with_other_arguments_is_named() {
     assert!(matches!(next, ClaimOutcome::Won(_)), "{next:?}");
 }
 
+/// A quorum queue can take more than `x-max-length` messages while its
+/// leader changes, so a gate must be a classic queue. When a quorum queue
+/// already holds a gate's name (declared by hand, or by a tool that makes
+/// every queue a quorum queue), the claim is refused with the queue named,
+/// never won through it. (The broker names the first argument that differs,
+/// which may be `x-expires` rather than the type.)
+#[tokio::test]
+async fn a_quorum_queue_in_a_gates_place_is_refused_by_name() {
+    let store = connect(options().await).await;
+    let req = request("quorum", 1_000);
+    let gate = store.gate_queue(&req.run);
+    let connection = Connection::connect(&url().await, ConnectionProperties::default())
+        .await
+        .unwrap();
+    let channel = connection.create_channel().await.unwrap();
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    channel
+        .queue_declare(
+            gate.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            arguments,
+        )
+        .await
+        .unwrap();
+    let result = store.claim(&req).await;
+    channel
+        .queue_delete(gate.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let err = result.expect_err("a claim through a quorum queue must not be won");
+    assert_eq!(err.kind(), StoreErrorKind::Invalid, "{err}");
+    assert!(err.message().contains(&gate), "{err}");
+    assert!(
+        err.message()
+            .contains("already exists with other arguments"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn the_longest_prefix_job_and_slot_make_valid_queue_names() {
     let prefix = {

@@ -135,6 +135,7 @@ command = ["sh", "-c", "{long}; exec sleep 60"]
         },
         || fleet.logs(),
     );
+    let takeover_ms = now_ms() - killed_at;
     fleet.groups.push(takeover.group);
 
     // Stop the survivors gracefully.
@@ -166,6 +167,14 @@ command = ["sh", "-c", "{long}; exec sleep 60"]
         "a survivor ran attempt 2"
     );
     assert!(pids.contains(&takeover.daemon), "{takeover:?} {pids:?}");
+    // The dead runner's lease ends at most one lease (1 s) after its last
+    // heartbeat, itself at most one heartbeat (300 ms) before the kill. The
+    // extra second covers starting the command and reading the log here.
+    eprintln!("takeover seen {takeover_ms} ms after the kill");
+    assert!(
+        takeover_ms <= 1000 + 300 + 1000,
+        "a survivor took over {takeover_ms} ms after the kill; the bound is lease + heartbeat (+1 s to start the command and see it)"
+    );
 
     // No (job, slot, attempt) was ever run twice, before or after the kill.
     let mut runs: BTreeMap<(String, i64, u32), Vec<u32>> = BTreeMap::new();
