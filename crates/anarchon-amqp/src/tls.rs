@@ -13,9 +13,7 @@
 
 use std::path::Path;
 
-use rustls::RootCertStore;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject as _;
+use anarchon_core::tls::{read_authorities, rustls_error_in};
 
 use crate::error::Error;
 
@@ -23,48 +21,13 @@ use crate::error::Error;
 /// that it holds at least one certificate and that every certificate in it
 /// can serve as a trust anchor.
 pub(crate) fn read_ca_file(path: &Path) -> Result<String, Error> {
-    let failed = |reason: String, source: Option<std::io::Error>| Error::CaFile {
-        path: path.to_owned(),
-        reason,
-        source,
-    };
-    let bytes =
-        std::fs::read(path).map_err(|e| failed(format!("it cannot be read ({e})"), Some(e)))?;
-    let pem = String::from_utf8(bytes).map_err(|_| {
-        failed(
-            "it is not a PEM text file (a DER file? convert it with `openssl x509 -inform der`)"
-                .into(),
-            None,
-        )
-    })?;
-    let mut roots = RootCertStore::empty();
-    let mut count = 0;
-    for (index, cert) in CertificateDer::pem_slice_iter(pem.as_bytes()).enumerate() {
-        let cert = cert.map_err(|e| {
-            failed(
-                format!("certificate {} is not valid PEM ({e})", index + 1),
-                None,
-            )
-        })?;
-        roots.add(cert).map_err(|e| {
-            failed(
-                format!(
-                    "certificate {} cannot be used as an authority ({e})",
-                    index + 1
-                ),
-                None,
-            )
-        })?;
-        count += 1;
-    }
-    if count == 0 {
-        return Err(failed(
-            "it holds no certificate (expected one or more -----BEGIN CERTIFICATE----- blocks)"
-                .into(),
-            None,
-        ));
-    }
-    Ok(pem)
+    read_authorities(path)
+        .map(|authorities| authorities.pem)
+        .map_err(|problem| Error::CaFile {
+            path: path.to_owned(),
+            reason: problem.reason,
+            source: problem.source,
+        })
 }
 
 /// What TLS reported, if `e` is a failed TLS handshake (as opposed to a
@@ -81,7 +44,7 @@ pub(crate) fn handshake_failure(e: &lapin::Error) -> Option<String> {
             "{inner}: the system's certificate store is empty or unreadable; install the system's CA certificates (e.g. the ca-certificates package), or point SSL_CERT_FILE at a PEM file of the authorities to trust"
         ));
     }
-    let tls = inner.downcast_ref::<rustls::Error>()?;
+    let tls = rustls_error_in(inner)?;
     let hint = match tls {
         rustls::Error::InvalidCertificate(_) => {
             "the broker's certificate must be signed by an authority the store trusts (the system's root certificates, or one in the file given with tls_ca_file) and name the URL's host"
@@ -130,7 +93,7 @@ mod tests {
     fn a_missing_ca_file_is_named() {
         let path = std::env::temp_dir().join("anarchon-amqp-no-such-ca.pem");
         let (err, text) = ca_file_error(&path);
-        assert!(text.contains("cannot be read"), "{text}");
+        assert!(text.contains("cannot read it"), "{text}");
         assert!(std::error::Error::source(&err).is_some());
         assert!(!err.is_temporary());
     }

@@ -9,6 +9,8 @@ pub mod schedule;
 pub mod scheduler;
 pub mod store;
 pub mod time;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::error::{BoxError, ConfigError, StoreError, StoreErrorKind};

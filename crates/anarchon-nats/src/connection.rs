@@ -39,6 +39,8 @@ pub(crate) async fn connect(options: &NatsOptions) -> Result<Connected, Error> {
         .request_timeout(Some(options.get_timeout()))
         .name(options.get_connection_name());
     if options.uses_tls() {
+        // Without a CA file async-nats builds its TLS configuration from
+        // rustls's process-wide provider: make sure there is one.
         tls::install_ring_provider();
         connect = connect.require_tls(true);
         if options.get_tls_first() {

@@ -9,23 +9,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
+pub(crate) use anarchon_core::tls::install_ring_provider;
+use anarchon_core::tls::{read_authorities, rustls_error_in};
 use async_nats::rustls;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject as _;
 
 use crate::error::Error;
-
-/// Makes sure rustls has a process-wide crypto provider.
-///
-/// Without a CA file, async-nats builds its TLS configuration with
-/// `rustls::ClientConfig::builder()`, which takes the process's default
-/// provider and panics when there is none and rustls cannot pick one from
-/// its features — as happens when another dependency compiles in
-/// aws-lc-rs too. This installs ring, the provider async-nats is built
-/// with here. A provider the application installed first stays.
-pub(crate) fn install_ring_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
 
 /// A client configuration that trusts the authorities in the PEM file at
 /// `path`, and only those.
@@ -35,58 +23,27 @@ pub(crate) fn install_ring_provider() {
 /// [`Error::TlsCaFile`] naming the file when it cannot be read, holds no
 /// certificate, or holds one that is not valid or cannot be an authority.
 pub(crate) fn trusting(path: &Path) -> Result<rustls::ClientConfig, Error> {
-    let roots = read_authorities(path)?;
+    let ca_error = |reason: String, source: Option<std::io::Error>| Error::TlsCaFile {
+        path: path.to_owned(),
+        reason,
+        source,
+    };
+    let roots = read_authorities(path)
+        .map_err(|problem| ca_error(problem.reason, problem.source))?
+        .roots;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| ca_error(path, format!("no TLS version fits: {e}")))?
+        .map_err(|e| ca_error(format!("no TLS version fits: {e}"), None))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(config)
 }
 
-fn ca_error(path: &Path, reason: String) -> Error {
-    Error::TlsCaFile {
-        path: path.to_owned(),
-        reason,
-        source: None,
-    }
-}
-
-/// The certificates in the PEM file at `path`, each checked to be usable
-/// as a trust anchor.
-fn read_authorities(path: &Path) -> Result<rustls::RootCertStore, Error> {
-    // A small local file, read once per connect.
-    let pem = std::fs::read(path).map_err(|e| Error::TlsCaFile {
-        path: path.to_owned(),
-        reason: format!("cannot read it: {e}"),
-        source: Some(e),
-    })?;
-    let mut roots = rustls::RootCertStore::empty();
-    for (n, cert) in CertificateDer::pem_slice_iter(&pem).enumerate() {
-        let cert = cert
-            .map_err(|e| ca_error(path, format!("certificate {} is not valid PEM: {e}", n + 1)))?;
-        roots.add(cert).map_err(|e| {
-            ca_error(
-                path,
-                format!("certificate {} cannot be used as an authority: {e}", n + 1),
-            )
-        })?;
-    }
-    if roots.is_empty() {
-        return Err(ca_error(
-            path,
-            "it holds no certificate (expected PEM blocks starting with -----BEGIN CERTIFICATE-----)"
-                .to_owned(),
-        ));
-    }
-    Ok(roots)
-}
-
 /// If `error` (a failed connect) is a failed TLS handshake: what failed,
 /// and what to check.
 pub(crate) fn handshake_failure(error: &async_nats::ConnectError) -> Option<String> {
-    if let Some(tls) = rustls_error(error) {
+    if let Some(tls) = rustls_error_in(error) {
         let hint = match tls {
             rustls::Error::InvalidCertificate(_) => {
                 "the server's certificate is not trusted: if a private certificate authority signed it, give that authority with tls_ca_file; check too that the certificate names the URL's host"
@@ -101,29 +58,6 @@ pub(crate) fn handshake_failure(error: &async_nats::ConnectError) -> Option<Stri
     }
     (error.kind() == async_nats::ConnectErrorKind::Tls)
         .then(|| format!("the TLS configuration could not be made ({error})"))
-}
-
-/// The rustls error somewhere in `error`'s chain of causes, looking inside
-/// the I/O errors tokio-rustls wraps it in.
-fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    let mut next = Some(error);
-    while let Some(error) = next {
-        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
-            return Some(tls);
-        }
-        if let Some(inner) = error
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-        {
-            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
-                return Some(tls);
-            }
-            next = Some(inner);
-            continue;
-        }
-        next = error.source();
-    }
-    None
 }
 
 #[cfg(test)]

@@ -101,33 +101,21 @@ pub(crate) fn secret_of(url: &str) -> Option<&str> {
 mod enabled {
     use std::path::Path;
 
+    use anarchon_core::tls::{install_ring_provider, read_authorities, rustls_error_in};
     use deadpool_redis::redis::{
         Client, ConnectionAddr, ConnectionInfo, RedisError, TlsCertificates,
     };
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject as _;
 
     use crate::error::RedisStoreError;
     use crate::options::RedisOptions;
-
-    /// Makes sure rustls has a process-wide crypto provider.
-    ///
-    /// The Redis client builds its TLS configuration with
-    /// `rustls::ClientConfig::builder()`, which takes the process's default
-    /// provider and panics when there is none and rustls cannot pick one
-    /// from its features — as happens when another dependency also
-    /// compiles in aws-lc-rs. This installs ring, the provider this crate
-    /// builds rustls with. If the application installed a provider first,
-    /// that one stays.
-    pub(crate) fn install_ring_provider() {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
 
     /// `info` (a TLS address) with the trusted authorities of `opts`.
     pub(crate) fn secure(
         info: ConnectionInfo,
         opts: &RedisOptions,
     ) -> Result<ConnectionInfo, RedisStoreError> {
+        // The client builds its TLS configuration from rustls's
+        // process-wide provider: make sure there is one.
         install_ring_provider();
         if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
             return Err(RedisStoreError::InvalidUrl {
@@ -159,39 +147,20 @@ mod enabled {
     }
 
     /// The PEM file at `path`, checked to hold at least one certificate
-    /// usable as a trust anchor.
+    /// usable as a trust anchor. A small local file, read once per connect.
     fn read_ca(path: &Path) -> Result<Vec<u8>, RedisStoreError> {
-        // A small local file, read once per connect.
-        let pem = std::fs::read(path).map_err(|e| RedisStoreError::CaFile {
-            path: path.to_owned(),
-            reason: format!("cannot read it: {e}"),
-            source: Some(e),
-        })?;
-        let mut roots = rustls::RootCertStore::empty();
-        for (n, cert) in CertificateDer::pem_slice_iter(&pem).enumerate() {
-            let cert = cert.map_err(|e| {
-                ca_error(path, format!("certificate {} is not valid PEM: {e}", n + 1))
-            })?;
-            roots.add(cert).map_err(|e| {
-                ca_error(
-                    path,
-                    format!("certificate {} cannot be used as an authority: {e}", n + 1),
-                )
-            })?;
-        }
-        if roots.is_empty() {
-            return Err(ca_error(
-                path,
-                "it holds no certificate (expected PEM blocks starting with -----BEGIN CERTIFICATE-----)"
-                    .to_owned(),
-            ));
-        }
-        Ok(pem)
+        read_authorities(path)
+            .map(|authorities| authorities.pem.into_bytes())
+            .map_err(|problem| RedisStoreError::CaFile {
+                path: path.to_owned(),
+                reason: problem.reason,
+                source: problem.source,
+            })
     }
 
     /// If `err` is a failed TLS handshake, what failed and what to check.
     pub(crate) fn handshake_failure(err: &RedisError) -> Option<String> {
-        let tls = rustls_error(err)?;
+        let tls = rustls_error_in(err)?;
         let hint = match tls {
             rustls::Error::InvalidCertificate(_) => {
                 "the server's certificate is not trusted: if a private authority signed it, give that authority with tls_ca_file; check too that the certificate names the URL's host"
@@ -205,42 +174,6 @@ mod enabled {
             _ => "check the server's TLS settings",
         };
         Some(format!("{tls}; {hint}"))
-    }
-
-    /// The rustls error inside a client error, looking through the
-    /// `io::Error` that tokio-rustls wraps it in.
-    fn rustls_error(err: &RedisError) -> Option<&rustls::Error> {
-        use std::error::Error;
-        use std::sync::Arc;
-
-        fn inside<'a>(e: &'a (dyn Error + 'static)) -> Option<&'a rustls::Error> {
-            if let Some(tls) = e.downcast_ref::<rustls::Error>() {
-                return Some(tls);
-            }
-            if let Some(io) = e.downcast_ref::<std::io::Error>() {
-                return io.get_ref()?.downcast_ref::<rustls::Error>();
-            }
-            // The client keeps its cause as an `Arc<dyn Error>`.
-            if let Some(shared) = e.downcast_ref::<Arc<dyn Error + Send + Sync>>() {
-                let inner: &(dyn Error + 'static) = &**shared;
-                if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
-                    return Some(tls);
-                }
-                if let Some(io) = inner.downcast_ref::<std::io::Error>() {
-                    return io.get_ref()?.downcast_ref::<rustls::Error>();
-                }
-            }
-            None
-        }
-
-        let mut next = err.source();
-        while let Some(e) = next {
-            if let Some(tls) = inside(e) {
-                return Some(tls);
-            }
-            next = e.source();
-        }
-        None
     }
 }
 
