@@ -8,6 +8,7 @@ use lapin::uri::AMQPUri;
 
 use crate::error::Error;
 use crate::names;
+use anarchon_core::url::percent_decode;
 
 /// The queue-name prefix unless told otherwise: gate queues are named
 /// `anarchon.<job>.slot.<slot>`.
@@ -355,28 +356,6 @@ impl fmt::Debug for AmqpOptions {
     }
 }
 
-/// `text` with its `%XX` escapes decoded; `None` for a broken escape or a
-/// result that is not UTF-8.
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return None;
-            }
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 /// The part of a URL between `://` and the path.
 fn authority(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
@@ -517,9 +496,6 @@ mod tests {
         } else {
             assert!(matches!(err, Error::TlsNotEnabled { .. }), "{err:?}");
         }
-        assert_eq!(percent_decode("a%20b%2Fc"), Some("a b/c".to_owned()));
-        assert_eq!(percent_decode("a%2"), None);
-        assert_eq!(percent_decode("a%+1"), None);
         assert!(AmqpOptions::from_url("amqps://u:p@h/%2f?tls_ca_file=%zz").is_err());
         let shown = format!(
             "{:?}",

@@ -818,23 +818,8 @@ fn parse_redis(url: &str) -> Result<Backend, String> {
 /// A query value with its `%XX` escapes decoded (a file path may hold
 /// characters a URL must escape).
 fn percent_decoded(key: &str, value: &str) -> Result<String, String> {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = value
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| format!("{key} has a broken %-escape"))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| format!("{key} is not UTF-8 once decoded"))
+    anarchon::url::percent_decode(value)
+        .ok_or_else(|| format!("{key} has a broken %-escape or is not UTF-8 once decoded"))
 }
 
 fn check_with_redis_client(url: &str) -> Result<(), String> {

@@ -11,6 +11,7 @@ pub mod store;
 pub mod time;
 #[cfg(feature = "tls")]
 pub mod tls;
+pub mod url;
 
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::error::{BoxError, ConfigError, StoreError, StoreErrorKind};

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::Error;
+use anarchon_core::url::percent_decode;
 
 /// How long one store call may wait for the server unless told otherwise.
 /// Kept below the scheduler's own 10 s limit per store call.
@@ -356,23 +357,6 @@ fn is_secret_param(key: &str) -> bool {
     ["pass", "token", "secret", "key", "cred", "jwt", "seed"]
         .iter()
         .any(|word| key.contains(word))
-}
-
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// Checks a name prefix: segments of `[A-Za-z0-9_-]` joined by `.`.
