@@ -266,7 +266,10 @@ struct On(anarchon_amqp::AmqpOptions);
 impl anarchon_testkit::StoreFactory for On {
     type Store = anarchon_amqp::AmqpStore;
 
-    async fn instance(&self) -> std::sync::Arc<anarchon_amqp::AmqpStore> {
+    async fn instance_with_clock(
+        &self,
+        _clock: std::sync::Arc<dyn anarchon_core::Clock>,
+    ) -> std::sync::Arc<anarchon_amqp::AmqpStore> {
         std::sync::Arc::new(common::connect(self.0.clone()).await)
     }
 }

@@ -25,7 +25,8 @@ struct On {
 impl StoreFactory for On {
     type Store = PgStore;
 
-    async fn instance(&self) -> Arc<PgStore> {
+    /// As `PgFactory`: nothing on the client side reads a clock.
+    async fn instance_with_clock(&self, _clock: Arc<dyn anarchon_core::Clock>) -> Arc<PgStore> {
         Arc::new(
             PgStore::connect_with(
                 PgOptions::new(&self.url)

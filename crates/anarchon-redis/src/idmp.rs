@@ -4,11 +4,11 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anarchon_core::{
-    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseStore, Memory,
-    StoreError, Token, Win,
+    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Clock, JobName, LeaseStore,
+    Memory, StoreError, Token, Win,
 };
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
@@ -60,6 +60,8 @@ pub struct RedisIdmpStore {
     /// Jobs whose stream is known to be set up, for the connection generation.
     ready: Mutex<(u64, HashSet<JobName>)>,
     lost_entries: AtomicU64,
+    /// Where the trimming horizon reads "now" ([`RedisOptions::clock`]).
+    clock: Arc<dyn Clock>,
 }
 
 impl fmt::Debug for RedisIdmpStore {
@@ -120,6 +122,7 @@ impl RedisIdmpStore {
         Ok(Self {
             link,
             prefix: opts.prefix.clone(),
+            clock: opts.clock.clone(),
             duration,
             ready: Mutex::new((0, HashSet::new())),
             lost_entries: AtomicU64::new(0),
@@ -215,9 +218,7 @@ impl RedisIdmpStore {
         // Entries far older than the IDMP memory can go; never one that an
         // id Redis still remembers could point to.
         let keep_ms = (2 * self.duration.as_millis() + 3_600_000) as i64;
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
+        let now_ms = self.clock.now().as_millis();
         let mut id = None;
         for _ in 0..2 {
             self.set_up(&req.run.job, &key).await?;

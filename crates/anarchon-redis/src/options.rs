@@ -2,7 +2,10 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+
+use anarchon_core::{Clock, SystemClock};
 
 use crate::error::RedisStoreError;
 
@@ -100,6 +103,7 @@ pub struct RedisOptions {
     pub(crate) response_timeout: Duration,
     pub(crate) eviction: EvictionCheck,
     pub(crate) tls_ca_file: Option<PathBuf>,
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 impl RedisOptions {
@@ -123,7 +127,17 @@ impl RedisOptions {
             response_timeout: Self::DEFAULT_RESPONSE_TIMEOUT,
             eviction: EvictionCheck::Warn,
             tls_ca_file: None,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// The clock this process reads where a strategy computes something on
+    /// the client side (default: the system clock). Only `idmp` does: it
+    /// trims entries far older than its memory. No strategy decides who
+    /// runs a slot with it; the lease strategy reads Redis's `TIME`.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The key prefix (default `cron`).
@@ -199,7 +213,7 @@ impl fmt::Debug for RedisOptions {
             .field("response_timeout", &self.response_timeout)
             .field("eviction", &self.eviction)
             .field("tls_ca_file", &self.tls_ca_file)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 

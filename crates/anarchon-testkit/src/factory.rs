@@ -20,11 +20,25 @@ pub trait StoreFactory: Send + Sync + 'static {
     /// The store type.
     type Store: ClaimStore;
 
-    /// A new handle onto this factory's namespace.
+    /// A new handle onto this factory's namespace, opened as an instance
+    /// whose process clock reads `clock` would open it.
+    ///
+    /// The kit gives instances clocks a minute off the store's to check
+    /// that a lease store decides on its own clock only. Whatever the
+    /// store computes on the client side (a trimming horizon, an estimate
+    /// of the server's time) must read `clock`, so those checks reach it; a
+    /// store with nothing on the client side ignores it, and its factory
+    /// says why in a comment.
     ///
     /// Panics (failing the test with a message that says how to provide a
     /// server) when the store cannot be reached.
-    async fn instance(&self) -> Arc<Self::Store>;
+    async fn instance_with_clock(&self, clock: Arc<dyn Clock>) -> Arc<Self::Store>;
+
+    /// A new handle onto this factory's namespace, on the factory's
+    /// [`clock`](Self::clock).
+    async fn instance(&self) -> Arc<Self::Store> {
+        self.instance_with_clock(self.clock()).await
+    }
 
     /// A clock that reads about what the store's clock reads. Real servers:
     /// the system clock. In-process stores on a [`TestClock`]: that clock.
@@ -67,7 +81,9 @@ impl Default for MemoryFactory {
 impl StoreFactory for MemoryFactory {
     type Store = MemoryStore;
 
-    async fn instance(&self) -> Arc<MemoryStore> {
+    /// Every instance shares the one store, whose clock is the store's
+    /// clock: a `MemoryStore` has no client side to read `clock`.
+    async fn instance_with_clock(&self, _clock: Arc<dyn Clock>) -> Arc<MemoryStore> {
         self.store.clone()
     }
 
@@ -104,7 +120,9 @@ impl Default for ClaimOnlyFactory {
 impl StoreFactory for ClaimOnlyFactory {
     type Store = ClaimOnlyStore;
 
-    async fn instance(&self) -> Arc<ClaimOnlyStore> {
+    /// The shared store; it decides nothing on a clock (claim-only stores
+    /// leave lateness to the scheduler).
+    async fn instance_with_clock(&self, _clock: Arc<dyn Clock>) -> Arc<ClaimOnlyStore> {
         self.store.clone()
     }
 
@@ -167,9 +185,9 @@ impl<F, K> ProxiedFactory<F, K> {
 impl<F: StoreFactory, K: Send + Sync + 'static> StoreFactory for ProxiedFactory<F, K> {
     type Store = F::Store;
 
-    async fn instance(&self) -> Arc<F::Store> {
+    async fn instance_with_clock(&self, clock: Arc<dyn Clock>) -> Arc<F::Store> {
         let before = self.proxy.connections();
-        let store = self.factory.instance().await;
+        let store = self.factory.instance_with_clock(clock).await;
         assert!(
             self.proxy.connections() > before,
             "a new instance opened no connection through the proxy"

@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use anarchon_core::{
     Attempt, ClaimOutcome, FinalState, LeaseClaim, LeaseStore, MaxAttempts, Overlap, RecordState,
-    Renewal, RunKey, RunOutcome, RunState, Slot, Timestamp, Token, Win,
+    Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, Timestamp, Token, Win,
 };
 use futures::future::join_all;
 
 use crate::claim::{RACED_SLOTS, RACERS, claim_request, future_slot, job};
+use crate::clock::SkewedClock;
 use crate::factory::StoreFactory;
 
 /// The lease of checks that wait for one to run out.
@@ -675,9 +676,11 @@ where
     );
 }
 
-/// Garbage collection forgets old ended runs, keeps recent ones and keeps
-/// running runs whose lease is alive; fences keep growing afterwards.
-pub async fn garbage_collection_keeps_what_late_claims_need<F: StoreFactory>(factory: &F)
+/// `collect_garbage(keep)` deletes ended runs older than `keep` and nothing
+/// else: recent runs stay, and so does an old running run whose lease has
+/// not been over for `keep`. (That the scheduler's `keep` covers every late
+/// window is the scheduler's part, checked in the kit's scheduler tests.)
+pub async fn garbage_collection_forgets_old_ended_runs_only<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
@@ -727,6 +730,473 @@ where
     );
 }
 
+/// How far off the store's clock the skew checks set an instance's clock:
+/// more than any lease the checks use, so a store that decides on the
+/// caller's clock gets every answer wrong.
+pub const SKEW: Duration = Duration::from_secs(60);
+
+fn lease_end(view: &RunView) -> Timestamp {
+    match view.state {
+        RunState::Running { lease_until, .. } => lease_until,
+        ref other => panic!("expected a running run, got {other:?}"),
+    }
+}
+
+fn assert_store_clock(what: &str, store_now: Timestamp, reference: Timestamp) {
+    let off = (store_now.as_millis() - reference.as_millis()).abs();
+    assert!(
+        off < SKEW.as_millis() as i64 / 4,
+        "{what}: the store reported {store_now} as its clock, {off} ms off the store's \
+         clock ({reference}): it must answer with its own clock, not the caller's"
+    );
+}
+
+/// Instances whose clocks are [`SKEW`] off the store's decide nothing with
+/// them: one a minute ahead is told `Running` on a fresh lease and renews
+/// to the store's `now + lease`; one a minute behind still takes over a
+/// lease that ran out; `peek` and `Running` report the store's clock.
+pub async fn lease_expiry_is_judged_on_the_store_clock<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let store_clock = factory.clock();
+    let holder = factory.instance().await;
+    let ahead = factory
+        .instance_with_clock(SkewedClock::new(store_clock.clone(), true, SKEW))
+        .await;
+    let behind = factory
+        .instance_with_clock(SkewedClock::new(store_clock.clone(), false, SKEW))
+        .await;
+
+    // A fresh 30 s lease has "run out" on a clock a minute ahead.
+    let run = RunKey::new(job("skew-ahead"), future_slot(factory, 0));
+    won(holder
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "holder"))
+        .await
+        .expect("claim"));
+    let holders_end = lease_end(&holder.peek(&run).await.expect("peek"));
+    match ahead
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "ahead"))
+        .await
+        .expect("claim from the instance ahead")
+    {
+        ClaimOutcome::Running {
+            lease_until,
+            store_now,
+        } => {
+            assert_eq!(lease_until, holders_end, "the holder's lease is untouched");
+            assert_store_clock("Running", store_now, store_clock.now());
+        }
+        other => panic!(
+            "an instance {SKEW:?} ahead must be told Running on a fresh {LONG_LEASE:?} lease, \
+             got {other:?}: the store judged the lease on the caller's clock"
+        ),
+    }
+    let view = ahead
+        .peek(&run)
+        .await
+        .expect("peek from the instance ahead");
+    assert_store_clock("peek", view.store_now, store_clock.now());
+
+    // A renewal from the instance ahead counts from the store's now.
+    let token = Token::generate();
+    let run_ahead = RunKey::new(job("skew-renew"), future_slot(factory, 0));
+    won(ahead
+        .claim_lease(&lease_claim(run_ahead.clone(), token, "ahead"))
+        .await
+        .expect("claim from the instance ahead"));
+    assert_eq!(
+        ahead
+            .heartbeat(&run_ahead, token, LONG_LEASE)
+            .await
+            .expect("heartbeat"),
+        Renewal::Renewed
+    );
+    let view = ahead.peek(&run_ahead).await.expect("peek");
+    let left = lease_end(&view).since(view.store_now);
+    assert!(
+        left <= LONG_LEASE,
+        "a renewal from an instance {SKEW:?} ahead left {left:?} of a {LONG_LEASE:?} lease: \
+         the lease end was counted from the caller's clock"
+    );
+
+    // A lease that ran out is still alive on a clock a minute behind.
+    let run = RunKey::new(job("skew-behind"), future_slot(factory, 0));
+    let first = won(holder
+        .claim_lease(&short(lease_claim(
+            run.clone(),
+            Token::generate(),
+            "holder",
+        )))
+        .await
+        .expect("claim"));
+    wait_out(SHORT_LEASE).await;
+    match behind
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "behind"))
+        .await
+        .expect("claim from the instance behind")
+    {
+        ClaimOutcome::Won(win) => assert_eq!(win.attempt, first.attempt.next()),
+        other => panic!(
+            "an instance {SKEW:?} behind must take over a lease that ran out, got {other:?}: \
+             the store judged the lease on the caller's clock"
+        ),
+    }
+    let view = behind
+        .peek(&run)
+        .await
+        .expect("peek from the instance behind");
+    assert_store_clock("peek", view.store_now, store_clock.now());
+}
+
+/// Collecting every run of a job forgets none of its fences: the next win
+/// of the job gets a fence above every earlier one, whether collection took
+/// all the job's runs or only its highest-fenced one.
+pub async fn fences_outlive_garbage_collection<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let store = factory.instance().await;
+    let now = factory.clock().now().as_millis();
+    let second = now - now.rem_euclid(1000);
+    let old = |i: i64| Slot::from_millis(second - 7_200_000 + i * 1000);
+    let recent = |i: i64| Slot::from_millis(second - 60_000 + i * 1000);
+    let keep = Duration::from_secs(3600);
+    let catch_up = |job: &anarchon_core::JobName, slot: Slot| {
+        let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
+        c.claim.max_late = Duration::from_secs(3 * 3600);
+        c
+    };
+    let fence_of = |outcome: ClaimOutcome| won(outcome).fence.expect("lease stores fence");
+
+    // Every run of the job is collected.
+    let all_gone = job("gc-fence-all");
+    let mut highest = None;
+    for i in 0..3 {
+        let claim = catch_up(&all_gone, old(i));
+        highest = highest.max(Some(fence_of(
+            store.claim_lease(&claim).await.expect("claim"),
+        )));
+        store
+            .finish(claim.run(), claim.claim.token, RunOutcome::Succeeded)
+            .await
+            .expect("finish");
+    }
+    store.collect_garbage(keep).await.expect("gc");
+    assert!(
+        store
+            .history(&all_gone, 10)
+            .await
+            .expect("history")
+            .is_empty(),
+        "collection takes every finished run older than `keep`"
+    );
+    let next = fence_of(
+        store
+            .claim_lease(&catch_up(&all_gone, recent(0)))
+            .await
+            .expect("claim after collection"),
+    );
+    assert!(
+        Some(next) > highest,
+        "after collecting every run of a job its next fence {next:?} must exceed every \
+         earlier one (up to {highest:?})"
+    );
+
+    // Only the highest-fenced run is collected; an older fence stays.
+    let top_gone = job("gc-fence-top");
+    let kept = catch_up(&top_gone, recent(0));
+    let kept_fence = fence_of(store.claim_lease(&kept).await.expect("claim"));
+    let collected = catch_up(&top_gone, old(0));
+    let top = fence_of(store.claim_lease(&collected).await.expect("claim"));
+    assert!(top > kept_fence);
+    store
+        .finish(
+            collected.run(),
+            collected.claim.token,
+            RunOutcome::Succeeded,
+        )
+        .await
+        .expect("finish");
+    store.collect_garbage(keep).await.expect("gc");
+    let left: Vec<Slot> = store
+        .history(&top_gone, 10)
+        .await
+        .expect("history")
+        .iter()
+        .map(|r| r.run.slot)
+        .collect();
+    assert_eq!(left, [recent(0)], "collection took the old run only");
+    let next = fence_of(
+        store
+            .claim_lease(&catch_up(&top_gone, recent(1)))
+            .await
+            .expect("claim after collection"),
+    );
+    assert!(
+        next > top,
+        "the next fence {next:?} must exceed the collected run's {top:?}, not only the \
+         fences of the runs that remain ({kept_fence:?})"
+    );
+}
+
+/// What `peek` and `history` say about one run, to compare before and after.
+async fn facts<S: LeaseStore + ?Sized>(store: &S, run: &RunKey) -> (RunState, Vec<RunRecord>) {
+    let state = store.peek(run).await.expect("peek").state;
+    let records = store
+        .history(&run.job, 100)
+        .await
+        .expect("history")
+        .into_iter()
+        .filter(|r| &r.run == run)
+        .collect();
+    (state, records)
+}
+
+/// `heartbeat`, `finish` and `release` with a token that never won a live
+/// run answer `Fenced` and change nothing: not a live run, not a run that
+/// was never claimed, not a finished run (whose old token is fenced too).
+pub async fn tokens_that_hold_nothing_are_fenced_and_change_nothing<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let a = factory.instance().await;
+    let b = factory.instance().await;
+    let stranger = Token::generate();
+    let failed = || RunOutcome::Failed {
+        error: "a stranger's error".to_owned(),
+    };
+    let try_everything = |run: RunKey, token: Token| {
+        let b = b.clone();
+        async move {
+            let answers = [
+                (
+                    "heartbeat",
+                    b.heartbeat(&run, token, Duration::from_secs(3600))
+                        .await
+                        .expect("heartbeat"),
+                ),
+                (
+                    "finish(succeeded)",
+                    b.finish(&run, token, RunOutcome::Succeeded)
+                        .await
+                        .expect("finish"),
+                ),
+                (
+                    "finish(failed)",
+                    b.finish(&run, token, failed()).await.expect("finish"),
+                ),
+                ("release", b.release(&run, token).await.expect("release")),
+            ];
+            for (call, answer) in answers {
+                assert_eq!(
+                    answer,
+                    Renewal::Fenced,
+                    "{call} of {run} with a token that holds nothing must be fenced"
+                );
+            }
+        }
+    };
+
+    // A live run held by someone else.
+    let live = RunKey::new(job("stranger-live"), future_slot(factory, 0));
+    let holder = Token::generate();
+    won(a
+        .claim_lease(&lease_claim(live.clone(), holder, "a"))
+        .await
+        .expect("claim"));
+    let before = facts(&*a, &live).await;
+    try_everything(live.clone(), stranger).await;
+    assert_eq!(
+        facts(&*a, &live).await,
+        before,
+        "fenced calls must not change the live run"
+    );
+    match b
+        .claim_lease(&lease_claim(live.clone(), Token::generate(), "b"))
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Running { .. } => {}
+        other => panic!("a stranger's release must not hand the run over: {other:?}"),
+    }
+    assert_eq!(
+        a.heartbeat(&live, holder, LONG_LEASE)
+            .await
+            .expect("heartbeat"),
+        Renewal::Renewed,
+        "the holder still holds the run"
+    );
+
+    // A run nobody claimed: nothing may appear.
+    let absent = RunKey::new(job("stranger-absent"), future_slot(factory, 0));
+    try_everything(absent.clone(), stranger).await;
+    assert_eq!(
+        facts(&*a, &absent).await,
+        (RunState::Absent, Vec::new()),
+        "fenced calls must not create a record"
+    );
+
+    // A finished run: neither a stranger nor its old runner changes it.
+    let done = RunKey::new(job("stranger-done"), future_slot(factory, 0));
+    let runner = Token::generate();
+    won(a
+        .claim_lease(&lease_claim(done.clone(), runner, "a"))
+        .await
+        .expect("claim"));
+    a.finish(&done, runner, RunOutcome::Succeeded)
+        .await
+        .expect("finish");
+    let before = facts(&*a, &done).await;
+    try_everything(done.clone(), stranger).await;
+    try_everything(done.clone(), runner).await;
+    assert_eq!(
+        facts(&*a, &done).await,
+        before,
+        "fenced calls must not change a finished run"
+    );
+}
+
+/// A permutation of `0..n` from `seed` (Fisher–Yates on splitmix64).
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut state = seed;
+    for i in (1..n).rev() {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        let j = ((z ^ (z >> 31)) % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+/// What a claim in a batch should meet, set up before the batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Setup {
+    Free,
+    HeldByOther,
+    Finished,
+    Old,
+}
+
+/// `claim_many` answers each claim with that run's own facts, in the
+/// batch's order, for odd-sized and shuffled batches mixing jobs, runs of
+/// one job, live leases, finished and late runs: a `Won` carries the fence
+/// `history` records for that run, a `Running` the lease end its holder
+/// sees, a `Done` the run's own end.
+pub async fn claim_many_answers_with_each_runs_facts<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let a = factory.instance().await;
+    let b = factory.instance().await;
+    let base = future_slot(factory, 0).as_millis();
+    let now = factory.clock().now().as_millis();
+    let old_base = now - now.rem_euclid(1000) - 3_600_000;
+    for (round, size) in [1usize, 3, 7, 13].into_iter().enumerate() {
+        let setups: Vec<Setup> = (0..size)
+            .map(|i| match (i * 7 + round) % 4 {
+                0 => Setup::Free,
+                1 => Setup::HeldByOther,
+                2 => Setup::Finished,
+                _ => Setup::Old,
+            })
+            .collect();
+        let runs: Vec<RunKey> = (0..size)
+            .map(|i| {
+                let job = job(&format!("facts-{round}-{}", i % 3));
+                let slot = match setups[i] {
+                    Setup::Old => old_base + i as i64 * 1000,
+                    _ => base + i as i64 * 1000,
+                };
+                RunKey::new(job, Slot::from_millis(slot))
+            })
+            .collect();
+        // b holds or finishes some runs, each with its own lease length,
+        // so every `Running` answer names one holder.
+        let mut holders_end = HashMap::new();
+        for (i, run) in runs.iter().enumerate() {
+            let token = Token::generate();
+            let mut claim = lease_claim(run.clone(), token, "b");
+            claim.lease = LONG_LEASE + Duration::from_millis(100 * i as u64);
+            match setups[i] {
+                Setup::HeldByOther => {
+                    won(b.claim_lease(&claim).await.expect("claim"));
+                    holders_end.insert(i, lease_end(&b.peek(run).await.expect("peek")));
+                }
+                Setup::Finished => {
+                    won(b.claim_lease(&claim).await.expect("claim"));
+                    let outcome = if i % 2 == 0 {
+                        RunOutcome::Succeeded
+                    } else {
+                        RunOutcome::Failed {
+                            error: "set up".to_owned(),
+                        }
+                    };
+                    b.finish(run, token, outcome).await.expect("finish");
+                }
+                Setup::Free | Setup::Old => {}
+            }
+        }
+        let order = shuffled(size, 0x5eed + round as u64);
+        let batch: Vec<LeaseClaim> = order
+            .iter()
+            .map(|&i| lease_claim(runs[i].clone(), Token::generate(), "a"))
+            .collect();
+        let answers = a.claim_many(&batch).await.expect("claim_many");
+        assert_eq!(answers.len(), batch.len(), "one answer per claim");
+        let mut fences = Vec::new();
+        for (answer, &i) in answers.iter().zip(&order) {
+            let run = &runs[i];
+            let context = format!("batch of {size}, claim of {run} ({:?})", setups[i]);
+            match (setups[i], answer) {
+                (Setup::Free, ClaimOutcome::Won(win)) => {
+                    assert_eq!(win.attempt, Attempt::FIRST, "{context}");
+                    let record = a
+                        .history(&run.job, 100)
+                        .await
+                        .expect("history")
+                        .into_iter()
+                        .find(|r| &r.run == run)
+                        .unwrap_or_else(|| panic!("{context}: won but not in the history"));
+                    assert_eq!(record.fence, win.fence, "{context}: the fence of this run");
+                    assert_eq!(
+                        record.instance.as_ref().map(|i| i.as_str()),
+                        Some("a"),
+                        "{context}"
+                    );
+                    fences.push((run.job.clone(), win.fence));
+                }
+                (Setup::HeldByOther, ClaimOutcome::Running { lease_until, .. }) => {
+                    assert_eq!(
+                        Some(lease_until),
+                        holders_end.get(&i),
+                        "{context}: the lease end of this run's holder"
+                    );
+                }
+                (Setup::Finished, ClaimOutcome::Done(state)) => {
+                    let expected = if i % 2 == 0 {
+                        FinalState::Succeeded
+                    } else {
+                        FinalState::Failed
+                    };
+                    assert_eq!(*state, expected, "{context}: this run's own end");
+                }
+                (Setup::Old, ClaimOutcome::Late) => {}
+                (_, other) => panic!("{context}: answered {other:?}"),
+            }
+        }
+        let distinct: std::collections::HashSet<_> = fences.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            fences.len(),
+            "each win of a job has its own fence: {fences:?}"
+        );
+    }
+}
+
 /// The lease suite as one `#[tokio::test]` per check; arguments as for
 /// [`claim_suite!`](crate::claim_suite).
 #[macro_export]
@@ -757,7 +1227,11 @@ macro_rules! lease_suite {
             release_hands_over_at_once,
             peek_reports_the_state,
             fences_grow_and_history_lists_runs,
-            garbage_collection_keeps_what_late_claims_need,
+            garbage_collection_forgets_old_ended_runs_only,
+            lease_expiry_is_judged_on_the_store_clock,
+            fences_outlive_garbage_collection,
+            tokens_that_hold_nothing_are_fenced_and_change_nothing,
+            claim_many_answers_with_each_runs_facts,
         );
         $crate::__scheduler_lease_checks!($factory, $attr);
     };

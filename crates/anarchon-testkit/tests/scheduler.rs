@@ -322,6 +322,67 @@ async fn catch_up_runs_missed_slots_in_order_once() {
     );
 }
 
+/// Garbage collection keeps every record a late window can still ask
+/// about, however short the retention: an instance that starts after a
+/// collection and catches up two hours finds every slot of those two hours
+/// done and runs none again.
+///
+/// Seen to fail with `keep` set to the retention alone (the collection at
+/// the first hour took every slot, and the second instance ran them again).
+#[tokio::test(start_paused = true)]
+async fn a_later_instance_never_reruns_a_collected_slot() {
+    let (clock, store) = setup();
+    let runs = runs();
+    let start = |name: &'static str| {
+        let mut b = Scheduler::builder(store.clone())
+            .clock(clock.clone())
+            .instance_id(id(name))
+            .history_retention(Duration::from_secs(60));
+        let r = runs.clone();
+        b.job("minutely", every(60))
+            .unwrap()
+            .catch_up(Duration::from_secs(2 * 3600))
+            .run(move |ctx| {
+                let r = r.clone();
+                async move {
+                    record(&r, &ctx);
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+        b.start().unwrap()
+    };
+    let first = start("first");
+    // Past the first hourly collection.
+    sleep(3600.0 + 90.0).await;
+    let collected_before = store
+        .history(&JobName::new("minutely").unwrap(), 1000)
+        .await
+        .unwrap();
+    let second = start("second");
+    sleep(5.0).await;
+    first.shutdown().await;
+    second.shutdown().await;
+    let by_slot = by_slot(&runs);
+    for (slot, runners) in &by_slot {
+        assert_eq!(runners.len(), 1, "{slot} ran {runners:?}");
+    }
+    assert!(
+        by_slot.values().all(|r| r[0].1 == "first"),
+        "the second instance found every slot done: {by_slot:?}"
+    );
+    assert!(
+        by_slot.len() >= 61,
+        "about an hour of minutes ran: {}",
+        by_slot.len()
+    );
+    assert_eq!(
+        collected_before.len(),
+        by_slot.len(),
+        "the collection kept every slot inside the two-hour late window"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_catch_up_a_new_instance_waits_for_the_next_slot() {
     let (clock, store) = setup();

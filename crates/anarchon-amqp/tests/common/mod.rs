@@ -99,7 +99,9 @@ impl AmqpFactory {
 impl StoreFactory for AmqpFactory {
     type Store = AmqpStore;
 
-    async fn instance(&self) -> Arc<AmqpStore> {
+    /// A claim store decides nothing on a clock (lateness is the
+    /// scheduler's check), so `clock` has nothing to reach.
+    async fn instance_with_clock(&self, _clock: Arc<dyn anarchon_core::Clock>) -> Arc<AmqpStore> {
         Arc::new(connect(self.options.clone()).await)
     }
 }

@@ -143,7 +143,12 @@ impl NatsFactory {
 impl StoreFactory for NatsFactory {
     type Store = NatsClaimStore;
 
-    async fn instance(&self) -> Arc<NatsClaimStore> {
+    /// A claim store decides nothing on a clock (lateness is the
+    /// scheduler's check), so `clock` has nothing to reach.
+    async fn instance_with_clock(
+        &self,
+        _clock: Arc<dyn anarchon_core::Clock>,
+    ) -> Arc<NatsClaimStore> {
         Arc::new(connect(&self.connection, self.claims.clone()).await)
     }
 }
@@ -208,7 +213,13 @@ impl NatsLeaseFactory {
 impl StoreFactory for NatsLeaseFactory {
     type Store = NatsLeaseStore;
 
-    async fn instance(&self) -> Arc<NatsLeaseStore> {
+    /// The store learns the server's time from a write of its clock key
+    /// and never reads a local clock (a unit test of the crate checks its
+    /// source), so `clock` has nothing to reach.
+    async fn instance_with_clock(
+        &self,
+        _clock: Arc<dyn anarchon_core::Clock>,
+    ) -> Arc<NatsLeaseStore> {
         Arc::new(connect_leases(&self.connection, self.leases.clone()).await)
     }
 }

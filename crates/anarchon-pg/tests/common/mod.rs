@@ -6,6 +6,7 @@
 use anarchon_testkit::{ProxiedFactory, SLOW_LINK_LATENCY};
 use std::sync::Arc;
 
+use anarchon_core::Clock;
 use anarchon_pg::{PgOptions, PgStore, TableName};
 use anarchon_testkit::servers::{Service, require, unique_prefix};
 use anarchon_testkit::{FaultProxy, StoreFactory};
@@ -126,7 +127,9 @@ impl PgFactory {
 impl StoreFactory for PgFactory {
     type Store = PgStore;
 
-    async fn instance(&self) -> Arc<PgStore> {
+    /// The store reads `clock_timestamp()` inside its statements; it
+    /// computes nothing on the client side, so `clock` has nothing to reach.
+    async fn instance_with_clock(&self, _clock: Arc<dyn Clock>) -> Arc<PgStore> {
         Arc::new(self.store_with(self.options()).await)
     }
 }

@@ -10,7 +10,7 @@ use anarchon_testkit::{ProxiedFactory, SLOW_LINK_LATENCY};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anarchon_core::async_trait;
+use anarchon_core::{Clock, async_trait};
 use anarchon_redis::{
     RedisIdmpStore, RedisLeaseStore, RedisOptions, RedisScriptStore, RedisStoreError,
     RedisStreamIdStore, Version,
@@ -198,15 +198,24 @@ macro_rules! factory {
                 let $opts = &self.opts;
                 $connect
             }
+
+            /// Connects as an instance whose process clock is `clock`.
+            pub async fn connect_with_clock(
+                &self,
+                clock: Arc<dyn Clock>,
+            ) -> Result<$store, RedisStoreError> {
+                let $opts = &self.opts.clone().clock(clock);
+                $connect
+            }
         }
 
         #[async_trait]
         impl StoreFactory for $name {
             type Store = $store;
 
-            async fn instance(&self) -> Arc<$store> {
+            async fn instance_with_clock(&self, clock: Arc<dyn Clock>) -> Arc<$store> {
                 Arc::new(
-                    self.connect()
+                    self.connect_with_clock(clock)
                         .await
                         .unwrap_or_else(|e| panic!("cannot connect to the test Redis: {e}")),
                 )

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use anarchon_core::Clock;
 use anarchon_sqlite::{SqliteOptions, SqliteStore};
 use anarchon_testkit::StoreFactory;
 use async_trait::async_trait;
@@ -38,7 +39,9 @@ impl SqliteFactory {
 impl StoreFactory for SqliteFactory {
     type Store = SqliteStore;
 
-    async fn instance(&self) -> Arc<SqliteStore> {
+    /// The store reads SQLite's `'now'` inside each statement; it computes
+    /// nothing on the client side, so `clock` has nothing to reach.
+    async fn instance_with_clock(&self, _clock: Arc<dyn Clock>) -> Arc<SqliteStore> {
         Arc::new(
             SqliteStore::open(self.options())
                 .await
