@@ -240,64 +240,16 @@ async fn schedulers_keep_claiming_across_a_cut() {
     }
 }
 
-/// The whole claim suite, with every instance connecting through a
-/// [`FaultProxy`] that adds [`SLOW_LINK_LATENCY`](anarchon_testkit::SLOW_LINK_LATENCY) each way.
-///
-/// `tests/suite.rs` runs it over loopback, where a claim's declare, publish
-/// and confirm come back in microseconds and racing instances hardly
-/// overlap. Here each round trip takes milliseconds on a real TCP path, so
-/// claims of the same run are in flight together far more often, as
-/// between hosts: exclusivity, own-retry recognition and whole schedulers
-/// are checked under that interleaving too (the reliability issue: "run
-/// the claim suite through the proxy for every backend").
-mod claim_suite_through_a_slow_proxy {
-    anarchon_testkit::claim_suite!(
-        crate::common::AmqpFactory::new()
-            .await
-            .behind_a_slow_proxy()
-            .await
+/// The kit's fault checks: the claim suite over a slow line (a claim's
+/// declare, publish and confirm take milliseconds, so racers overlap as
+/// between hosts), and a claim whose confirm is lost after the broker took
+/// it: RabbitMQ cannot always tell a retried claim whose confirm was lost,
+/// so the run has at most one winner and an `Unknown` that is never run.
+mod kit {
+    anarchon_testkit::fault_suite!(
+        claims: crate::common::AmqpFactory::new().await,
+        anarchon_testkit::faults::RetryResolution::MayStayUnknown
     );
-}
-
-/// Instances of one prefix, connecting to `options`' URL.
-struct On(anarchon_amqp::AmqpOptions);
-
-#[async_trait::async_trait]
-impl anarchon_testkit::StoreFactory for On {
-    type Store = anarchon_amqp::AmqpStore;
-
-    async fn instance_with_clock(
-        &self,
-        _clock: std::sync::Arc<dyn anarchon_core::Clock>,
-    ) -> std::sync::Arc<anarchon_amqp::AmqpStore> {
-        std::sync::Arc::new(common::connect(self.0.clone()).await)
-    }
-}
-
-/// The testkit's lost-reply check: RabbitMQ cannot always tell a retried
-/// claim whose confirm was lost, so the run has at most one winner and an
-/// `Unknown` that is never run.
-#[tokio::test]
-async fn testkit_lost_reply_gives_at_most_one_winner() {
-    let direct = common::options().await;
-    let url = common::url().await;
-    let rest = url.split_once("://").expect("a URL").1;
-    let host = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-    let host = &host[..host.find('/').unwrap_or(host.len())];
-    let proxy = anarchon_testkit::FaultProxy::start(host)
-        .await
-        .expect("proxy");
-    let proxied_url = url.replacen(host, &proxy.address().to_string(), 1);
-    let via = anarchon_amqp::AmqpOptions::new(proxied_url)
-        .prefix(direct.get_prefix())
-        .slot_ttl(common::TEST_SLOT_TTL);
-    anarchon_testkit::faults::lost_reply_resolves_to_one_winner(
-        &On(via),
-        &On(direct),
-        &proxy,
-        anarchon_testkit::faults::RetryResolution::MayStayUnknown,
-    )
-    .await;
 }
 
 /// A direct store (no proxy) on `prefix`, each with its own connection, as

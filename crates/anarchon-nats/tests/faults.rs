@@ -239,98 +239,38 @@ async fn schedulers_keep_claiming_across_a_cut() {
     }
 }
 
-/// The whole claim suite on the claim store, with every instance
-/// connecting through a [`FaultProxy`] that adds
-/// [`SLOW_LINK_LATENCY`](anarchon_testkit::SLOW_LINK_LATENCY) each way.
-///
-/// `tests/suite.rs` runs it over loopback, where a claim's publish and
-/// acknowledgement come back in microseconds and racing instances hardly
-/// overlap. Here each round trip takes milliseconds on a real TCP path, so
-/// claims of the same run are in flight together far more often, as
-/// between hosts: exclusivity, own-retry recognition and whole schedulers
-/// are checked under that interleaving too (the reliability issue: "run
-/// the claim suite through the proxy for every backend").
-mod claim_suite_through_a_slow_proxy {
-    anarchon_testkit::claim_suite!(
-        crate::common::NatsFactory::new()
-            .await
-            .behind_a_slow_proxy()
-            .await
+/// The kit's fault checks on the claim store: the claim suite over a slow
+/// line (a claim's publish and acknowledgement take milliseconds, so racers
+/// overlap as between hosts), and a claim whose reply is lost after the
+/// stream stored it.
+mod kit_claims {
+    anarchon_testkit::fault_suite!(
+        claims: crate::common::NatsFactory::new().await,
+        anarchon_testkit::faults::RetryResolution::Recognised
     );
 }
 
-/// The whole claim suite on the KV lease store, through a slow proxy, for
-/// the reasons given on `claim_suite_through_a_slow_proxy`. A KV claim
-/// reads the job's document and then swaps it (three round trips when it
-/// wins), so here racers' swaps meet revisions that changed since their
-/// read, as they would between hosts.
-mod kv_lease_claim_suite_through_a_slow_proxy {
-    anarchon_testkit::claim_suite!(
-        crate::common::NatsLeaseFactory::new()
-            .await
-            .behind_a_slow_proxy()
-            .await
+/// The kit's fault checks on the KV lease store: as `kit_claims` (a KV
+/// claim reads the job's document and then swaps it, so over a slow line
+/// racers' swaps meet revisions that changed since their read), and the
+/// random fault history.
+mod kit_leases {
+    anarchon_testkit::fault_suite!(
+        leases: crate::common::NatsLeaseFactory::new().await,
+        anarchon_testkit::faults::RetryResolution::Recognised
     );
 }
 
-/// The testkit's lost-reply check on the claim store: a claim whose reply
-/// is swallowed on the wire, sent again with the same token, is recognised
-/// as won (the stream stored it: the duplicate holds its token) or loses to
-/// the direct instance: exactly one winner per run.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claim_lost_reply_gives_one_winner() {
-    let direct = NatsFactory::new().await;
-    let proxy = start_proxy().await;
-    let via = direct.through(format!("nats://{}", proxy.address()));
-    anarchon_testkit::faults::lost_reply_resolves_to_one_winner(
-        &via,
-        &direct,
-        &proxy,
-        anarchon_testkit::faults::RetryResolution::Recognised,
-    )
-    .await;
-}
-
-/// The testkit's lost-reply check on the KV lease store: a claim whose
-/// reply is swallowed on the wire, sent again with the same token, is
-/// recognised (its swap was stored) or loses to the direct instance.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kv_lease_lost_reply_gives_one_winner() {
-    let direct = NatsLeaseFactory::new().await;
-    let proxy = anarchon_testkit::FaultProxy::start(upstream(&url().await))
-        .await
-        .unwrap();
-    let via = direct.through(format!("nats://{}", proxy.address()));
-    anarchon_testkit::faults::lost_reply_resolves_to_one_winner(
-        &via,
-        &direct,
-        &proxy,
-        anarchon_testkit::faults::RetryResolution::Recognised,
-    )
-    .await;
-}
-
-/// The testkit's random fault history on the KV lease store: schedulers
-/// whose store goes down, whose heartbeats fail or hang, never give a run
-/// two runners.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kv_lease_random_faults_never_give_a_run_two_runners() {
-    let factory = NatsLeaseFactory::new().await;
-    anarchon_testkit::faults::random_faults_never_give_a_run_two_runners(
-        &factory,
-        Duration::from_secs(15),
-    )
-    .await;
-}
-
-/// A claim, and then a heartbeat, whose reply the proxy swallows (the
-/// request reached the server, or the connection dropped under it) fail
-/// with a temporary error; sent again with the same token, the claim is
-/// won with attempt 1 and fence 1 — whether its swap was stored the first
-/// time or not — and the heartbeat renews.
+/// A claim, and then a heartbeat, whose reply the proxy swallows after the
+/// server stored the swap (the proxy throws away the answer to the request
+/// that carries the token) fail with a temporary error; the swap was
+/// applied (another instance is told `Running`; the lease end moved), and
+/// sent again with the same token the claim is won with attempt 1 and
+/// fence 1 and the heartbeat renews.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_lease_lost_acknowledgements_are_recognised() {
-    use anarchon_core::{LeaseStore, Renewal};
+    use anarchon_core::{LeaseStore, Renewal, RunState};
+    use anarchon_testkit::faults::token_patterns;
     let direct = NatsLeaseFactory::new().await;
     let proxy = anarchon_testkit::FaultProxy::start(upstream(&url().await))
         .await
@@ -339,26 +279,36 @@ async fn kv_lease_lost_acknowledgements_are_recognised() {
         .through(format!("nats://{}", proxy.address()))
         .instance()
         .await;
+    let other = direct.instance().await;
     let run = RunKey::new(
         JobName::new("lost-ack").unwrap(),
         Slot::from_millis(SystemClock.now().as_millis() + 600_000),
     );
     let token = Token::generate();
+    let patterns = token_patterns(token);
+    let patterns: Vec<&[u8]> = patterns.iter().map(Vec::as_slice).collect();
     let claim = anarchon_testkit::lease::lease_claim(run.clone(), token, "a");
-    // Swallow replies until one of the claim's requests lost its answer.
-    let mut first = None;
-    for _ in 0..20 {
-        let before = proxy.swallowed();
-        proxy.swallow_next_reply();
-        let answer = store.claim_lease(&claim).await;
-        if proxy.swallowed() > before && answer.is_err() {
-            first = Some(answer);
-            break;
-        }
-        if let Ok(ClaimOutcome::Won(_)) = answer {
-            break;
-        }
-    }
+    proxy.swallow_reply_to(&patterns);
+    let first = store.claim_lease(&claim).await;
+    assert_eq!(
+        proxy.swallowed(),
+        1,
+        "the claim's reply was lost: {first:?}"
+    );
+    let e = first.expect_err("no acknowledgement came back");
+    assert!(e.is_temporary(), "{e}");
+    let theirs = other
+        .claim_lease(&anarchon_testkit::lease::lease_claim(
+            run.clone(),
+            Token::generate(),
+            "b",
+        ))
+        .await
+        .unwrap();
+    assert!(
+        matches!(theirs, ClaimOutcome::Running { .. }),
+        "the swap was stored before its reply was lost: {theirs:?}"
+    );
     let mut won = None;
     for _ in 0..100 {
         match store.claim_lease(&claim).await {
@@ -366,7 +316,7 @@ async fn kv_lease_lost_acknowledgements_are_recognised() {
                 won = Some(win);
                 break;
             }
-            Ok(other) => panic!("the same token must win: {other:?} (first answer {first:?})"),
+            Ok(other) => panic!("the same token must win: {other:?}"),
             Err(e) => {
                 assert!(e.is_temporary(), "{e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -377,10 +327,24 @@ async fn kv_lease_lost_acknowledgements_are_recognised() {
     assert_eq!(won.attempt.get(), 1);
     assert_eq!(won.fence.map(|f| f.get()), Some(1));
 
-    let before = proxy.swallowed();
-    proxy.swallow_next_reply();
-    let _ = store.heartbeat(&run, token, Duration::from_secs(30)).await;
-    assert!(proxy.swallowed() > before, "a reply was swallowed");
+    let lease_end = |view: anarchon_core::RunView| match view.state {
+        RunState::Running { lease_until, .. } => lease_until,
+        other => panic!("{other:?}"),
+    };
+    let before = lease_end(other.peek(&run).await.unwrap());
+    proxy.swallow_reply_to(&patterns);
+    let lost = store.heartbeat(&run, token, Duration::from_secs(90)).await;
+    assert_eq!(
+        proxy.swallowed(),
+        2,
+        "the heartbeat's reply was lost: {lost:?}"
+    );
+    assert!(lost.is_err(), "no answer came back: {lost:?}");
+    let after = lease_end(other.peek(&run).await.unwrap());
+    assert!(
+        after.since(before) > Duration::from_secs(30),
+        "the lost heartbeat was applied: {before} -> {after}"
+    );
     let mut renewed = None;
     for _ in 0..100 {
         match store.heartbeat(&run, token, Duration::from_secs(30)).await {

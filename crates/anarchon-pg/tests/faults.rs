@@ -10,77 +10,15 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anarchon_pg::{PgOptions, PgStore};
-use anarchon_testkit::faults::{self, RetryResolution};
-use anarchon_testkit::{FaultProxy, StoreFactory};
-use async_trait::async_trait;
+use anarchon_testkit::StoreFactory;
 
-/// Instances of one table, connecting to `url`.
-struct On {
-    url: String,
-    table: anarchon_pg::TableName,
-}
-
-#[async_trait]
-impl StoreFactory for On {
-    type Store = PgStore;
-
-    /// As `PgFactory`: nothing on the client side reads a clock.
-    async fn instance_with_clock(&self, _clock: Arc<dyn anarchon_core::Clock>) -> Arc<PgStore> {
-        Arc::new(
-            PgStore::connect_with(
-                PgOptions::new(&self.url)
-                    .table_name(self.table.clone())
-                    .pool_size(1),
-            )
-            .await
-            .unwrap(),
-        )
-    }
-}
-
-/// The whole claim suite, with every instance connecting through a
-/// [`FaultProxy`] that adds [`SLOW_LINK_LATENCY`](anarchon_testkit::SLOW_LINK_LATENCY) each way.
-///
-/// `tests/suite.rs` runs it over loopback, where a claim's one round trip
-/// comes back in microseconds and racing instances hardly overlap. Here
-/// each round trip takes milliseconds on a real TCP path, so claims of the
-/// same run are in flight together far more often, as between hosts:
-/// exclusivity, own-retry recognition and whole schedulers are checked
-/// under that interleaving too (the reliability issue: "run the claim suite through the
-/// proxy for every backend").
-mod claim_suite_through_a_slow_proxy {
-    anarchon_testkit::claim_suite!(
-        crate::common::PgFactory::new()
-            .await
-            .behind_a_slow_proxy()
-            .await
+/// The kit's fault checks: the claim suite over a slow line, a claim's
+/// reply lost after the database applied it, and the random fault history.
+mod kit {
+    anarchon_testkit::fault_suite!(
+        leases: crate::common::PgFactory::new().await,
+        anarchon_testkit::faults::RetryResolution::Recognised
     );
-}
-
-#[tokio::test]
-async fn a_lost_claim_reply_still_gives_the_run_one_winner() {
-    let url = common::url().await;
-    let table = common::fresh_table();
-    let proxy = FaultProxy::start(common::upstream(&url)).await.unwrap();
-    let proxied = common::via(&url, &proxy);
-    let direct = On {
-        url: url.clone(),
-        table: table.clone(),
-    };
-    let via = On {
-        url: proxied,
-        table: table.clone(),
-    };
-    faults::lost_reply_resolves_to_one_winner(&via, &direct, &proxy, RetryResolution::Recognised)
-        .await;
-    direct.instance().await.drop_schema().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_faults_never_give_a_run_two_runners() {
-    let factory = common::PgFactory::new().await;
-    faults::random_faults_never_give_a_run_two_runners(&factory, Duration::from_secs(15)).await;
 }
 
 /// PostgreSQL restarts under two running schedulers: they recover without

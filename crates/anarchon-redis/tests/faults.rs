@@ -171,20 +171,39 @@ async fn a_dropped_line_is_unavailable_and_the_next_connection_recovers() {
     assert_eq!(again.map(won), Some(first), "own retry after reconnecting");
 }
 
+/// A claim whose reply hangs (the command reached Redis and was applied;
+/// the proxy holds the answer) times out as unavailable; the run is taken
+/// (another instance is told `Running`), and the retry with the same token
+/// is recognised as the winner, attempt 1.
 #[tokio::test]
-async fn a_hung_line_times_out_and_a_retry_with_the_same_token_is_recognised() {
+async fn a_claim_whose_reply_hangs_times_out_and_its_retry_is_recognised() {
     let (proxy, opts, _cleanup) = behind_proxy("freeze").await;
     let store = RedisLeaseStore::connect(&opts).await.unwrap();
     let run = RunKey::new(job("freeze"), ahead(0));
     let claim = lease_claim(run.clone(), Token::generate(), "a");
-    proxy.freeze(true);
-    let err = within(BOUND, "a claim over a hung line", store.claim_lease(&claim))
-        .await
-        .unwrap_err();
+    proxy.hold_replies(true);
+    let err = within(
+        BOUND,
+        "a claim whose reply hangs",
+        store.claim_lease(&claim),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     assert!(err.to_string().contains("unreachable"), "{err}");
-    proxy.freeze(false);
-    // The claim may or may not have reached Redis; the same token finds out.
+    let direct = RedisOptions::new(common::url().await)
+        .prefix(opts.key_prefix().as_str())
+        .unwrap();
+    let direct = RedisLeaseStore::connect(&direct).await.unwrap();
+    let theirs = direct
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "b"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(theirs, ClaimOutcome::Running { .. }),
+        "the held claim reached Redis and holds the run: {theirs:?}"
+    );
+    proxy.hold_replies(false);
     let mut outcome = None;
     for _ in 0..3 {
         match store.claim_lease(&claim).await {
@@ -428,71 +447,31 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
     assert_eq!(store.server().eviction, EvictionFinding::NoEviction);
 }
 
-/// The whole claim suite on the `lease` strategy, with every instance
-/// connecting through a [`anarchon_testkit::FaultProxy`] that adds
-/// [`SLOW_LINK_LATENCY`](anarchon_testkit::SLOW_LINK_LATENCY) each way.
-///
-/// `tests/suite.rs` runs it over loopback, where a claim's pipeline comes
-/// back in microseconds and racing instances hardly overlap. Here each
-/// round trip takes milliseconds on a real TCP path, so claims of the same
-/// run are in flight together far more often, as between hosts: exclusivity,
-/// own-retry recognition and whole schedulers are checked under that
-/// interleaving too (the reliability issue: "run the claim suite through the
-/// proxy for every backend").
-mod lease_claim_suite_through_a_slow_proxy {
-    anarchon_testkit::claim_suite!(
-        crate::common::LeaseFactory::new()
-            .await
-            .behind_a_slow_proxy()
-            .await
+/// The kit's fault checks on each strategy that can sit behind the kit's
+/// proxy: the claim suite over a slow line, a claim's reply lost after
+/// Redis applied it, and (lease) the random fault history.
+mod kit_lease {
+    anarchon_testkit::fault_suite!(
+        leases: crate::common::LeaseFactory::new().await,
+        anarchon_testkit::faults::RetryResolution::Recognised
     );
 }
 
-/// The whole claim suite on the claim-only `stream-id` strategy, through a
-/// slow proxy, for the reasons given on
-/// `lease_claim_suite_through_a_slow_proxy`. Its claim is one pipelined
-/// round trip (`XADD`, then `XRANGE` to recognise an own retry), so here
-/// racers' pipelines overlap on the server as they would between hosts.
-mod stream_id_claim_suite_through_a_slow_proxy {
-    anarchon_testkit::claim_suite!(
-        crate::common::StreamIdFactory::new()
-            .await
-            .behind_a_slow_proxy()
-            .await
+/// As `kit_lease`, on the claim-only `stream-id` strategy: its claim is one
+/// pipelined round trip (`XADD`, then `XRANGE` to recognise an own retry).
+mod kit_stream_id {
+    anarchon_testkit::fault_suite!(
+        claims: crate::common::StreamIdFactory::new().await,
+        anarchon_testkit::faults::RetryResolution::Recognised
     );
 }
 
-/// The testkit's lost-reply check, through the testkit's proxy.
-#[tokio::test]
-async fn testkit_lost_reply_gives_one_winner() {
-    let direct = common::LeaseFactory::new().await;
-    let address = direct.url.split_once("://").unwrap().1;
-    let address = address.rsplit_once('@').map_or(address, |(_, a)| a);
-    let address = &address[..address.find('/').unwrap_or(address.len())];
-    let proxy = anarchon_testkit::FaultProxy::start(address).await.unwrap();
-    let via = common::LeaseFactory::new().await;
-    let mut via = via;
-    via.opts = anarchon_redis::RedisOptions::new(format!("redis://{}", proxy.address()))
-        .prefix(&direct.prefix)
-        .unwrap();
-    anarchon_testkit::faults::lost_reply_resolves_to_one_winner(
-        &via,
-        &direct,
-        &proxy,
-        anarchon_testkit::faults::RetryResolution::Recognised,
-    )
-    .await;
-}
-
-/// The testkit's random fault history on the lease strategy.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn testkit_random_faults_never_give_a_run_two_runners() {
-    let factory = common::LeaseFactory::new().await;
-    anarchon_testkit::faults::random_faults_never_give_a_run_two_runners(
-        &factory,
-        Duration::from_secs(15),
-    )
-    .await;
+/// As `kit_lease`, on the claim-only `script` strategy.
+mod kit_script {
+    anarchon_testkit::fault_suite!(
+        claims: crate::common::ScriptFactory::new().await,
+        anarchon_testkit::faults::RetryResolution::Recognised
+    );
 }
 
 /// A real restart of a Redis without persistence: the store notices that

@@ -199,3 +199,34 @@ impl<F: StoreFactory, K: Send + Sync + 'static> StoreFactory for ProxiedFactory<
         self.factory.clock()
     }
 }
+
+/// A factory whose instances can reach their server through a
+/// [`FaultProxy`](crate::FaultProxy): what [`fault_suite!`](crate::fault_suite)
+/// and [`behind_a_slow_proxy`] need from a networked backend.
+pub trait Proxyable: StoreFactory + Sized {
+    /// The factory [`Self::through_proxy`] makes.
+    type Through: StoreFactory<Store = Self::Store>;
+
+    /// `host:port` of the server this factory's instances connect to: where
+    /// a proxy forwards to.
+    fn upstream(&self) -> String;
+
+    /// A factory on this factory's namespace whose instances connect to
+    /// `proxy` (started in front of [`Self::upstream`]) instead of the
+    /// server, with the same credentials and options. Cleaning the
+    /// namespace up stays with `self`.
+    fn through_proxy(&self, proxy: &crate::FaultProxy) -> Self::Through;
+}
+
+/// `factory` with every instance behind one [`FaultProxy`](crate::FaultProxy)
+/// that delays each chunk by [`SLOW_LINK_LATENCY`] both ways: on loopback a
+/// claim comes back in microseconds and racing instances hardly overlap;
+/// here each round trip takes milliseconds on a real TCP path, so claims of
+/// one run are in flight together as they would be between hosts.
+pub async fn behind_a_slow_proxy<F: Proxyable>(factory: F) -> ProxiedFactory<F::Through, F> {
+    let proxy = crate::FaultProxy::start(factory.upstream())
+        .await
+        .expect("a local port for the proxy");
+    proxy.set_latency(SLOW_LINK_LATENCY);
+    ProxiedFactory::new(factory.through_proxy(&proxy), proxy).keeping(factory)
+}

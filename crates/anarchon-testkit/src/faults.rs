@@ -11,7 +11,7 @@ use anarchon_core::{
 };
 
 use crate::claim::{claim_request, future_slot, job};
-use crate::factory::StoreFactory;
+use crate::factory::{Proxyable, StoreFactory};
 use crate::history::{self, History, Recorder};
 use crate::proxy::FaultProxy;
 use crate::stores::Faulty;
@@ -29,10 +29,22 @@ pub enum RetryResolution {
     MayStayUnknown,
 }
 
-/// Claims through `proxy` while it swallows the reply: the claim reached
-/// the server but the caller never heard. Retrying with the same token must
-/// give the run to exactly one instance (or, for stores that cannot tell,
-/// to at most one, never running an `Unknown`).
+/// The bytes a claim carrying `token` holds on the wire, in each encoding
+/// a store might use: hyphenated text, plain hex and the 16 raw bytes.
+pub fn token_patterns(token: Token) -> [Vec<u8>; 3] {
+    [
+        token.to_string().into_bytes(),
+        format!("{:032x}", token.as_u128()).into_bytes(),
+        token.as_u128().to_be_bytes().to_vec(),
+    ]
+}
+
+/// Claims through `proxy` while it swallows the reply to the claim itself
+/// (the request that carries the claim's token): the store applied the
+/// claim, the caller never heard. Every one of the ten runs must lose its
+/// reply that way, and then have exactly one winner: the direct instance
+/// loses (the claim was applied), and the retry with the same token is
+/// told `Won` (or, for stores that cannot tell, is never a second winner).
 ///
 /// `through_proxy` is a factory whose instances connect through `proxy`;
 /// `direct` one whose instances connect to the server itself, on the same
@@ -49,22 +61,37 @@ pub async fn lost_reply_resolves_to_one_winner<P, D>(
     let a = through_proxy.instance().await;
     let b = direct.instance().await;
     let base = future_slot(through_proxy, 0).as_millis();
-    let mut swallowed_claims = 0;
     for i in 0..10 {
         let run = RunKey::new(job("lost-reply"), Slot::from_millis(base + i * 1000));
-        let mine = claim_request(run.clone(), Token::generate(), "a");
+        let token = Token::generate();
+        let mine = claim_request(run.clone(), token, "a");
         let before = proxy.swallowed();
-        proxy.swallow_next_reply();
+        let patterns = token_patterns(token);
+        proxy.swallow_reply_to(&patterns.iter().map(Vec::as_slice).collect::<Vec<_>>());
         // The store may resend on a new connection by itself; either way
         // its first answer must not be a second winner.
         let first = a.claim(&mine).await;
-        if proxy.swallowed() > before {
-            swallowed_claims += 1;
+        assert_eq!(
+            proxy.swallowed(),
+            before + 1,
+            "{run}: the reply to the claim was not swallowed (first answer {first:?}): \
+             the check did not lose the reply"
+        );
+        match (&first, resolution) {
+            (Err(e), _) => assert!(e.is_temporary(), "{run}: a lost reply is temporary: {e}"),
+            // The store sent the claim again by itself and was answered.
+            (Ok(ClaimOutcome::Won(_)), _)
+            | (Ok(ClaimOutcome::Unknown), RetryResolution::MayStayUnknown) => {}
+            (Ok(other), _) => panic!("{run}: the first answer after a lost reply: {other:?}"),
         }
         let theirs = b
             .claim(&claim_request(run.clone(), Token::generate(), "b"))
             .await
             .expect("the direct instance's claim");
+        assert!(
+            !matches!(theirs, ClaimOutcome::Won(_)),
+            "{run}: the direct instance won a run whose claim had reached the store: {theirs:?}"
+        );
         // The retry, with the same token, after whatever reconnecting it takes.
         let mut retried = a.claim(&mine).await;
         for _ in 0..20 {
@@ -75,32 +102,76 @@ pub async fn lost_reply_resolves_to_one_winner<P, D>(
             retried = a.claim(&mine).await;
         }
         let retried = retried.expect("the retry gets an answer once the line is back");
-        if let Ok(first) = &first {
-            assert!(
-                !matches!(first, ClaimOutcome::Won(_)) || !matches!(theirs, ClaimOutcome::Won(_)),
-                "{run}: two winners: {first:?} and {theirs:?}"
-            );
-        }
-        let winners = [&retried, &theirs]
-            .iter()
-            .filter(|o| matches!(o, ClaimOutcome::Won(_)))
-            .count();
-        assert!(
-            winners <= 1,
-            "{run}: two winners: {retried:?} and {theirs:?}"
-        );
         match resolution {
-            RetryResolution::Recognised => assert_eq!(
-                winners, 1,
-                "{run}: the retry must be recognised as the winner or lose to b: {retried:?}, {theirs:?}"
+            RetryResolution::Recognised => assert!(
+                matches!(retried, ClaimOutcome::Won(_)),
+                "{run}: the retry with the claim's own token must be recognised as the winner: \
+                 {retried:?}"
             ),
-            RetryResolution::MayStayUnknown => {}
+            RetryResolution::MayStayUnknown => assert!(
+                matches!(
+                    retried,
+                    ClaimOutcome::Won(_) | ClaimOutcome::Unknown | ClaimOutcome::Lost
+                ),
+                "{run}: the retry: {retried:?}"
+            ),
         }
     }
-    assert!(
-        swallowed_claims >= 5,
-        "the proxy swallowed only {swallowed_claims} claim replies of 10: the check did not test lost replies"
-    );
+}
+
+/// [`lost_reply_resolves_to_one_winner`] with a proxy of its own in front
+/// of `direct`'s server.
+pub async fn lost_reply_through_a_proxy<F: Proxyable>(direct: &F, resolution: RetryResolution) {
+    let proxy = FaultProxy::start(direct.upstream())
+        .await
+        .expect("a local port for the proxy");
+    let through = direct.through_proxy(&proxy);
+    lost_reply_resolves_to_one_winner(&through, direct, &proxy, resolution).await;
+}
+
+/// The fault checks as tests, for a backend whose factory is
+/// [`Proxyable`]:
+///
+/// * `claim_suite_through_a_slow_proxy`: the whole claim suite, every
+///   instance behind [`behind_a_slow_proxy`](crate::factory::behind_a_slow_proxy);
+/// * `lost_reply_resolves_to_one_winner`: [`lost_reply_through_a_proxy`];
+/// * for lease stores (`leases:`), also
+///   `random_faults_never_give_a_run_two_runners` for 15 s.
+///
+/// ```text
+/// // tests/faults.rs, run alone (cargo test --test faults -- --test-threads=1):
+/// mod kit {
+///     anarchon_testkit::fault_suite!(leases: MyFactory::new().await, RetryResolution::Recognised);
+/// }
+/// ```
+#[macro_export]
+macro_rules! fault_suite {
+    (claims: $factory:expr, $resolution:expr) => {
+        mod claim_suite_through_a_slow_proxy {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::claim_suite!($crate::factory::behind_a_slow_proxy($factory).await);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn lost_reply_resolves_to_one_winner() {
+            let factory = $factory;
+            $crate::faults::lost_reply_through_a_proxy(&factory, $resolution).await;
+        }
+    };
+    (leases: $factory:expr, $resolution:expr) => {
+        $crate::fault_suite!(claims: $factory, $resolution);
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn random_faults_never_give_a_run_two_runners() {
+            let factory = $factory;
+            $crate::faults::random_faults_never_give_a_run_two_runners(
+                &factory,
+                ::std::time::Duration::from_secs(15),
+            )
+            .await;
+        }
+    };
 }
 
 /// Four schedulers on `factory`'s store, each behind a [`Faulty`] handle

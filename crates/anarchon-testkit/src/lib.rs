@@ -36,7 +36,8 @@ pub mod tls;
 
 pub use crate::clock::{SkewedClock, TestClock};
 pub use crate::factory::{
-    ClaimOnlyFactory, MemoryFactory, ProxiedFactory, SLOW_LINK_LATENCY, StoreFactory,
+    ClaimOnlyFactory, MemoryFactory, ProxiedFactory, Proxyable, SLOW_LINK_LATENCY, StoreFactory,
+    behind_a_slow_proxy,
 };
 pub use crate::proxy::FaultProxy;
 pub use crate::stores::{ClaimOnlyStore, Faulty, FencedResource};

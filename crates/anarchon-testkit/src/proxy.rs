@@ -26,6 +26,9 @@ struct State {
     /// Once the client sends bytes holding this, replies stop (`stalled`).
     stall_pattern: std::sync::Mutex<Option<Vec<u8>>>,
     stalled: AtomicBool,
+    /// Once the client sends bytes holding one of these, the reply that
+    /// follows on that connection is swallowed.
+    swallow_reply_to: std::sync::Mutex<Option<Vec<Vec<u8>>>>,
     /// Bumped to cut every open connection.
     generation: watch::Sender<u64>,
     connections: AtomicU64,
@@ -64,6 +67,7 @@ impl FaultProxy {
             swallow_next_reply: AtomicBool::new(false),
             stall_pattern: std::sync::Mutex::new(None),
             stalled: AtomicBool::new(false),
+            swallow_reply_to: std::sync::Mutex::new(None),
             generation: watch::channel(0).0,
             connections: AtomicU64::new(0),
             swallowed: AtomicU64::new(0),
@@ -142,6 +146,22 @@ impl FaultProxy {
         self.state.swallow_next_reply.store(true, Ordering::SeqCst);
     }
 
+    /// Once a client sends a chunk that holds any of `patterns` (say, a
+    /// claim's token in each encoding the store might use), the next chunk
+    /// the server sends back on that connection is thrown away and the
+    /// connection closed: that request reached the server, its reply never
+    /// reaches the client. Other connections, and replies to other
+    /// requests (a pool's health check, a read before the write), pass.
+    /// One-shot: the next matching request re-arms nothing.
+    pub fn swallow_reply_to(&self, patterns: &[&[u8]]) {
+        *self
+            .state
+            .swallow_reply_to
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) =
+            Some(patterns.iter().map(|p| p.to_vec()).collect());
+    }
+
     /// Connections accepted so far.
     pub fn connections(&self) -> u64 {
         self.state.connections.load(Ordering::SeqCst)
@@ -173,14 +193,21 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
             let (client_read, client_write) = client.into_split();
             let (server_read, server_write) = server.into_split();
             let generation = state.generation.subscribe();
+            let doomed = Arc::new(AtomicBool::new(false));
             let up = pump(
                 client_read,
                 server_write,
                 state.clone(),
                 generation.clone(),
-                false,
+                Direction::Request(doomed.clone()),
             );
-            let down = pump(server_read, client_write, state, generation, true);
+            let down = pump(
+                server_read,
+                client_write,
+                state,
+                generation,
+                Direction::Reply(doomed),
+            );
             // When either direction ends, the whole connection ends.
             tokio::select! {
                 () = up => {}
@@ -190,13 +217,21 @@ async fn accept_loop(listener: TcpListener, state: Arc<State>) {
     }
 }
 
+/// Which way a pump carries bytes; both share the connection's "the next
+/// reply is swallowed" flag.
+enum Direction {
+    Request(Arc<AtomicBool>),
+    Reply(Arc<AtomicBool>),
+}
+
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<State>,
     mut generation: watch::Receiver<u64>,
-    is_reply: bool,
+    direction: Direction,
 ) {
+    let is_reply = matches!(direction, Direction::Reply(_));
     generation.mark_unchanged();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -227,8 +262,31 @@ async fn pump(
             {
                 state.stalled.store(true, Ordering::SeqCst);
             }
+            if let Direction::Request(doomed) = &direction {
+                let mut armed = state
+                    .swallow_reply_to
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let hit = armed.as_ref().is_some_and(|patterns| {
+                    patterns.iter().any(|pattern| {
+                        buf[..n]
+                            .windows(pattern.len())
+                            .any(|w| w == pattern.as_slice())
+                    })
+                });
+                if hit {
+                    *armed = None;
+                    doomed.store(true, Ordering::SeqCst);
+                }
+            }
         } else if state.stalled.load(Ordering::SeqCst) {
             continue;
+        }
+        if let Direction::Reply(doomed) = &direction
+            && doomed.load(Ordering::SeqCst)
+        {
+            state.swallowed.fetch_add(1, Ordering::SeqCst);
+            return;
         }
         if is_reply && state.swallow_next_reply.swap(false, Ordering::SeqCst) {
             state.swallowed.fetch_add(1, Ordering::SeqCst);
@@ -275,6 +333,30 @@ mod tests {
             .await
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no reply"))??;
         Ok(buf)
+    }
+
+    #[tokio::test]
+    async fn swallows_the_reply_to_the_matching_request_only() {
+        let proxy = FaultProxy::start(echo_server().await.to_string())
+            .await
+            .unwrap();
+        let mut other = TcpStream::connect(proxy.address()).await.unwrap();
+        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        proxy.swallow_reply_to(&[b"token-a", b"\x01\x02"]);
+        assert_eq!(
+            round_trip(&mut c, b"health check").await.unwrap(),
+            b"health check"
+        );
+        assert_eq!(round_trip(&mut other, b"ping").await.unwrap(), b"ping");
+        assert_eq!(proxy.swallowed(), 0);
+        assert!(round_trip(&mut c, b"claim \x01\x02 now").await.is_err());
+        assert_eq!(proxy.swallowed(), 1);
+        // One-shot, and other connections never noticed.
+        assert_eq!(
+            round_trip(&mut other, b"token-a").await.unwrap(),
+            b"token-a"
+        );
+        assert_eq!(proxy.swallowed(), 1);
     }
 
     #[tokio::test]

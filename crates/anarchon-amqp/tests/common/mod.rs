@@ -3,13 +3,12 @@
 
 #![allow(dead_code)]
 
-use anarchon_testkit::{ProxiedFactory, SLOW_LINK_LATENCY};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_amqp::{AmqpOptions, AmqpStore};
 use anarchon_testkit::servers::{Service, require, unique_prefix};
-use anarchon_testkit::{FaultProxy, StoreFactory};
+use anarchon_testkit::{FaultProxy, Proxyable, StoreFactory};
 
 /// The slot TTL the suites use: long enough for the default `max_late`
 /// (60 s + 10 s margin), short enough that test queues vanish soon.
@@ -58,6 +57,8 @@ pub(crate) async fn connect(options: AmqpOptions) -> AmqpStore {
 /// One prefix per test; every `instance()` is a new store with its own
 /// connection, as separate processes would have.
 pub(crate) struct AmqpFactory {
+    /// The broker's URL.
+    url: String,
     options: AmqpOptions,
 }
 
@@ -65,33 +66,30 @@ impl AmqpFactory {
     /// A factory on a fresh prefix.
     pub(crate) async fn new() -> Self {
         Self {
+            url: url().await,
             options: options().await,
         }
     }
+}
 
-    /// This factory's prefix, with instances that connect to `url` (a
-    /// proxy in front of the broker) instead.
-    pub(crate) fn through(self, url: String) -> Self {
-        let old = self.options;
-        Self {
-            options: AmqpOptions::new(url)
-                .prefix(old.get_prefix())
-                .slot_ttl(old.get_slot_ttl())
-                .timeout(old.get_timeout()),
-        }
+impl Proxyable for AmqpFactory {
+    type Through = AmqpFactory;
+
+    fn upstream(&self) -> String {
+        through(&self.url, None).1
     }
 
-    /// This factory with every instance behind one [`FaultProxy`] that
-    /// delays each chunk by [`SLOW_LINK_LATENCY`] both ways.
-    pub(crate) async fn behind_a_slow_proxy(self) -> ProxiedFactory<Self> {
-        let url = url().await;
-        let (_, upstream) = through(&url, None);
-        let proxy = FaultProxy::start(upstream)
-            .await
-            .expect("a local port for the proxy");
-        proxy.set_latency(SLOW_LINK_LATENCY);
-        let (proxied, _) = through(&url, Some(&proxy));
-        ProxiedFactory::new(self.through(proxied), proxy)
+    /// This factory's prefix and options, with instances that connect to
+    /// `proxy` instead of the broker.
+    fn through_proxy(&self, proxy: &FaultProxy) -> AmqpFactory {
+        let (proxied, _) = through(&self.url, Some(proxy));
+        AmqpFactory {
+            url: self.url.clone(),
+            options: AmqpOptions::new(proxied)
+                .prefix(self.options.get_prefix())
+                .slot_ttl(self.options.get_slot_ttl())
+                .timeout(self.options.get_timeout()),
+        }
     }
 }
 

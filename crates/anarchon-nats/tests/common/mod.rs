@@ -4,13 +4,12 @@
 
 #![allow(dead_code)]
 
-use anarchon_testkit::{ProxiedFactory, SLOW_LINK_LATENCY};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsLeaseOptions, NatsLeaseStore, NatsOptions};
 use anarchon_testkit::servers::{Service, require, unique_prefix};
-use anarchon_testkit::{FaultProxy, StoreFactory};
+use anarchon_testkit::{FaultProxy, Proxyable, StoreFactory};
 
 /// The duplicate window the suites use: long enough for the default
 /// `max_late` (60 s + 10 s margin).
@@ -32,17 +31,6 @@ pub(crate) fn upstream(url: &str) -> String {
     } else {
         format!("{host}:4222")
     }
-}
-
-/// A proxy in front of the test server that delays each chunk by
-/// [`SLOW_LINK_LATENCY`] both ways, and its `nats://` URL.
-async fn slow_proxy() -> (FaultProxy, String) {
-    let proxy = FaultProxy::start(upstream(&url().await))
-        .await
-        .expect("a local port for the proxy");
-    proxy.set_latency(SLOW_LINK_LATENCY);
-    let url = format!("nats://{}", proxy.address());
-    (proxy, url)
 }
 
 /// Claim options on a fresh prefix (and so a fresh stream).
@@ -105,6 +93,8 @@ impl Drop for StreamGuard {
 pub(crate) struct NatsFactory {
     pub(crate) connection: NatsOptions,
     pub(crate) claims: ClaimOptions,
+    /// `host:port` of the server.
+    upstream: String,
     _guard: Option<StreamGuard>,
 }
 
@@ -114,6 +104,7 @@ impl NatsFactory {
         let claims = claims();
         Self {
             _guard: Some(StreamGuard::new(&url, claims.stream_name())),
+            upstream: upstream(&url),
             connection: NatsOptions::new(url),
             claims,
         }
@@ -125,17 +116,10 @@ impl NatsFactory {
     pub(crate) fn through(&self, url: String) -> Self {
         Self {
             _guard: None,
+            upstream: self.upstream.clone(),
             connection: NatsOptions::new(url).timeout(Duration::from_secs(1)),
             claims: self.claims.clone(),
         }
-    }
-
-    /// This factory with every instance behind one [`FaultProxy`] that
-    /// delays each chunk by [`SLOW_LINK_LATENCY`] both ways (and the 1 s
-    /// call limit of [`Self::through`]).
-    pub(crate) async fn behind_a_slow_proxy(self) -> ProxiedFactory<Self, Self> {
-        let (proxy, url) = slow_proxy().await;
-        ProxiedFactory::new(self.through(url), proxy).keeping(self)
     }
 }
 
@@ -175,6 +159,8 @@ pub(crate) async fn connect_leases(
 pub(crate) struct NatsLeaseFactory {
     pub(crate) connection: NatsOptions,
     pub(crate) leases: NatsLeaseOptions,
+    /// `host:port` of the server.
+    upstream: String,
     _guard: Option<StreamGuard>,
 }
 
@@ -184,6 +170,7 @@ impl NatsLeaseFactory {
         let leases = leases();
         Self {
             _guard: Some(StreamGuard::new(&url, leases.stream_name())),
+            upstream: upstream(&url),
             connection: NatsOptions::new(url),
             leases,
         }
@@ -195,17 +182,10 @@ impl NatsLeaseFactory {
     pub(crate) fn through(&self, url: String) -> Self {
         Self {
             _guard: None,
+            upstream: self.upstream.clone(),
             connection: NatsOptions::new(url).timeout(Duration::from_secs(1)),
             leases: self.leases.clone(),
         }
-    }
-
-    /// This factory with every instance behind one [`FaultProxy`] that
-    /// delays each chunk by [`SLOW_LINK_LATENCY`] both ways (and the 1 s
-    /// call limit of [`Self::through`]).
-    pub(crate) async fn behind_a_slow_proxy(self) -> ProxiedFactory<Self, Self> {
-        let (proxy, url) = slow_proxy().await;
-        ProxiedFactory::new(self.through(url), proxy).keeping(self)
     }
 }
 
@@ -223,3 +203,23 @@ impl StoreFactory for NatsLeaseFactory {
         Arc::new(connect_leases(&self.connection, self.leases.clone()).await)
     }
 }
+
+macro_rules! proxyable {
+    ($factory:ty) => {
+        impl Proxyable for $factory {
+            type Through = $factory;
+
+            fn upstream(&self) -> String {
+                self.upstream.clone()
+            }
+
+            /// [`Self::through`] the proxy's `nats://` URL.
+            fn through_proxy(&self, proxy: &FaultProxy) -> $factory {
+                self.through(format!("nats://{}", proxy.address()))
+            }
+        }
+    };
+}
+
+proxyable!(NatsFactory);
+proxyable!(NatsLeaseFactory);

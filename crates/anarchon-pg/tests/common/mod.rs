@@ -3,13 +3,12 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use anarchon_testkit::{ProxiedFactory, SLOW_LINK_LATENCY};
 use std::sync::Arc;
 
 use anarchon_core::Clock;
 use anarchon_pg::{PgOptions, PgStore, TableName};
 use anarchon_testkit::servers::{Service, require, unique_prefix};
-use anarchon_testkit::{FaultProxy, StoreFactory};
+use anarchon_testkit::{FaultProxy, Proxyable, StoreFactory};
 use async_trait::async_trait;
 use sqlx::{Connection, PgConnection};
 
@@ -66,6 +65,9 @@ pub struct PgFactory {
     /// Where instances connect: `url`, or a proxy in front of it.
     connect_to: String,
     table: TableName,
+    /// Whether dropping this factory drops the table (not for a second
+    /// factory on the same table, see [`Proxyable::through_proxy`]).
+    owns_table: bool,
 }
 
 impl PgFactory {
@@ -76,6 +78,7 @@ impl PgFactory {
             connect_to: url.clone(),
             url,
             table: fresh_table(),
+            owns_table: true,
         }
     }
 
@@ -85,17 +88,6 @@ impl PgFactory {
     pub fn through(mut self, url: String) -> Self {
         self.connect_to = url;
         self
-    }
-
-    /// This factory with every instance behind one [`FaultProxy`] that
-    /// delays each chunk by [`SLOW_LINK_LATENCY`] both ways.
-    pub async fn behind_a_slow_proxy(self) -> ProxiedFactory<Self> {
-        let proxy = FaultProxy::start(upstream(&self.url))
-            .await
-            .expect("a local port for the proxy");
-        proxy.set_latency(SLOW_LINK_LATENCY);
-        let url = via(&self.url, &proxy);
-        ProxiedFactory::new(self.through(url), proxy)
     }
 
     /// The server's URL.
@@ -134,8 +126,28 @@ impl StoreFactory for PgFactory {
     }
 }
 
+impl Proxyable for PgFactory {
+    type Through = PgFactory;
+
+    fn upstream(&self) -> String {
+        upstream(&self.url)
+    }
+
+    fn through_proxy(&self, proxy: &FaultProxy) -> PgFactory {
+        PgFactory {
+            url: self.url.clone(),
+            connect_to: via(&self.url, proxy),
+            table: self.table.clone(),
+            owns_table: false,
+        }
+    }
+}
+
 impl Drop for PgFactory {
     fn drop(&mut self) {
+        if !self.owns_table {
+            return;
+        }
         let url = self.url.clone();
         let table = self.table.clone();
         // Drop runs inside the test's runtime (or while unwinding): clean up

@@ -6,7 +6,6 @@
 
 pub mod proxy;
 
-use anarchon_testkit::{ProxiedFactory, SLOW_LINK_LATENCY};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +15,7 @@ use anarchon_redis::{
     RedisStreamIdStore, Version,
 };
 use anarchon_testkit::servers::{Service, require, unique_prefix};
-use anarchon_testkit::{FaultProxy, StoreFactory};
+use anarchon_testkit::{FaultProxy, Proxyable, StoreFactory};
 use deadpool_redis::redis::{self, AsyncCommands};
 
 /// The test server's URL (fails the test with instructions if there is none).
@@ -159,7 +158,9 @@ macro_rules! factory {
             pub url: String,
             pub prefix: String,
             pub opts: RedisOptions,
-            _cleanup: Cleanup,
+            /// Deletes the prefix's keys when dropped; `None` on a second
+            /// factory of the same prefix.
+            _cleanup: Option<Cleanup>,
         }
 
         impl $name {
@@ -169,29 +170,8 @@ macro_rules! factory {
                     url,
                     prefix,
                     opts,
-                    _cleanup,
+                    _cleanup: Some(_cleanup),
                 }
-            }
-
-            /// This factory's prefix, with instances that connect to `url`
-            /// (a proxy in front of the server) instead; the clean-up still
-            /// goes straight to the server.
-            pub fn through(mut self, url: &str) -> Self {
-                self.opts = RedisOptions::new(url)
-                    .prefix(&self.prefix)
-                    .expect("unique prefixes are valid");
-                self
-            }
-
-            /// This factory with every instance behind one [`FaultProxy`]
-            /// that delays each chunk by [`SLOW_LINK_LATENCY`] both ways.
-            pub async fn behind_a_slow_proxy(self) -> ProxiedFactory<Self> {
-                let proxy = FaultProxy::start(proxy::host_port(&self.url))
-                    .await
-                    .expect("a local port for the proxy");
-                proxy.set_latency(SLOW_LINK_LATENCY);
-                let url = via(&self.url, &proxy);
-                ProxiedFactory::new(self.through(&url), proxy)
             }
 
             pub async fn connect(&self) -> Result<$store, RedisStoreError> {
@@ -206,6 +186,27 @@ macro_rules! factory {
             ) -> Result<$store, RedisStoreError> {
                 let $opts = &self.opts.clone().clock(clock);
                 $connect
+            }
+        }
+
+        impl Proxyable for $name {
+            type Through = $name;
+
+            fn upstream(&self) -> String {
+                proxy::host_port(&self.url)
+            }
+
+            /// This factory's prefix, with instances that connect to
+            /// `proxy` instead; the clean-up stays with `self`.
+            fn through_proxy(&self, proxy: &FaultProxy) -> $name {
+                $name {
+                    url: self.url.clone(),
+                    prefix: self.prefix.clone(),
+                    opts: RedisOptions::new(via(&self.url, proxy))
+                        .prefix(&self.prefix)
+                        .expect("unique prefixes are valid"),
+                    _cleanup: None,
+                }
             }
         }
 

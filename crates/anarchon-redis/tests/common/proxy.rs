@@ -32,6 +32,8 @@ impl Traffic {
 struct Shared {
     traffic: Mutex<Traffic>,
     frozen: AtomicBool,
+    /// While set, the server's answers are held back; commands still pass.
+    replies_held: AtomicBool,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Bytes replaced in the server's answers (same length, so RESP stays valid).
     rewrite: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
@@ -87,6 +89,12 @@ impl Proxy {
     /// While frozen nothing passes in either direction.
     pub fn freeze(&self, frozen: bool) {
         self.shared.frozen.store(frozen, Ordering::SeqCst);
+    }
+
+    /// While held, commands reach the server but its answers wait in the
+    /// proxy: a request applied whose reply never comes (in time).
+    pub fn hold_replies(&self, held: bool) {
+        self.shared.replies_held.store(held, Ordering::SeqCst);
     }
 
     /// Drops every connection and refuses new ones.
@@ -186,7 +194,9 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
                     Ok(0) | Err(_) => return,
                     Ok(n) => n,
                 };
-                while shared.frozen.load(Ordering::SeqCst) {
+                while shared.frozen.load(Ordering::SeqCst)
+                    || shared.replies_held.load(Ordering::SeqCst)
+                {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 pending.extend_from_slice(&buf[..n]);
