@@ -81,6 +81,9 @@ pub struct Faulty<S: ?Sized> {
     down: AtomicBool,
     heartbeats_down: AtomicBool,
     heartbeats_hang: AtomicBool,
+    replies_lost: AtomicBool,
+    claims_to_hang: AtomicU64,
+    claim_delay_ms: AtomicU64,
     heartbeats: AtomicU64,
     claims: AtomicU64,
     peeks: AtomicU64,
@@ -94,6 +97,9 @@ impl<S: LeaseStore + ?Sized> Faulty<S> {
             down: AtomicBool::new(false),
             heartbeats_down: AtomicBool::new(false),
             heartbeats_hang: AtomicBool::new(false),
+            replies_lost: AtomicBool::new(false),
+            claims_to_hang: AtomicU64::new(0),
+            claim_delay_ms: AtomicU64::new(0),
             heartbeats: AtomicU64::new(0),
             claims: AtomicU64::new(0),
             peeks: AtomicU64::new(0),
@@ -128,6 +134,36 @@ impl<S: LeaseStore + ?Sized> Faulty<S> {
         self.heartbeats_hang.store(hang, Ordering::SeqCst);
     }
 
+    /// While `true`, every call reaches the store and is done there, but
+    /// its caller gets a temporary error instead of the answer: a reply
+    /// lost on the way back, the case where the caller cannot know.
+    pub fn set_replies_lost(&self, lost: bool) {
+        self.replies_lost.store(lost, Ordering::SeqCst);
+    }
+
+    /// The next `n` claim calls reach the store and are done there, but
+    /// never answer: a reply that hangs until the caller's timeout.
+    pub fn hang_after_next_claims(&self, n: u64) {
+        self.claims_to_hang.store(n, Ordering::SeqCst);
+    }
+
+    /// Every claim call reaches the store at once, but its answer comes
+    /// back `delay` later: a slow way back.
+    pub fn set_claim_reply_delay(&self, delay: Duration) {
+        self.claim_delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Turns every fault off.
+    pub fn heal(&self) {
+        self.set_down(false);
+        self.set_heartbeats_down(false);
+        self.set_heartbeats_hang(false);
+        self.set_replies_lost(false);
+        self.hang_after_next_claims(0);
+        self.set_claim_reply_delay(Duration::ZERO);
+    }
+
     /// How many heartbeats were attempted through this handle.
     pub fn heartbeats(&self) -> u64 {
         self.heartbeats.load(Ordering::SeqCst)
@@ -143,6 +179,39 @@ impl<S: LeaseStore + ?Sized> Faulty<S> {
             Ok(())
         }
     }
+
+    /// Applies the claim switches around a claim call.
+    async fn claim_call<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.check()?;
+        let answer = call.await;
+        let delay = self.claim_delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        let hang = self
+            .claims_to_hang
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if hang {
+            std::future::pending::<()>().await;
+        }
+        self.reply(answer)
+    }
+
+    /// What the caller gets for a call the store answered with `answer`.
+    fn reply<T>(&self, answer: Result<T, StoreError>) -> Result<T, StoreError> {
+        if self.replies_lost.load(Ordering::SeqCst) {
+            return Err(StoreError::unavailable(
+                "faulty",
+                "the reply was lost by the test (the store did the call)",
+            ));
+        }
+        answer
+    }
 }
 
 impl<S: ?Sized> fmt::Debug for Faulty<S> {
@@ -157,9 +226,7 @@ impl<S: ?Sized> fmt::Debug for Faulty<S> {
 #[async_trait]
 impl<S: LeaseStore + ?Sized> ClaimStore for Faulty<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.check()?;
-        self.inner.claim(req).await
+        self.claim_call(self.inner.claim(req)).await
     }
 
     fn info(&self) -> BackendInfo {
@@ -174,21 +241,17 @@ impl<S: LeaseStore + ?Sized> ClaimStore for Faulty<S> {
 #[async_trait]
 impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.check()?;
-        self.inner.claim_lease(req).await
+        self.claim_call(self.inner.claim_lease(req)).await
     }
 
     async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.check()?;
-        self.inner.claim_many(reqs).await
+        self.claim_call(self.inner.claim_many(reqs)).await
     }
 
     async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {
         self.peeks.fetch_add(1, Ordering::SeqCst);
         self.check()?;
-        self.inner.peek(run).await
+        self.reply(self.inner.peek(run).await)
     }
 
     async fn heartbeat(
@@ -208,7 +271,7 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
         if self.heartbeats_hang.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
-        self.inner.heartbeat(run, token, lease).await
+        self.reply(self.inner.heartbeat(run, token, lease).await)
     }
 
     async fn finish(
@@ -218,12 +281,12 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
         self.check()?;
-        self.inner.finish(run, token, outcome).await
+        self.reply(self.inner.finish(run, token, outcome).await)
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         self.check()?;
-        self.inner.release(run, token).await
+        self.reply(self.inner.release(run, token).await)
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

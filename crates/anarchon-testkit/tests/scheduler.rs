@@ -383,6 +383,91 @@ async fn a_later_instance_never_reruns_a_collected_slot() {
     );
 }
 
+/// Handler runs as the handlers saw them: instance, attempt, start, end.
+type Spans = Arc<
+    Mutex<
+        Vec<(
+            String,
+            Attempt,
+            tokio::time::Instant,
+            Option<tokio::time::Instant>,
+        )>,
+    >,
+>;
+
+/// An instance whose claim answers come back 1.2 s late: its first win
+/// reaches it 1.2 s into a 3 s lease counted from the send, and afterwards
+/// it learns to claim 2 s ahead of each slot, so its lease ends a second
+/// after its handler starts. Either way the first renewal must come before
+/// the lease ends (here: before the handler starts), or the backup takes
+/// the run over while the handler still runs.
+///
+/// Failed before the fix: the first heartbeat was due 2 s after the
+/// handler started, the backup took over first, and both ran the slot
+/// until the late runner's heartbeat was fenced.
+#[tokio::test(start_paused = true)]
+async fn a_run_claimed_ahead_renews_before_its_lease_ends() {
+    let (clock, store) = setup();
+    let spans: Spans = Arc::default();
+    let ahead = Faulty::new(store.clone());
+    ahead.set_claim_reply_delay(Duration::from_millis(1200));
+    let backup = Faulty::new(store.clone());
+    let mut schedulers = Vec::new();
+    for (name, handle) in [("ahead", ahead.clone()), ("backup", backup.clone())] {
+        let mut b = Scheduler::builder(handle)
+            .clock(clock.clone())
+            .instance_id(id(name))
+            .lease(Duration::from_secs(3))
+            .heartbeat(Duration::from_secs(2));
+        let spans = spans.clone();
+        b.job("long", every(60))
+            .unwrap()
+            .run(move |ctx| {
+                let spans = spans.clone();
+                async move {
+                    let index = {
+                        let mut spans = spans.lock().unwrap();
+                        spans.push((
+                            ctx.instance().to_string(),
+                            ctx.attempt(),
+                            tokio::time::Instant::now(),
+                            None,
+                        ));
+                        spans.len() - 1
+                    };
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(20)) => {}
+                        () = ctx.cancelled() => {}
+                    }
+                    spans.lock().unwrap()[index].3 = Some(tokio::time::Instant::now());
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+        schedulers.push(b.start().unwrap());
+    }
+    sleep(200.0).await;
+    for s in schedulers {
+        s.shutdown().await;
+    }
+    let spans = spans.lock().unwrap().clone();
+    assert!(
+        spans.iter().filter(|(who, ..)| who == "ahead").count() >= 2,
+        "the instance claiming ahead ran its slots: {spans:?}"
+    );
+    let mut sorted = spans.clone();
+    sorted.sort_by_key(|s| s.2);
+    for pair in sorted.windows(2) {
+        let ended = pair[0].3.expect("every handler returned");
+        assert!(
+            pair[1].2 >= ended,
+            "two handlers of one run at once: {:?} then {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_catch_up_a_new_instance_waits_for_the_next_slot() {
     let (clock, store) = setup();

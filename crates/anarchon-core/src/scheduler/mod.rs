@@ -23,6 +23,7 @@
 
 mod context;
 mod driver;
+mod lease_clock;
 mod metrics;
 mod run;
 

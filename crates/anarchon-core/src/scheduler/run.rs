@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use super::context::{CancelReason, RunContext};
 use super::driver::{MAX_CLAIM_AHEAD, lease_claim, with_retries, within};
+use super::lease_clock::LeaseClock;
 use super::metrics::Metrics;
 use super::{Inner, JobSpec, StoreHandle};
 use crate::ids::Token;
@@ -105,23 +106,40 @@ pub(crate) async fn run_won(
         }
         return;
     }
+    let span = tracing::info_span!("run", job = %run.job, slot = %run.slot, attempt = win.attempt.get(), instance = %inner.instance);
+    let lease = inner.lease;
+    let mut lease_clock = LeaseClock::new(claim_sent_at, lease, inner.heartbeat);
     // Claimed ahead of time: wait for the fire time (never longer than the
-    // head start, whatever the wall clock did meanwhile).
-    if let Some(fire_at) = fire_at {
-        let wait = fire_at.since(inner.clock.now()).min(MAX_CLAIM_AHEAD);
-        if !wait.is_zero() {
-            tokio::select! {
-                () = tokio::time::sleep(wait) => {}
-                () = inner.hand_over.cancelled() => {
-                    if let Some(store) = &lease_store {
-                        hand_over(&inner, store.as_ref(), &run, token).await;
-                    }
+    // head start, whatever the wall clock did meanwhile), renewing the
+    // lease on schedule meanwhile.
+    let start_at = fire_at.map_or_else(Instant::now, |fire_at| {
+        Instant::now() + fire_at.since(inner.clock.now()).min(MAX_CLAIM_AHEAD)
+    });
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(start_at) => break,
+            () = tokio::time::sleep_until(lease_clock.next_renewal()), if lease_store.is_some() => {
+                let Some(store) = &lease_store else { continue };
+                if !renew_before_start(&inner, store.as_ref(), &run, token, &mut lease_clock, &span).await {
                     return;
                 }
             }
+            () = inner.hand_over.cancelled() => {
+                if let Some(store) = &lease_store {
+                    hand_over(&inner, store.as_ref(), &run, token).await;
+                }
+                return;
+            }
         }
     }
-    let span = tracing::info_span!("run", job = %run.job, slot = %run.slot, attempt = win.attempt.get(), instance = %inner.instance);
+    // Never start a handler without lease left: a renewal due by now (the
+    // claim was won late, or sent well ahead) is made first.
+    if let Some(store) = &lease_store
+        && Instant::now() >= lease_clock.next_renewal()
+        && !renew_before_start(&inner, store.as_ref(), &run, token, &mut lease_clock, &span).await
+    {
+        return;
+    }
     let ctx = RunContext::new(
         run.job.clone(),
         run.slot,
@@ -132,9 +150,6 @@ pub(crate) async fn run_won(
     );
     let mut handler = tokio::spawn(job.handler.call(ctx.clone()).instrument(span.clone()));
 
-    let lease = inner.lease;
-    let mut last_renewal_sent = claim_sent_at;
-    let mut next_heartbeat = Instant::now() + inner.heartbeat;
     let mut renewing = lease_store.is_some();
     let mut fenced = false;
     let mut lost_contact = false;
@@ -144,40 +159,27 @@ pub(crate) async fn run_won(
     let result = loop {
         tokio::select! {
             joined = &mut handler => break joined,
-            () = tokio::time::sleep_until(next_heartbeat), if renewing => {
+            () = tokio::time::sleep_until(lease_clock.next_renewal()), if renewing => {
                 let Some(store) = &lease_store else { continue };
-                let sent = Instant::now();
-                // A heartbeat that hangs must not hold the runner past its
-                // self-fence deadline.
-                let left = (last_renewal_sent + lease).saturating_duration_since(sent);
-                let answer = within(left.max(Duration::from_millis(1)), store.heartbeat(&run, token, lease))
-                    .instrument(span.clone())
-                    .await;
-                match answer {
-                    Ok(Renewal::Renewed) => last_renewal_sent = sent,
-                    Ok(Renewal::Fenced) => {
+                match renew(store.as_ref(), &run, token, &mut lease_clock, &span).await {
+                    Renew::Held | Renew::Failed => {}
+                    Renew::Fenced => {
                         Metrics::add(&inner.metrics.fenced);
                         span.in_scope(|| tracing::warn!("fenced: another instance holds this run now; cancelling the handler"));
                         ctx.cancel(CancelReason::Fenced);
                         fenced = true;
                         renewing = false;
                     }
-                    Err(error) => {
-                        span.in_scope(|| tracing::warn!(%error, "heartbeat failed"));
+                    Renew::Expired => {
+                        // The lease may have run out on the store's clock:
+                        // stop before a backup can start.
+                        Metrics::add(&inner.metrics.fenced);
+                        span.in_scope(|| tracing::error!(?lease, "no renewal for a whole lease; cancelling the handler"));
+                        ctx.cancel(CancelReason::LostContact);
+                        lost_contact = true;
+                        renewing = false;
                     }
                 }
-                if renewing && Instant::now() >= last_renewal_sent + lease {
-                    // The lease may have run out on the store's clock: stop
-                    // before a backup can start.
-                    Metrics::add(&inner.metrics.fenced);
-                    span.in_scope(|| tracing::error!(?lease, "no renewal for a whole lease; cancelling the handler"));
-                    ctx.cancel(CancelReason::LostContact);
-                    lost_contact = true;
-                    renewing = false;
-                }
-                // Renew on schedule, and sooner when the lease is running
-                // short, but never later than the self-fence deadline.
-                next_heartbeat = (Instant::now() + inner.heartbeat).min(last_renewal_sent + lease);
             }
             () = sleep_until_opt(deadline), if deadline.is_some() && !timed_out => {
                 timed_out = true;
@@ -242,6 +244,84 @@ pub(crate) async fn run_won(
                 Metrics::add(&inner.metrics.store_errors);
                 span.in_scope(|| tracing::error!(%error, "could not record the outcome; the lease will run out and a backup may run the slot again"));
             }
+        }
+    }
+}
+
+/// How a renewal went.
+enum Renew {
+    /// The token still holds the run; the lease was extended.
+    Held,
+    /// Another token holds the run now.
+    Fenced,
+    /// The store did not answer, and lease is still surely left.
+    Failed,
+    /// The store did not answer and the lease may have run out.
+    Expired,
+}
+
+/// Sends one heartbeat, bounded by the lease surely left (a heartbeat that
+/// hangs must not hold the runner past its lease), and notes the result.
+async fn renew(
+    store: &dyn LeaseStore,
+    run: &RunKey,
+    token: Token,
+    clock: &mut LeaseClock,
+    span: &tracing::Span,
+) -> Renew {
+    let sent = Instant::now();
+    let left = clock.left(sent).max(Duration::from_millis(1));
+    let answer = within(left, store.heartbeat(run, token, clock.lease()))
+        .instrument(span.clone())
+        .await;
+    match answer {
+        Ok(Renewal::Renewed) => {
+            clock.renewed(sent);
+            Renew::Held
+        }
+        Ok(Renewal::Fenced) => Renew::Fenced,
+        Err(error) => {
+            span.in_scope(|| tracing::warn!(%error, "heartbeat failed"));
+            let now = Instant::now();
+            clock.failed(now);
+            if clock.expired(now) {
+                Renew::Expired
+            } else {
+                Renew::Failed
+            }
+        }
+    }
+}
+
+/// Renews a lease whose handler has not started yet; `false` when it must
+/// never start: fenced (another instance holds the run), or no lease left
+/// (handed over, if the store answers).
+async fn renew_before_start(
+    inner: &Inner,
+    store: &dyn LeaseStore,
+    run: &RunKey,
+    token: Token,
+    clock: &mut LeaseClock,
+    span: &tracing::Span,
+) -> bool {
+    match renew(store, run, token, clock, span).await {
+        Renew::Held | Renew::Failed => true,
+        Renew::Fenced => {
+            Metrics::add(&inner.metrics.fenced);
+            span.in_scope(|| {
+                tracing::warn!(
+                    "fenced before the handler started: another instance holds this run now"
+                )
+            });
+            false
+        }
+        Renew::Expired => {
+            Metrics::add(&inner.metrics.fenced);
+            span.in_scope(|| {
+                tracing::error!("no lease left before the handler started; not starting it, handing the run over")
+            });
+            hand_over(inner, store, run, token).await;
+            false
         }
     }
 }

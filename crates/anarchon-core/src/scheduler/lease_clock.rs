@@ -1,0 +1,128 @@
+//! A runner's view of its own lease, on its monotonic clock.
+//!
+//! The store counts a lease from when it processed the claim or the last
+//! renewal; the runner cannot see that instant, only when it *sent* the
+//! request, which is earlier. So the runner counts its lease from the send:
+//! its idea of the lease end is never later than the store's, and a runner
+//! that gives the run up at that end has stopped before any backup can take
+//! it over. Renewals are due every `heartbeat` after the last successful
+//! one was sent — from the claim's first send for the first renewal, even
+//! when the handler starts later (a claim sent ahead of its slot, or won on
+//! a retry).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// When a runner renews and when it must give the run up.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeaseClock {
+    lease: Duration,
+    every: Duration,
+    /// When the last successful renewal (or the claim) was first sent.
+    last_sent: Instant,
+    /// When the next renewal is due.
+    next_try: Instant,
+}
+
+impl LeaseClock {
+    /// A lease of `lease` won by a claim first sent at `claim_sent`, renewed
+    /// every `every`.
+    pub(crate) fn new(claim_sent: Instant, lease: Duration, every: Duration) -> Self {
+        Self {
+            lease,
+            every,
+            last_sent: claim_sent,
+            next_try: claim_sent + every,
+        }
+    }
+
+    /// The lease each renewal asks for.
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The latest instant the lease can end on the store: the runner stops
+    /// by then.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.last_sent + self.lease
+    }
+
+    /// Whether the lease may have run out on the store by `now`.
+    pub(crate) fn expired(&self, now: Instant) -> bool {
+        now >= self.deadline()
+    }
+
+    /// How much lease is surely left at `now`.
+    pub(crate) fn left(&self, now: Instant) -> Duration {
+        self.deadline().saturating_duration_since(now)
+    }
+
+    /// When to send the next renewal: on schedule, never after the deadline.
+    pub(crate) fn next_renewal(&self) -> Instant {
+        self.next_try.min(self.deadline())
+    }
+
+    /// A renewal sent at `sent` was answered `Renewed`.
+    pub(crate) fn renewed(&mut self, sent: Instant) {
+        self.last_sent = self.last_sent.max(sent);
+        self.next_try = self.last_sent + self.every;
+    }
+
+    /// A renewal failed at `now`: try again a heartbeat later (or at the
+    /// deadline, whichever comes first).
+    pub(crate) fn failed(&mut self, now: Instant) {
+        self.next_try = now + self.every;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_millis(800);
+    const EVERY: Duration = Duration::from_millis(200);
+
+    #[test]
+    fn the_first_renewal_is_due_a_heartbeat_after_the_claim_was_sent() {
+        let sent = Instant::now();
+        let clock = LeaseClock::new(sent, LEASE, EVERY);
+        assert_eq!(clock.next_renewal(), sent + EVERY);
+        assert_eq!(clock.deadline(), sent + LEASE);
+        // A handler that starts late finds the renewal overdue, not a whole
+        // heartbeat away.
+        let late_start = sent + Duration::from_millis(700);
+        assert!(clock.next_renewal() <= late_start);
+        assert_eq!(clock.left(late_start), Duration::from_millis(100));
+        assert!(!clock.expired(late_start));
+        assert!(clock.expired(sent + LEASE));
+    }
+
+    #[test]
+    fn a_renewal_counts_from_its_send_and_never_moves_back() {
+        let start = Instant::now();
+        let mut clock = LeaseClock::new(start, LEASE, EVERY);
+        let sent = start + Duration::from_millis(150);
+        clock.renewed(sent);
+        assert_eq!(clock.deadline(), sent + LEASE);
+        assert_eq!(clock.next_renewal(), sent + EVERY);
+        // An older renewal answered late does not shorten anything.
+        clock.renewed(start + Duration::from_millis(100));
+        assert_eq!(clock.deadline(), sent + LEASE);
+    }
+
+    #[test]
+    fn after_a_failure_the_next_try_comes_a_heartbeat_later_but_by_the_deadline() {
+        let start = Instant::now();
+        let mut clock = LeaseClock::new(start, LEASE, EVERY);
+        clock.failed(start + Duration::from_millis(200));
+        assert_eq!(clock.next_renewal(), start + Duration::from_millis(400));
+        clock.failed(start + Duration::from_millis(700));
+        assert_eq!(
+            clock.next_renewal(),
+            start + LEASE,
+            "never after the deadline"
+        );
+        assert_eq!(clock.deadline(), start + LEASE, "a failure extends nothing");
+    }
+}
