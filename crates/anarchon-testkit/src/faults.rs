@@ -177,8 +177,10 @@ macro_rules! fault_suite {
 /// Four schedulers on `factory`'s store, each behind a [`Faulty`] handle
 /// and recorded into one [`History`], run per-second jobs of different
 /// lengths for `duration` of real time while random faults (connection
-/// down, heartbeats failing, heartbeats hanging) come and go. The history
-/// must show one runner per run.
+/// down, heartbeats failing, heartbeats hanging, replies lost after the
+/// store did the call) come and go. Every handler records its start and
+/// end. The history must show one runner per run, and the faults must
+/// have bitten: takeovers happened, and calls ended uncertain.
 ///
 /// Prints its seed; `ANARCHON_SEED` replays one.
 pub async fn random_faults_never_give_a_run_two_runners<F: StoreFactory>(
@@ -200,6 +202,7 @@ pub async fn random_faults_never_give_a_run_two_runners<F: StoreFactory>(
         let faulty = Faulty::new(factory.instance().await);
         handles.push(faulty.clone());
         let recorder = Recorder::new(faulty, instance, history.clone());
+        let seen = history.clone();
         let mut b = Scheduler::builder(recorder)
             .clock(factory.clock())
             .instance_id(InstanceId::new(&format!("i{instance}")).expect("valid id"))
@@ -207,18 +210,27 @@ pub async fn random_faults_never_give_a_run_two_runners<F: StoreFactory>(
             .heartbeat(Duration::from_millis(200));
         for j in 0..3u64 {
             let work = Duration::from_millis(j * 700);
+            let seen = seen.clone();
             b.job(
                 format!("fault-job{j}"),
                 Schedule::every(Duration::from_secs(1)).expect("1 s"),
             )
             .expect("job")
             .max_attempts(3)
-            .run(move |ctx| async move {
-                tokio::select! {
-                    () = tokio::time::sleep(work) => {}
-                    () = ctx.cancelled() => {}
+            .run(move |ctx| {
+                let _running = seen.handler_started(
+                    instance,
+                    RunKey::new(ctx.job().clone(), ctx.slot()),
+                    ctx.attempt(),
+                );
+                async move {
+                    let _running = _running;
+                    tokio::select! {
+                        () = tokio::time::sleep(work) => {}
+                        () = ctx.cancelled() => {}
+                    }
+                    Ok::<_, String>(())
                 }
-                Ok::<_, String>(())
             })
             .expect("handler");
         }
@@ -228,21 +240,16 @@ pub async fn random_faults_never_give_a_run_two_runners<F: StoreFactory>(
     while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100 + rng.below(900))).await;
         let h = &handles[rng.below(4) as usize];
-        match rng.below(5) {
+        match rng.below(6) {
             0 => h.set_down(true),
             1 => h.set_heartbeats_down(true),
             2 => h.set_heartbeats_hang(true),
-            _ => {
-                h.set_down(false);
-                h.set_heartbeats_down(false);
-                h.set_heartbeats_hang(false);
-            }
+            3 => h.set_replies_lost(true),
+            _ => h.heal(),
         }
     }
     for h in &handles {
-        h.set_down(false);
-        h.set_heartbeats_down(false);
-        h.set_heartbeats_hang(false);
+        h.heal();
     }
     for s in schedulers {
         s.shutdown().await;
@@ -251,6 +258,18 @@ pub async fn random_faults_never_give_a_run_two_runners<F: StoreFactory>(
         Ok(summary) => {
             println!("seed {seed}: {summary:?} over {} calls", history.len());
             assert!(summary.wins > 0, "nothing ran: {summary:?}");
+            assert!(
+                summary.handlers > 0,
+                "no handler recorded its run: {summary:?}"
+            );
+            assert!(
+                summary.takeovers > 0,
+                "seed {seed}: the faults caused no takeover: {summary:?}"
+            );
+            assert!(
+                summary.uncertain > 0,
+                "seed {seed}: no call ended uncertain: {summary:?}"
+            );
         }
         Err(v) => panic!("seed {seed}: {} violations:\n{}", v.0.len(), v.0.join("\n")),
     }

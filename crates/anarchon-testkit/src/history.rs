@@ -16,7 +16,10 @@
 //! 4. no holder is renewed (heartbeat or finish answered `Renewed`) in a call
 //!    invoked after another token's win of the same run completed: at any
 //!    store instant at most one runner holds the run;
-//! 5. no win of a run is invoked after a claim of it completed with `Done`.
+//! 5. no win of a run is invoked after a claim of it completed with `Done`;
+//! 6. no two handlers of a run run at once: handlers record their own start
+//!    and end ([`History::handler_started`]), and each starts only after
+//!    the one before it ended — the promise itself, seen from the handlers.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -87,10 +90,42 @@ pub struct Event {
     pub answer: Option<Answer>,
 }
 
+/// One handler's run, as the handler saw it.
+#[derive(Clone, Debug)]
+pub struct HandlerRun {
+    /// Which instance ran it.
+    pub instance: usize,
+    /// The run.
+    pub run: RunKey,
+    /// The attempt it was told.
+    pub attempt: Attempt,
+    /// When the handler started.
+    pub started: Instant,
+    /// When it returned; `None` while it runs (or if it never returned).
+    pub ended: Option<Instant>,
+}
+
+/// Records a handler's end when dropped (returned, cancelled or panicked).
+#[derive(Debug)]
+pub struct HandlerGuard {
+    history: History,
+    index: usize,
+}
+
+impl Drop for HandlerGuard {
+    fn drop(&mut self) {
+        let mut handlers = self.history.handlers();
+        if let Some(h) = handlers.get_mut(self.index) {
+            h.ended = Some(Instant::now());
+        }
+    }
+}
+
 /// A shared, append-only history.
 #[derive(Clone, Default)]
 pub struct History {
     events: Arc<Mutex<Vec<Event>>>,
+    handlers: Arc<Mutex<Vec<HandlerRun>>>,
 }
 
 impl fmt::Debug for History {
@@ -122,6 +157,44 @@ impl History {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Event>> {
         self.events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn handlers(&self) -> std::sync::MutexGuard<'_, Vec<HandlerRun>> {
+        self.handlers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records that a handler of `run`, told `attempt`, starts now on
+    /// `instance`; the guard records its end when dropped. Call it first
+    /// thing in the handler and keep the guard until it returns.
+    pub fn handler_started(&self, instance: usize, run: RunKey, attempt: Attempt) -> HandlerGuard {
+        let mut handlers = self.handlers();
+        handlers.push(HandlerRun {
+            instance,
+            run,
+            attempt,
+            started: Instant::now(),
+            ended: None,
+        });
+        HandlerGuard {
+            history: self.clone(),
+            index: handlers.len() - 1,
+        }
+    }
+
+    /// A copy of the handler runs.
+    pub fn handler_runs(&self) -> Vec<HandlerRun> {
+        self.handlers().clone()
+    }
+
+    /// Appends `event` as given: for building a history by hand, to show
+    /// that [`check`] objects to it.
+    pub fn push(&self, event: Event) {
+        self.lock().push(event);
+    }
+
+    /// Appends a handler run as given, like [`Self::push`].
+    pub fn push_handler(&self, run: HandlerRun) {
+        self.handlers().push(run);
     }
 
     fn begin(&self, instance: usize, run: RunKey, call: Call) -> usize {
@@ -326,6 +399,8 @@ pub struct Summary {
     pub takeovers: usize,
     /// Calls that failed or never completed.
     pub uncertain: usize,
+    /// Handler runs recorded.
+    pub handlers: usize,
 }
 
 /// Checks the history; returns counts, or every violation found.
@@ -340,8 +415,10 @@ pub fn check(history: &History) -> Result<Summary, Violations> {
         by_run.entry(e.run.clone()).or_default().push(e);
     }
     let mut problems = Vec::new();
+    let handlers = history.handler_runs();
     let mut summary = Summary {
         runs: by_run.len(),
+        handlers: handlers.len(),
         uncertain: events
             .iter()
             .filter(|e| !matches!(e.answer, Some(Answer::Claimed(_) | Answer::Renewal(_))))
@@ -486,6 +563,37 @@ pub fn check(history: &History) -> Result<Summary, Violations> {
                 if w.invoked > done_at {
                     problems.push(format!("{run}: {} won after the run was done", w.token));
                 }
+            }
+        }
+    }
+    // 6. Handlers of a run never overlap.
+    let mut handlers_of: HashMap<&RunKey, Vec<&HandlerRun>> = HashMap::new();
+    for h in &handlers {
+        handlers_of.entry(&h.run).or_default().push(h);
+    }
+    for (run, mut spans) in handlers_of {
+        spans.sort_by_key(|h| h.started);
+        for pair in spans.windows(2) {
+            let (earlier, later) = (pair[0], pair[1]);
+            let overlap = match earlier.ended {
+                None => true,
+                Some(end) => later.started < end,
+            };
+            if overlap {
+                problems.push(format!(
+                    "{run}: two handlers ran at once: attempt {} on instance {} had not returned \
+                     ({}) when attempt {} started on instance {}",
+                    earlier.attempt,
+                    earlier.instance,
+                    earlier
+                        .ended
+                        .map_or("it never did".to_owned(), |end| format!(
+                            "it returned {:?} later",
+                            end.duration_since(later.started)
+                        )),
+                    later.attempt,
+                    later.instance
+                ));
             }
         }
     }

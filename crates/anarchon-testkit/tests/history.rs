@@ -11,8 +11,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anarchon_core::{Clock, InstanceId, MemoryStore, Schedule, Scheduler, Timestamp};
-use anarchon_testkit::history::{self, History, Recorder};
+use anarchon_core::{
+    Attempt, ClaimOutcome, Clock, FinalState, InstanceId, JobName, MemoryStore, Renewal, RunKey,
+    Schedule, Scheduler, Slot, Timestamp, Token, Win,
+};
+use anarchon_testkit::history::{self, Answer, Call, Event, HandlerRun, History, Recorder};
 use anarchon_testkit::{Faulty, TestClock};
 
 /// splitmix64: small, fast, and the same everywhere.
@@ -61,6 +64,7 @@ async fn random_faults_never_give_a_run_two_runners() {
         let f = Faulty::new(store.clone());
         faulty.push(f.clone());
         let recorder = Recorder::new(f, instance, history.clone());
+        let seen = history.clone();
         let mut b = Scheduler::builder(recorder)
             .clock(clock.clone())
             .instance_id(InstanceId::new(&format!("i{instance}")).unwrap())
@@ -70,18 +74,27 @@ async fn random_faults_never_give_a_run_two_runners() {
             // Jobs of different lengths: some finish at once, some outlive
             // several heartbeats and get caught by faults.
             let work = Duration::from_millis(job * 900);
+            let seen = seen.clone();
             b.job(
                 format!("job{job}"),
                 Schedule::every(Duration::from_secs(1 + job % 3)).unwrap(),
             )
             .unwrap()
             .max_attempts(3)
-            .run(move |ctx| async move {
-                tokio::select! {
-                    () = tokio::time::sleep(work) => {}
-                    () = ctx.cancelled() => {}
+            .run(move |ctx| {
+                let running = seen.handler_started(
+                    instance,
+                    RunKey::new(ctx.job().clone(), ctx.slot()),
+                    ctx.attempt(),
+                );
+                async move {
+                    let _running = running;
+                    tokio::select! {
+                        () = tokio::time::sleep(work) => {}
+                        () = ctx.cancelled() => {}
+                    }
+                    Ok::<_, String>(())
                 }
-                Ok::<_, String>(())
             })
             .unwrap();
         }
@@ -93,22 +106,17 @@ async fn random_faults_never_give_a_run_two_runners() {
     while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200 + rng.below(1500))).await;
         let i = rng.below(4) as usize;
-        match rng.below(6) {
+        match rng.below(7) {
             0 => faulty[i].set_down(true),
             1 => faulty[i].set_heartbeats_down(true),
             2 => faulty[i].set_heartbeats_hang(true),
             3 => store.lose_replies(1 + rng.below(3) as u32),
-            _ => {
-                faulty[i].set_down(false);
-                faulty[i].set_heartbeats_down(false);
-                faulty[i].set_heartbeats_hang(false);
-            }
+            4 => faulty[i].set_replies_lost(true),
+            _ => faulty[i].heal(),
         }
     }
     for f in &faulty {
-        f.set_down(false);
-        f.set_heartbeats_down(false);
-        f.set_heartbeats_hang(false);
+        f.heal();
     }
     for s in schedulers {
         s.shutdown().await;
@@ -125,6 +133,10 @@ async fn random_faults_never_give_a_run_two_runners() {
             assert!(
                 summary.uncertain > 0,
                 "faults caused failed calls: {summary:?}"
+            );
+            assert!(
+                summary.handlers > 100,
+                "handlers recorded their runs: {summary:?}"
             );
         }
         Err(violations) => panic!(
@@ -166,6 +178,147 @@ fn the_checker_catches_two_winners() {
             "{err:?}"
         );
     });
+}
+
+/// Hand-built histories, one per property of the checker: each breaks
+/// that property alone, and the checker must name it.
+mod the_checker_objects_to {
+    use super::*;
+    use tokio::time::Instant;
+
+    const LEASE: Duration = Duration::from_secs(10);
+
+    fn run() -> RunKey {
+        RunKey::new(JobName::new("j").unwrap(), Slot::from_millis(0))
+    }
+
+    fn at(base: Instant, ms: u64) -> Instant {
+        base + Duration::from_millis(ms)
+    }
+
+    fn claim(base: Instant, from: u64, to: u64, token: Token, outcome: ClaimOutcome) -> Event {
+        Event {
+            instance: 0,
+            run: run(),
+            call: Call::Claim {
+                token,
+                lease: LEASE,
+            },
+            invoked: at(base, from),
+            completed: Some(at(base, to)),
+            answer: Some(Answer::Claimed(outcome)),
+        }
+    }
+
+    fn won(attempt: u32) -> ClaimOutcome {
+        ClaimOutcome::Won(Win {
+            attempt: Attempt::new(attempt).unwrap(),
+            fence: None,
+        })
+    }
+
+    fn violations(history: &History) -> Vec<String> {
+        match history::check(history) {
+            Ok(summary) => panic!("the checker passed a broken history: {summary:?}"),
+            Err(v) => v.0,
+        }
+    }
+
+    fn assert_names(history: &History, says: &str) {
+        let found = violations(history);
+        assert!(
+            found.iter().any(|v| v.contains(says)),
+            "expected a violation saying {says:?}, got {found:?}"
+        );
+    }
+
+    #[test]
+    fn two_winners_of_one_attempt() {
+        let base = Instant::now();
+        let h = History::new();
+        h.push(claim(base, 0, 1, Token::generate(), won(1)));
+        h.push(claim(base, 0, 2, Token::generate(), won(1)));
+        assert_names(&h, "won by two tokens");
+    }
+
+    #[test]
+    fn attempts_that_go_backwards() {
+        let base = Instant::now();
+        let h = History::new();
+        h.push(claim(base, 0, 1, Token::generate(), won(2)));
+        h.push(claim(base, 20_000, 20_001, Token::generate(), won(1)));
+        assert_names(&h, "a later winner");
+    }
+
+    #[test]
+    fn a_takeover_inside_the_lease() {
+        let base = Instant::now();
+        let h = History::new();
+        h.push(claim(base, 0, 1, Token::generate(), won(1)));
+        h.push(claim(base, 5_000, 5_001, Token::generate(), won(2)));
+        assert_names(&h, "inside its");
+    }
+
+    #[test]
+    fn a_renewal_after_a_takeover() {
+        let base = Instant::now();
+        let h = History::new();
+        let old = Token::generate();
+        h.push(claim(base, 0, 1, old, won(1)));
+        h.push(claim(base, 20_000, 20_001, Token::generate(), won(2)));
+        h.push(Event {
+            instance: 0,
+            run: run(),
+            call: Call::Heartbeat {
+                token: old,
+                lease: LEASE,
+            },
+            invoked: at(base, 20_002),
+            completed: Some(at(base, 20_003)),
+            answer: Some(Answer::Renewal(Renewal::Renewed)),
+        });
+        assert_names(&h, "was renewed after");
+    }
+
+    #[test]
+    fn a_win_after_done() {
+        let base = Instant::now();
+        let h = History::new();
+        h.push(claim(
+            base,
+            0,
+            1,
+            Token::generate(),
+            ClaimOutcome::Done(FinalState::Succeeded),
+        ));
+        h.push(claim(base, 2, 3, Token::generate(), won(1)));
+        assert_names(&h, "won after the run was done");
+    }
+
+    #[test]
+    fn handlers_that_overlap() {
+        let base = Instant::now();
+        let h = History::new();
+        let handler = |instance, attempt, from, to: Option<u64>| HandlerRun {
+            instance,
+            run: run(),
+            attempt: Attempt::new(attempt).unwrap(),
+            started: at(base, from),
+            ended: to.map(|to| at(base, to)),
+        };
+        h.push_handler(handler(0, 1, 0, Some(15_000)));
+        h.push_handler(handler(1, 2, 12_000, Some(13_000)));
+        assert_names(&h, "two handlers ran at once");
+        let h = History::new();
+        h.push_handler(handler(0, 1, 0, None));
+        h.push_handler(handler(1, 2, 12_000, Some(13_000)));
+        assert_names(&h, "it never did");
+        // Back to back is no overlap.
+        let h = History::new();
+        h.push_handler(handler(0, 1, 0, Some(12_000)));
+        h.push_handler(handler(1, 2, 12_000, Some(13_000)));
+        history::check(&h).expect("handlers back to back");
+    }
 }
 
 /// A broken store: every claim wins attempt 1, every renewal succeeds.
