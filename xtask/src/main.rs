@@ -197,6 +197,12 @@ fn test_all(root: &Path, args: &[String]) -> Result<()> {
         ]),
     )?;
 
+    // A third-party backend uses the kit without the project's servers.
+    step(
+        "the testkit without its `servers` feature",
+        cargo(&["check", "-p", "anarchon-testkit", "--all-targets"]),
+    )?;
+
     let mut test = vec!["test", "--workspace", "--all-features"];
     for backend in available
         .iter()

@@ -6,11 +6,15 @@
 //! * [`clock`]: a clock tokio's paused time drives, and skewed clocks.
 //! * [`stores`]: a claim-only store, a fault-injecting wrapper, a resource
 //!   that checks fences.
-//! * [`servers`]: finding a Redis, PostgreSQL, RabbitMQ or NATS server.
 //! * [`proxy`]: a TCP proxy that injects latency, cuts, lost replies and
-//!   blackholes between a store and a real server.
-//! * [`tls`]: a TLS terminator with its own certificate authority in front
-//!   of a plain server, for testing TLS connections and certificate checks.
+//!   blackholes between a store and a real server; [`fault_suite!`] runs
+//!   the fault checks through it.
+//! * With the `servers` feature (the project's own tests): `servers`,
+//!   finding its Redis, PostgreSQL, RabbitMQ or NATS server; `restart`,
+//!   restarting one; `tls`, a TLS terminator with its own certificate
+//!   authority in front of a plain server.
+//!
+//! `docs/writing-a-backend.md` shows a third-party crate wiring the suites.
 //!
 //! ```text
 //! // In a backend's tests/suite.rs:
@@ -28,10 +32,13 @@ pub mod faults;
 pub mod history;
 pub mod lease;
 pub mod proxy;
+#[cfg(feature = "servers")]
 pub mod restart;
 pub mod scheduler;
+#[cfg(feature = "servers")]
 pub mod servers;
 pub mod stores;
+#[cfg(feature = "servers")]
 pub mod tls;
 
 pub use crate::clock::{SkewedClock, TestClock};
@@ -41,4 +48,12 @@ pub use crate::factory::{
 };
 pub use crate::proxy::FaultProxy;
 pub use crate::stores::{ClaimOnlyStore, Faulty, FencedResource};
+#[cfg(feature = "servers")]
 pub use crate::tls::{Handshake, TlsTerminator};
+
+/// A random lowercase name prefix for one test's keys, tables or streams,
+/// so tests run in parallel against one server.
+pub fn unique_prefix(stem: &str) -> String {
+    let bits = anarchon_core::Token::generate().as_u128();
+    format!("{stem}{:012x}", bits & 0xffff_ffff_ffff)
+}

@@ -142,11 +142,7 @@ pub async fn require(service: Service) -> String {
     }
 }
 
-/// A random lowercase name prefix for one test's keys, tables or streams.
-pub fn unique_prefix(stem: &str) -> String {
-    let bits = anarchon_core::Token::generate().as_u128();
-    format!("{stem}{:012x}", bits & 0xffff_ffff_ffff)
-}
+pub use crate::unique_prefix;
 
 #[cfg(feature = "containers")]
 mod containers {
