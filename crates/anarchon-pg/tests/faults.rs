@@ -21,6 +21,20 @@ mod kit {
     );
 }
 
+/// When the server's postmaster started, read from the server itself.
+async fn postmaster_start_time(url: &str) -> String {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    let (started,): (String,) = sqlx::query_as(
+        "SELECT to_char(pg_postmaster_start_time(), 'YYYY-MM-DD\"T\"HH24:MI:SS.US')",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let _ = conn.close().await;
+    started
+}
+
 /// PostgreSQL restarts under two running schedulers: they recover without
 /// a restart of their own, no slot runs twice, and a run won before the
 /// restart is still won after it (the store is durable).
@@ -60,9 +74,16 @@ async fn schedulers_recover_from_a_database_restart() {
     let control = anarchon_testkit::restart::ServerControl::for_service(
         anarchon_testkit::servers::Service::Postgres,
     );
+    let started_before = postmaster_start_time(factory.url()).await;
     let _guard = tokio::task::spawn_blocking(move || control.restart())
         .await
         .unwrap();
+    let started_after = postmaster_start_time(factory.url()).await;
+    assert!(
+        started_after > started_before,
+        "the server the tests use was restarted: it started at {started_before}, and after \
+         the restart at {started_after}"
+    );
     let restarted_at = anarchon_core::Clock::now(&anarchon_core::SystemClock).as_millis();
     tokio::time::sleep(Duration::from_secs(5)).await;
     for s in schedulers {

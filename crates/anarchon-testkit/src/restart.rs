@@ -17,12 +17,18 @@ pub struct ServerControl {
     service: Service,
     stop: String,
     start: String,
-    address: &'static str,
+    /// `host:port` probed to see whether the server answers.
+    address: String,
 }
 
 impl ServerControl {
     /// The commands for `service`: `ANARCHON_<SERVICE>_STOP` and
     /// `ANARCHON_<SERVICE>_START`, or those of the project's machines.
+    ///
+    /// Panics when the tests use a server named by the service's URL
+    /// variable (`ANARCHON_PG_URL`, …) and no stop and start commands are
+    /// given: the default commands restart the local server, not that one,
+    /// and a "restart" test would pass without restarting anything.
     pub fn for_service(service: Service) -> Self {
         let (name, stop, start, address) = match service {
             Service::Postgres => (
@@ -50,14 +56,30 @@ impl ServerControl {
                 "127.0.0.1:4222",
             ),
         };
-        let var = |what: &str, default: &str| {
-            std::env::var(format!("ANARCHON_{name}_{what}")).unwrap_or_else(|_| default.to_owned())
+        let given = |what: &str| {
+            std::env::var(format!("ANARCHON_{name}_{what}"))
+                .ok()
+                .filter(|c| !c.trim().is_empty())
         };
+        let elsewhere = std::env::var(service.env_var())
+            .ok()
+            .filter(|u| !u.trim().is_empty());
+        if elsewhere.is_some() && (given("STOP").is_none() || given("START").is_none()) {
+            panic!(
+                "the tests use the {} server named by {}, which this test cannot restart: set \
+                 ANARCHON_{name}_STOP and ANARCHON_{name}_START to the commands that stop and \
+                 start that server (and ANARCHON_{name}_ADDRESS to its host:port), or unset {}",
+                service.name(),
+                service.env_var(),
+                service.env_var()
+            );
+        }
+        let var = |what: &str, default: &str| given(what).unwrap_or_else(|| default.to_owned());
         Self {
             service,
             stop: var("STOP", stop),
             start: var("START", start),
-            address,
+            address: var("ADDRESS", address),
         }
     }
 
@@ -71,11 +93,16 @@ impl ServerControl {
     }
 
     fn answers(&self) -> bool {
-        std::net::TcpStream::connect_timeout(
-            &self.address.parse().expect("a socket address"),
-            Duration::from_millis(500),
-        )
-        .is_ok()
+        use std::net::ToSocketAddrs;
+        let Some(address) = self
+            .address
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+        else {
+            panic!("{:?} is not a host:port", self.address);
+        };
+        std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)).is_ok()
     }
 
     /// Stops the server and starts it again, waiting until it answers.
@@ -84,7 +111,15 @@ impl ServerControl {
         let guard = RestartGuard(self.clone());
         self.run(&self.stop);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while self.answers() && Instant::now() < deadline {
+        while self.answers() {
+            assert!(
+                Instant::now() < deadline,
+                "`{}` ran, but {:?} still answers at {} 30 s later: it did not stop the test \
+                 server, so nothing would be restarted",
+                self.stop,
+                self.service,
+                self.address
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         self.run(&self.start);
