@@ -26,8 +26,8 @@ pub(crate) fn tag(prefix: &KeyPrefix, job: &JobName) -> String {
     format!("{{{}:{}}}", prefix.as_str(), job.as_str())
 }
 
-/// `{prefix:job}:suffix`.
-pub(crate) fn job_key(prefix: &KeyPrefix, job: &JobName, suffix: &str) -> String {
+/// `{prefix:job}:suffix`: the key of one of `job`'s structures.
+pub fn job_key(prefix: &KeyPrefix, job: &JobName, suffix: &str) -> String {
     format!("{}:{suffix}", tag(prefix, job))
 }
 

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 pub use crate::error::RedisStoreError;
 pub use crate::idmp::{IDMP_MIN_VERSION, RedisIdmpStore};
+pub use crate::keys::job_key;
 pub use crate::lease::RedisLeaseStore;
 pub use crate::options::{EvictionCheck, KeyPrefix, MAX_PREFIX_LEN, RedisOptions, redact};
 pub use crate::scan::RedisScriptStore;

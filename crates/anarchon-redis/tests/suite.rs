@@ -22,13 +22,56 @@ mod script_claims {
     anarchon_testkit::claim_suite!(crate::common::ScriptFactory::new().await);
 }
 
-/// On Redis 8.6+ these run the claim suite on the `idmp` strategy; on an
-/// older server each checks that the store refuses the server instead.
+/// The claim suite on the `idmp` strategy. It needs Redis 8.6 or newer
+/// and fails, saying so, on an older server; `cargo xtask test-all` leaves
+/// it out there (`--skip idmp_claims::`) and reports "redis idmp NOT
+/// TESTED" in its summary.
 mod idmp_claims {
-    anarchon_testkit::claim_suite!(match crate::common::idmp_factory_or_refusal(module_path!())
+    anarchon_testkit::claim_suite!(crate::common::idmp_factory().await);
+}
+
+/// The idmp store refuses a server without `XADD ... IDMP`, naming the
+/// strategy to use instead: the test server itself when it is older than
+/// 8.6, or the test server seen through a proxy that makes it report
+/// version 7.
+#[tokio::test]
+async fn the_idmp_strategy_refuses_a_server_without_xadd_idmp() {
+    use anarchon_redis::{RedisIdmpStore, RedisOptions, RedisStoreError};
+    let url = common::url().await;
+    let (product, version) = common::server_version(&url).await;
+    let proxy = common::proxy::Proxy::start(&url).await;
+    let shown = version.to_string();
+    let older: String = shown
+        .chars()
+        .enumerate()
+        .map(|(i, c)| match (i, c) {
+            (0, _) => '7',
+            (_, '.') => '.',
+            _ => '0',
+        })
+        .collect();
+    if product == "Redis" && version >= anarchon_redis::IDMP_MIN_VERSION {
+        proxy.rewrite(
+            &format!("redis_version:{shown}"),
+            &format!("redis_version:{older}"),
+        );
+    }
+    let prefix = anarchon_testkit::unique_prefix("idmp-refusal");
+    let _cleanup = common::Cleanup::new(&url, &prefix);
+    let opts = RedisOptions::new(proxy.url(&url)).prefix(&prefix).unwrap();
+    let err = RedisIdmpStore::connect(&opts, RedisIdmpStore::DEFAULT_DURATION)
         .await
-    {
-        Some(factory) => factory,
-        None => return,
-    });
+        .expect_err("the idmp strategy must refuse a server without XADD IDMP");
+    assert!(
+        matches!(
+            err,
+            RedisStoreError::ServerTooOld {
+                strategy: "idmp",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(message.contains("`script` strategy"), "{message}");
 }

@@ -1,8 +1,8 @@
 //! What `JobName` accepts is safe in every store, and no two accepted names
 //! share a key anywhere: a property test over arbitrary strings.
 //!
-//! The key formats are those the backends use (RabbitMQ's is its own
-//! public function; the others are written out as their docs give them).
+//! The keys come from the backends' own key builders, and the pairs that
+//! matter most — names one edit apart — are derived from one name.
 
 #![allow(clippy::unwrap_used)]
 
@@ -41,21 +41,56 @@ fn sql_text_ok(v: &str) -> bool {
     !v.contains('\0')
 }
 
+/// Every key a store builds for `job` (and one run of it), from the
+/// stores' own key builders. The RabbitMQ queue name comes last.
 fn keys(job: &JobName) -> Vec<String> {
     let slot = Slot::from_millis(1_791_633_610_000);
+    let run = RunKey::new(job.clone(), slot);
+    let prefix = anarchon_redis::KeyPrefix::new("cron").unwrap();
     vec![
-        // Redis: every key of a job carries this tag.
-        format!("{{cron:{job}}}:runs"),
-        // NATS claims subject and message id, NATS KV key.
-        format!("anarchon.{job}.claims"),
-        format!("{job}:{}", slot.as_millis()),
-        format!("job.{job}"),
+        // Redis: every key of a job carries the job's hash tag.
+        anarchon_redis::job_key(&prefix, job, "runs"),
+        // NATS: the claim's message id, the KV store's job and run keys.
+        anarchon_nats::NatsClaimStore::message_id(&run),
+        anarchon_nats::NatsLeaseStore::job_key(job),
+        anarchon_nats::NatsLeaseStore::run_key(&run),
         // RabbitMQ gate queue, with the longest prefix the store accepts.
-        anarchon_amqp::gate_queue_name(
-            &"p".repeat(anarchon_amqp::MAX_PREFIX_LEN),
-            &RunKey::new(job.clone(), slot),
-        ),
+        anarchon_amqp::gate_queue_name(&"p".repeat(anarchon_amqp::MAX_PREFIX_LEN), &run),
     ]
+}
+
+/// Names one edit away from `name`: a letter's case flipped, `-` and `_`
+/// swapped, a character dropped, doubled or replaced by a neighbour, and
+/// characters a store could treat specially put in.
+fn near(name: &str) -> Vec<String> {
+    let chars: Vec<char> = name.chars().collect();
+    let mut out = Vec::new();
+    for i in 0..chars.len() {
+        let mut edit = |f: &dyn Fn(&mut Vec<char>)| {
+            let mut c = chars.clone();
+            f(&mut c);
+            out.push(c.into_iter().collect::<String>());
+        };
+        edit(&|c| c[i] = flip(c[i]));
+        edit(&|c| {
+            c.remove(i);
+        });
+        edit(&|c| c.insert(i, c[i]));
+        for other in ['-', '_', '.', ':', '0', 'a', 'A'] {
+            edit(&|c| c[i] = other);
+            edit(&|c| c.insert(i, other));
+        }
+    }
+    out
+}
+
+fn flip(c: char) -> char {
+    match c {
+        '-' => '_',
+        '_' => '-',
+        c if c.is_ascii_lowercase() => c.to_ascii_uppercase(),
+        c => c.to_ascii_lowercase(),
+    }
 }
 
 fn names() -> impl Strategy<Value = String> {
@@ -77,7 +112,8 @@ proptest! {
             prop_assert!(nats_kv_key_ok(&format!("job.{s}")), "NATS KV key: {s:?}");
             prop_assert!(redis_tag_part_ok(s), "Redis hash tag: {s:?}");
             prop_assert!(sql_text_ok(s), "SQL text: {s:?}");
-            let queue = &keys(&job)[4];
+            let keys = keys(&job);
+            let queue = keys.last().unwrap();
             prop_assert!(amqp_queue_ok(queue), "AMQP queue name: {queue:?}");
         } else {
             // Refused names are the ones that would break a key somewhere,
@@ -96,6 +132,21 @@ proptest! {
         {
             for (ka, kb) in keys(&a).iter().zip(keys(&b).iter()) {
                 prop_assert_ne!(ka, kb);
+            }
+        }
+    }
+
+    #[test]
+    fn names_one_edit_apart_share_no_key(name in "[A-Za-z0-9_-]{1,64}") {
+        let a = JobName::new(&name).unwrap();
+        let keys_a = keys(&a);
+        for other in near(&name) {
+            let Ok(b) = JobName::new(&other) else { continue };
+            if a == b {
+                continue;
+            }
+            for (ka, kb) in keys_a.iter().zip(keys(&b).iter()) {
+                prop_assert_ne!(ka, kb, "{:?} and {:?}", name, other);
             }
         }
     }
