@@ -68,6 +68,7 @@ where
         async move {
             let mut won = Vec::new();
             for slot in slots {
+                crate::claim::interleave(i, slot).await;
                 let req = lease_claim(
                     RunKey::new(job.clone(), slot),
                     Token::generate(),

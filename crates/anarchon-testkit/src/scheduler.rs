@@ -32,6 +32,8 @@ pub struct Started {
     pub scheduler: usize,
     /// The job.
     pub job: String,
+    /// When the handler started (tokio's clock).
+    pub at: Instant,
 }
 
 type Log = Arc<Mutex<Vec<Started>>>;
@@ -138,6 +140,7 @@ pub async fn schedulers_run_each_slot_once<F: StoreFactory>(factory: &F) {
                         fence: ctx.fence(),
                         scheduler: index,
                         job: ctx.job().to_string(),
+                        at: Instant::now(),
                     });
                     Ok::<_, String>(())
                 }
@@ -205,6 +208,7 @@ where
                         fence: ctx.fence(),
                         scheduler: index,
                         job: ctx.job().to_string(),
+                        at: Instant::now(),
                     });
                     // The frozen run hangs until it is told to stop.
                     if frozen.is_frozen(ctx.slot(), ctx.attempt()) {
@@ -227,7 +231,6 @@ where
             .any(|s| s.slot == first.slot && s.attempt > Attempt::FIRST)
     })
     .await;
-    let took_over = Instant::now();
     let second = entries(&log)
         .into_iter()
         .find(|s| s.slot == first.slot && s.attempt > Attempt::FIRST)
@@ -247,10 +250,11 @@ where
         .expect("the stalled runner's handler was cancelled");
     assert_eq!(reason, CancelReason::LostContact);
     assert!(
-        cancelled_at <= took_over,
-        "the runner must stop before the backup starts"
+        cancelled_at <= second.at,
+        "the runner must stop before the backup's handler starts: cancelled {:?} after it",
+        cancelled_at.duration_since(second.at)
     );
-    let delay = took_over.duration_since(cut);
+    let delay = second.at.duration_since(cut);
     assert!(
         delay <= lease + heartbeat,
         "takeover took {delay:?} after heartbeats stopped; the bound is lease + heartbeat = {:?}",
@@ -300,6 +304,7 @@ where
                                 fence: ctx.fence(),
                                 scheduler: index,
                                 job: ctx.job().to_string(),
+                                at: Instant::now(),
                             });
                             Ok::<_, String>(())
                         }
@@ -429,6 +434,7 @@ where
                             fence: ctx.fence(),
                             scheduler: index,
                             job: ctx.job().to_string(),
+                            at: Instant::now(),
                         });
                         return Ok::<_, String>(());
                     }
@@ -438,6 +444,7 @@ where
                         fence: ctx.fence(),
                         scheduler: index,
                         job: ctx.job().to_string(),
+                        at: Instant::now(),
                     });
                     assert!(resource.write(fence, "the first runner, before the pause"));
                     // Paused: deaf to cancellation until the test wakes it.

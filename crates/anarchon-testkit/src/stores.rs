@@ -84,6 +84,7 @@ pub struct Faulty<S: ?Sized> {
     replies_lost: AtomicBool,
     claims_to_hang: AtomicU64,
     claim_delay_ms: AtomicU64,
+    last_renewal_sent: Mutex<Option<tokio::time::Instant>>,
     heartbeats: AtomicU64,
     claims: AtomicU64,
     peeks: AtomicU64,
@@ -100,6 +101,7 @@ impl<S: LeaseStore + ?Sized> Faulty<S> {
             replies_lost: AtomicBool::new(false),
             claims_to_hang: AtomicU64::new(0),
             claim_delay_ms: AtomicU64::new(0),
+            last_renewal_sent: Mutex::new(None),
             heartbeats: AtomicU64::new(0),
             claims: AtomicU64::new(0),
             peeks: AtomicU64::new(0),
@@ -162,6 +164,15 @@ impl<S: LeaseStore + ?Sized> Faulty<S> {
         self.set_replies_lost(false);
         self.hang_after_next_claims(0);
         self.set_claim_reply_delay(Duration::ZERO);
+    }
+
+    /// When the last heartbeat that came back `Renewed` was sent (tokio's
+    /// clock): where a runner's lease is counted from.
+    pub fn last_renewal_sent(&self) -> Option<tokio::time::Instant> {
+        *self
+            .last_renewal_sent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// How many heartbeats were attempted through this handle.
@@ -271,7 +282,15 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
         if self.heartbeats_hang.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
-        self.reply(self.inner.heartbeat(run, token, lease).await)
+        let sent = tokio::time::Instant::now();
+        let answer = self.inner.heartbeat(run, token, lease).await;
+        if matches!(answer, Ok(Renewal::Renewed)) && !self.replies_lost.load(Ordering::SeqCst) {
+            *self
+                .last_renewal_sent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(sent);
+        }
+        self.reply(answer)
     }
 
     async fn finish(

@@ -33,7 +33,32 @@ async fn dst_days_fire_each_local_slot_once() {
     .await;
 }
 
-#[test]
-fn factories_are_fresh() {
-    let _ = (MemoryFactory::new(), ClaimOnlyFactory::new());
+/// Each factory is a namespace of its own: a run won in one is free in
+/// the next, and every instance of one factory sees the same store.
+#[tokio::test(start_paused = true)]
+async fn factories_are_fresh() {
+    use anarchon_core::{ClaimOutcome, ClaimStore, RunKey, Token};
+    use anarchon_testkit::StoreFactory;
+    use anarchon_testkit::claim::{claim_request, future_slot, job};
+    async fn check<F: StoreFactory>(first: F, second: F) {
+        let run = RunKey::new(job("fresh"), future_slot(&first, 0));
+        let claim = |who: &str| claim_request(run.clone(), Token::generate(), who);
+        let a = first.instance().await;
+        assert!(matches!(
+            a.claim(&claim("a")).await.unwrap(),
+            ClaimOutcome::Won(_)
+        ));
+        let b = first.instance().await;
+        assert!(
+            !matches!(b.claim(&claim("b")).await.unwrap(), ClaimOutcome::Won(_)),
+            "instances of one factory share its store"
+        );
+        let c = second.instance().await;
+        assert!(
+            matches!(c.claim(&claim("c")).await.unwrap(), ClaimOutcome::Won(_)),
+            "a new factory starts empty"
+        );
+    }
+    check(MemoryFactory::new(), MemoryFactory::new()).await;
+    check(ClaimOnlyFactory::new(), ClaimOnlyFactory::new()).await;
 }

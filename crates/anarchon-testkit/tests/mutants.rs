@@ -45,6 +45,9 @@ enum Mutation {
     FencesRebuiltFromRecords,
     /// A job whose runs were all collected is dropped, counter and all.
     EmptyJobForgotten,
+    /// A claim reads the run, and if it was free, claims it and calls any
+    /// answer a win: the read and the write are two steps.
+    CheckThenAct,
 }
 
 tokio::task_local! {
@@ -71,6 +74,8 @@ struct Shared {
     /// Per job: the highest fence the real store gave, and how much the
     /// mutant subtracts from it.
     fences: Mutex<HashMap<JobName, (u64, u64)>>,
+    /// Who sent each claim, in the order they reached the store.
+    claimants: Mutex<Vec<String>>,
 }
 
 /// A handle onto a shared [`MemoryStore`] that breaks one rule.
@@ -155,6 +160,26 @@ impl ClaimStore for Mutant {
 #[async_trait]
 impl LeaseStore for Mutant {
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
+        if self.mutation == Mutation::CheckThenAct {
+            let free = matches!(
+                self.inner.peek(req.run()).await?.state,
+                anarchon_core::RunState::Absent
+            );
+            tokio::task::yield_now().await;
+            let outcome = self.inner.claim_lease(req).await?;
+            return Ok(match outcome {
+                ClaimOutcome::Running { .. } if free => ClaimOutcome::Won(anarchon_core::Win {
+                    attempt: anarchon_core::Attempt::FIRST,
+                    fence: None,
+                }),
+                other => other,
+            });
+        }
+        self.shared
+            .claimants
+            .lock()
+            .unwrap()
+            .push(req.claim.instance.to_string());
         let outcome = self.on_clock(self.inner.claim_lease(req)).await?;
         Ok(self.seen(req.run(), req.claim.token, outcome))
     }
@@ -414,5 +439,34 @@ async fn a_job_forgotten_after_collection_is_caught() {
         lease::fences_outlive_garbage_collection,
         Mutation::EmptyJobForgotten,
         "after collecting every run of a job"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_read_and_written_in_two_steps_is_caught() {
+    caught!(
+        anarchon_testkit::claim::claim_is_exclusive,
+        Mutation::CheckThenAct,
+        "exactly one winner"
+    );
+    caught!(
+        lease::lease_claim_is_exclusive,
+        Mutation::CheckThenAct,
+        "slot"
+    );
+}
+
+/// The exclusivity checks make racers take turns even on one thread over a
+/// store that never waits: the claims of each racer do not all come first.
+#[tokio::test(start_paused = true)]
+async fn racers_take_turns_on_an_in_process_store() {
+    let factory = MutantFactory::new(Mutation::None);
+    lease::lease_claim_is_exclusive(&factory).await;
+    let claimants = factory.shared.claimants.lock().unwrap().clone();
+    let switches = claimants.windows(2).filter(|w| w[0] != w[1]).count();
+    assert!(
+        switches > claimants.len() / 2,
+        "racers' claims must alternate: {switches} switches in {} claims",
+        claimants.len()
     );
 }

@@ -83,12 +83,18 @@ async fn a_lost_reply_is_retried_with_the_same_token_and_runs_once() {
     }
     // The next store call (the first claim) does its work but its reply is lost.
     store.lose_replies(1);
+    let first_slot = Slot::from(clock.now());
     sleep(35.0).await;
     for s in schedulers {
         s.shutdown().await;
     }
     let map = by_slot(&runs);
     assert!(map.len() >= 3, "{map:?}");
+    let (lost, _) = map.iter().next().unwrap();
+    assert_eq!(
+        *lost, first_slot,
+        "the slot whose claim reply was lost ran, once: {map:?}"
+    );
     for (slot, who) in &map {
         assert_eq!(who.len(), 1, "slot {slot} ran {who:?}");
         assert_eq!(who[0].0, Attempt::FIRST);
@@ -257,6 +263,16 @@ async fn shutdown_hands_a_running_run_over_to_a_backup() {
     let report = stopping.shutdown().await;
     assert_eq!(report.handed_over, 1);
     let released_at = tokio::time::Instant::now();
+    let run = anarchon_core::RunKey::new(JobName::new("long").unwrap(), first.0);
+    let view = store.peek(&run).await.unwrap();
+    match view.state {
+        anarchon_core::RunState::Running { lease_until, .. } => assert!(
+            lease_until < view.store_now,
+            "shutdown released the lease: it ends {lease_until}, now is {}",
+            view.store_now
+        ),
+        other => panic!("the run is still running, handed over: {other:?}"),
+    }
     while by_slot(&runs)[&first.0].len() < 2 {
         assert!(
             released_at.elapsed() <= lease,
@@ -497,9 +513,12 @@ async fn without_catch_up_a_new_instance_waits_for_the_next_slot() {
 async fn jitter_spreads_claims_the_same_way_on_every_instance() {
     let (clock, store) = setup();
     let started: Arc<Mutex<Vec<(String, Slot, Timestamp)>>> = Arc::default();
+    let claims = anarchon_testkit::history::History::new();
     let mut schedulers = Vec::new();
-    for name in ["a", "b", "c"] {
-        let mut b = Scheduler::builder(store.clone())
+    for (index, name) in ["a", "b", "c"].into_iter().enumerate() {
+        let recorded =
+            anarchon_testkit::history::Recorder::new(store.clone(), index, claims.clone());
+        let mut b = Scheduler::builder(recorded)
             .clock(clock.clone())
             .instance_id(id(name));
         for job in 0..20 {
@@ -538,6 +557,26 @@ async fn jitter_spreads_claims_the_same_way_on_every_instance() {
     );
     let distinct: std::collections::HashSet<i64> = offsets.iter().map(|o| o / 1000).collect();
     assert!(distinct.len() > 3, "jitter spreads the jobs: {offsets:?}");
+    // Every instance sent its claim of a run at the same moment.
+    let mut sent: BTreeMap<anarchon_core::RunKey, BTreeMap<usize, tokio::time::Instant>> =
+        BTreeMap::new();
+    for e in claims.events() {
+        sent.entry(e.run.clone())
+            .or_default()
+            .entry(e.instance)
+            .or_insert(e.invoked);
+    }
+    assert_eq!(sent.len(), 20, "{sent:?}");
+    for (run, by_instance) in &sent {
+        assert_eq!(by_instance.len(), 3, "every instance claimed {run}");
+        let first = by_instance.values().min().unwrap();
+        let last = by_instance.values().max().unwrap();
+        assert!(
+            last.duration_since(*first) <= Duration::from_millis(1),
+            "{run}: the instances claimed it {:?} apart",
+            last.duration_since(*first)
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -954,8 +993,8 @@ async fn dropping_a_scheduler_stops_it_and_hands_its_runs_over() {
     sleep(1.0).await;
     assert_eq!(runs.lock().unwrap().len(), 1);
     drop(s);
-    sleep(120.0).await;
-    assert_eq!(runs.lock().unwrap().len(), 1, "no claims after the drop");
+    // A moment later, far inside the 30 s lease: released, not run out.
+    sleep(0.1).await;
     let history = store
         .history(&JobName::new("long").unwrap(), 5)
         .await
@@ -963,11 +1002,15 @@ async fn dropping_a_scheduler_stops_it_and_hands_its_runs_over() {
     assert_eq!(history.len(), 1);
     let view = store.peek(&history[0].run).await.unwrap();
     match view.state {
-        anarchon_core::RunState::Running { lease_until, .. } => {
-            assert!(lease_until < view.store_now, "the lease was released")
-        }
+        anarchon_core::RunState::Running { lease_until, .. } => assert!(
+            lease_until < view.store_now,
+            "dropping the scheduler released the lease at once: it ends {lease_until}, now is {}",
+            view.store_now
+        ),
         other => panic!("{other:?}"),
     }
+    sleep(120.0).await;
+    assert_eq!(runs.lock().unwrap().len(), 1, "no claims after the drop");
 }
 
 #[tokio::test(start_paused = true)]
@@ -996,8 +1039,10 @@ async fn a_hanging_heartbeat_does_not_hold_the_runner_past_its_lease() {
     let s = b.start().unwrap();
     sleep(1.5).await;
     faulty.set_heartbeats_hang(true);
-    let cut = tokio::time::Instant::now();
     sleep(10.0).await;
+    let renewed = faulty
+        .last_renewal_sent()
+        .expect("a heartbeat was renewed before the hang");
     let (reason, at) = cancelled.lock().unwrap().unwrap_or_else(|| {
         panic!(
             "not cancelled; {:?}, {} heartbeats",
@@ -1007,9 +1052,9 @@ async fn a_hanging_heartbeat_does_not_hold_the_runner_past_its_lease() {
     });
     assert_eq!(reason, CancelReason::LostContact);
     assert!(
-        at.duration_since(cut) <= lease,
-        "cancelled {:?} after the heartbeats hung",
-        at.duration_since(cut)
+        at <= renewed + lease,
+        "cancelled {:?} after the last renewal was sent, past the {lease:?} lease",
+        at.duration_since(renewed)
     );
     drop(s);
 }
