@@ -484,6 +484,64 @@ async fn a_run_claimed_ahead_renews_before_its_lease_ends() {
     }
 }
 
+/// When the whole fleet wakes late (here: the wall clock jumps ten minutes,
+/// as after a suspend), the slots the timer passes over are recorded
+/// `missed` by the store, on its clock, so the history says what happened;
+/// the first slot inside the late window still runs.
+///
+/// Failed before the fix: the driver dropped them on its own clock and the
+/// history had nothing between the two runs.
+#[tokio::test(start_paused = true)]
+async fn slots_the_timer_passes_over_are_recorded_missed() {
+    let (clock, store) = setup();
+    let runs = runs();
+    let mut b = Scheduler::builder(store.clone())
+        .clock(clock.clone())
+        .instance_id(id("sleeper"));
+    let r = runs.clone();
+    b.job("minutely", every(60))
+        .unwrap()
+        .run(move |ctx| {
+            let r = r.clone();
+            async move {
+                record(&r, &ctx);
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+    let s = b.start().unwrap();
+    sleep(1.0).await;
+    let first = Slot::from_millis(clock.now().as_millis() - clock.now().as_millis() % 60_000);
+    clock.step(true, Duration::from_secs(600));
+    sleep(3.0).await;
+    s.shutdown().await;
+    let history = store
+        .history(&JobName::new("minutely").unwrap(), 100)
+        .await
+        .unwrap();
+    let state_of = |minute: i64| {
+        history
+            .iter()
+            .find(|r| r.run.slot.as_millis() == first.as_millis() + minute * 60_000)
+            .map(|r| r.state)
+    };
+    let ran = Some(RecordState::Finished(FinalState::Succeeded));
+    assert_eq!(state_of(0), ran, "{history:?}");
+    for minute in 1..10 {
+        assert_eq!(
+            state_of(minute),
+            Some(RecordState::Missed),
+            "minute {minute} was passed over and must be recorded missed: {history:?}"
+        );
+    }
+    assert_eq!(
+        state_of(10),
+        ran,
+        "the slot inside the window ran: {history:?}"
+    );
+    assert_eq!(by_slot(&runs).len(), 2);
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_catch_up_a_new_instance_waits_for_the_next_slot() {
     let (clock, store) = setup();

@@ -128,23 +128,37 @@ pub(crate) async fn drive(inner: Arc<Inner>) {
         if inner.stop.is_cancelled() {
             return;
         }
-        let due = take_due(&mut queue, &jobs, now, ahead, &inner.metrics);
+        let ask_store = matches!(inner.store, StoreHandle::Lease(_));
+        let due = take_due(&mut queue, &jobs, now, ahead, ask_store, &inner.metrics);
         if !due.is_empty() {
             inner.tasks.spawn(claim_batch(inner.clone(), due));
         }
     }
 }
 
+/// How many slots of one job that the timer finds too old are sent to a
+/// lease store at one wake, to be recorded `missed`; past that they are
+/// only counted in the log.
+const MISSED_REPORT_LIMIT: usize = 100;
+
 /// Pops every entry due for its claim at `now` (fire time within `ahead`),
 /// queues each job's next slot, and returns the slots to claim, oldest
-/// first. Slots older than their job's window are
-/// skipped here; if a job fell far behind (a long suspend, a clock step) it
-/// jumps straight to its window instead of walking every slot in between.
+/// first. If a job fell far behind (a long suspend, a clock step) it jumps
+/// straight to its window instead of walking every slot in between.
+///
+/// Slots older than their job's window by this instance's clock are not
+/// dropped here when `ask_store` (a lease store): they are claimed like any
+/// other, and the store decides on its own clock — it records `missed` and
+/// answers `Late`, or, if this clock was wrong, the slot runs. At most
+/// [`MISSED_REPORT_LIMIT`] such slots per job and wake go to the store.
+/// Claim-only stores cannot record a miss; there the slots are skipped and
+/// logged.
 fn take_due(
     queue: &mut Queue,
     jobs: &[Arc<JobSpec>],
     now: Timestamp,
     ahead: Duration,
+    ask_store: bool,
     metrics: &Metrics,
 ) -> Vec<Due> {
     let mut due = Vec::new();
@@ -156,20 +170,38 @@ fn take_due(
         let job = &jobs[index];
         let window = job.window();
         let too_old = |s: Slot| now.since(s.at()) > window;
-        if too_old(slot) {
-            Metrics::add(&metrics.late);
-            tracing::warn!(job = %job.name, %slot, late_by = ?now.since(slot.at()), "slot skipped: the timer woke too late to claim it");
-        } else {
+        if !too_old(slot) || ask_store {
             due.push(Due {
                 index,
                 slot,
                 fire_at,
             });
+        } else {
+            Metrics::add(&metrics.late);
+            tracing::warn!(job = %job.name, %slot, late_by = ?now.since(slot.at()), "slot skipped: the timer woke too late to claim it");
         }
         let mut next = job.schedule.next_after(slot.at());
         if next.is_some_and(too_old) {
             let resume = job.schedule.next_after(now.saturating_sub(window));
-            tracing::warn!(job = %job.name, from = ?next, to = ?resume, "the timer fell behind; slots older than the late window are skipped");
+            // A lease store records the passed-over slots `missed` (up to
+            // a limit): walk them from the oldest.
+            let mut asked = 0;
+            let mut walk = next;
+            while ask_store && asked < MISSED_REPORT_LIMIT {
+                let Some(old) = walk.filter(|s| Some(*s) != resume && too_old(*s)) else {
+                    break;
+                };
+                // Asked with its own time as the fire time: that is past,
+                // so a slot the store still allows runs at once.
+                due.push(Due {
+                    index,
+                    slot: old,
+                    fire_at: old.at(),
+                });
+                asked += 1;
+                walk = job.schedule.next_after(old.at());
+            }
+            tracing::warn!(job = %job.name, from = ?next, to = ?resume, asked, "the timer fell behind: slots older than the late window are passed over; the store records those asked about as missed");
             Metrics::add(&metrics.late);
             next = resume;
         }
