@@ -285,8 +285,10 @@ async fn takeover(target: &dyn Target, s: &Settings, f: &mut Figures) -> Result<
                         Instant::now(),
                     ));
                     async move {
+                        // Runs until told to stop, and then says so: the
+                        // run was not done, so it is handed over.
                         ctx.cancelled().await;
-                        Ok::<_, String>(())
+                        Err::<(), _>("stopped early".to_owned())
                     }
                 })?;
             schedulers.push(b.start()?);

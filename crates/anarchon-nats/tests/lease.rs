@@ -206,6 +206,7 @@ fn scheduler(
                     ctx.cancelled().await;
                     seen.lock().unwrap().cancelled =
                         Some((ctx.cancel_reason().unwrap(), Instant::now()));
+                    return Err("stopped early".to_owned());
                 }
                 Ok::<_, String>(())
             }

@@ -226,10 +226,9 @@ pub async fn random_faults_never_give_a_run_two_runners<F: StoreFactory>(
                 async move {
                     let _running = _running;
                     tokio::select! {
-                        () = tokio::time::sleep(work) => {}
-                        () = ctx.cancelled() => {}
+                        () = tokio::time::sleep(work) => Ok(()),
+                        () = ctx.cancelled() => Err("stopped early".to_owned()),
                     }
-                    Ok::<_, String>(())
                 }
             })
             .expect("handler");

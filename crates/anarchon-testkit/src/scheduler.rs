@@ -210,11 +210,14 @@ where
                         job: ctx.job().to_string(),
                         at: Instant::now(),
                     });
-                    // The frozen run hangs until it is told to stop.
+                    // The frozen run hangs until it is told to stop, and
+                    // then says it did not finish its work.
                     if frozen.is_frozen(ctx.slot(), ctx.attempt()) {
                         ctx.cancelled().await;
+                        let reason = ctx.cancel_reason().expect("reason");
                         *cancelled.lock().unwrap_or_else(|p| p.into_inner()) =
-                            Some((ctx.cancel_reason().expect("reason"), Instant::now()));
+                            Some((reason, Instant::now()));
+                        return Err(format!("stopped early: {reason}"));
                     }
                     Ok::<_, String>(())
                 }

@@ -90,10 +90,9 @@ async fn random_faults_never_give_a_run_two_runners() {
                 async move {
                     let _running = running;
                     tokio::select! {
-                        () = tokio::time::sleep(work) => {}
-                        () = ctx.cancelled() => {}
+                        () = tokio::time::sleep(work) => Ok(()),
+                        () = ctx.cancelled() => Err("stopped early".to_owned()),
                     }
-                    Ok::<_, String>(())
                 }
             })
             .unwrap();

@@ -542,6 +542,70 @@ async fn slots_the_timer_passes_over_are_recorded_missed() {
     assert_eq!(by_slot(&runs).len(), 2);
 }
 
+/// A runner that lost contact for a whole lease cancels its handler; if
+/// the handler completes anyway and the store is back, the success is
+/// recorded (`finish` only takes while no backup has taken the run over),
+/// and an instance that comes later finds the slot done.
+///
+/// Failed before the fix: the runner released the run instead, and the
+/// later instance ran the slot a second time.
+#[tokio::test(start_paused = true)]
+async fn a_run_that_succeeded_after_losing_contact_is_recorded_not_released() {
+    let (clock, store) = setup();
+    let runs = runs();
+    let faulty = Faulty::new(store.clone());
+    let start = |name: &'static str, handle: Arc<dyn LeaseStore>, catch_up: bool| {
+        let mut b = Scheduler::builder(handle)
+            .clock(clock.clone())
+            .instance_id(id(name))
+            .lease(Duration::from_secs(3))
+            .heartbeat(Duration::from_secs(1));
+        let r = runs.clone();
+        let mut job = b.job("stubborn", every(3600)).unwrap();
+        if catch_up {
+            job = job.catch_up(Duration::from_secs(1800));
+        }
+        job.run(move |ctx| {
+            let r = r.clone();
+            async move {
+                record(&r, &ctx);
+                // Deaf to the cancellation: it finishes its work.
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+        b.start().unwrap()
+    };
+    faulty.set_heartbeats_down(true);
+    let first = start("first", faulty.clone(), false);
+    // Past the first slot (30 minutes in) and the handler's 5 s.
+    sleep(1800.0 + 10.0).await;
+    assert_eq!(
+        first.metrics().fenced,
+        1,
+        "the runner gave the run up: {:?}",
+        first.metrics()
+    );
+    let later = start("later", store.clone(), true);
+    sleep(10.0).await;
+    first.shutdown().await;
+    later.shutdown().await;
+    let map = by_slot(&runs);
+    assert_eq!(map.len(), 1, "{map:?}");
+    let (slot, runners) = map.iter().next().unwrap();
+    assert_eq!(runners.len(), 1, "slot {slot} ran twice: {runners:?}");
+    let history = store
+        .history(&JobName::new("stubborn").unwrap(), 5)
+        .await
+        .unwrap();
+    assert_eq!(
+        history[0].state,
+        RecordState::Finished(FinalState::Succeeded),
+        "{history:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_catch_up_a_new_instance_waits_for_the_next_slot() {
     let (clock, store) = setup();

@@ -19,7 +19,10 @@ pub enum CancelReason {
     /// took it over. Stop at once; anything written now is stale.
     Fenced,
     /// The store could not be reached for a whole lease period: a backup may
-    /// take over soon, so the runner stops first.
+    /// take over soon, so the runner stops first. A handler that stops
+    /// early should return an error, and the run is handed to a backup; one
+    /// that returns `Ok` says its work is done, and the success is recorded
+    /// if no backup has taken the run over meanwhile.
     LostContact,
     /// The job's timeout elapsed.
     TimedOut,
@@ -41,7 +44,9 @@ impl fmt::Display for CancelReason {
 /// The run a handler is running, and its cancellation signal.
 ///
 /// Handlers should watch [`RunContext::cancelled`] and stop promptly when it
-/// fires: after a fence, another instance is running the same run.
+/// fires: after a fence, another instance is running the same run. A
+/// handler that stops before its work is done should return an error, not
+/// `Ok`: `Ok` says the work is done.
 #[derive(Clone)]
 pub struct RunContext {
     pub(crate) job: JobName,

@@ -216,10 +216,14 @@ pub(crate) async fn run_won(
         },
     };
     span.in_scope(|| tracing::info!(?outcome, "handler finished"));
-    if let (Some(store), true) = (&lease_store, lost_contact) {
-        // This runner gave the run up when it could no longer renew: it does
-        // not record an outcome, it hands the run to a backup (if the store
-        // answers at all; otherwise the lease simply runs out).
+    if let (Some(store), true, false) =
+        (&lease_store, lost_contact, outcome == RunOutcome::Succeeded)
+    {
+        // This runner gave the run up when it could no longer renew, and
+        // the handler did not complete: it hands the run to a backup (if
+        // the store answers at all; otherwise the lease simply runs out). A
+        // handler that did complete is recorded below: `finish` only takes
+        // if no backup has taken the run over meanwhile.
         span.in_scope(|| tracing::warn!("the run was given up after losing contact; handing it over instead of recording {outcome:?}"));
         if let Ok(Renewal::Renewed) = store.release(&run, token).await {
             Metrics::add(&inner.metrics.handed_over);
