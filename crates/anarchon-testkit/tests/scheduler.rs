@@ -606,6 +606,72 @@ async fn a_run_that_succeeded_after_losing_contact_is_recorded_not_released() {
     );
 }
 
+/// A claim-only store whose claims never answer: it records when each
+/// try reached it.
+struct Unanswering {
+    clock: Arc<TestClock>,
+    tries: Mutex<Vec<Timestamp>>,
+}
+
+#[async_trait::async_trait]
+impl ClaimStore for Unanswering {
+    async fn claim(
+        &self,
+        _: &anarchon_core::ClaimRequest,
+    ) -> Result<anarchon_core::ClaimOutcome, anarchon_core::StoreError> {
+        self.tries.lock().unwrap().push(self.clock.now());
+        std::future::pending().await
+    }
+
+    fn info(&self) -> anarchon_core::BackendInfo {
+        anarchon_core::BackendInfo {
+            name: "unanswering",
+            memory: Memory::Window(Duration::from_secs(25)),
+        }
+    }
+
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        None
+    }
+}
+
+/// On a claim-only store that remembers a run for `max_late` plus the
+/// margin, a claim whose tries time out is retried only inside the slot's
+/// late window: a try that reached the store later could find the
+/// winner's record forgotten and win the run a second time.
+///
+/// Failed before the fix: the 3rd and 4th tries went out 20 s and 30 s
+/// after the slot, past its 15 s window.
+#[tokio::test(start_paused = true)]
+async fn claim_only_retries_stay_inside_the_late_window() {
+    let (clock, _) = setup();
+    let store = Arc::new(Unanswering {
+        clock: clock.clone(),
+        tries: Mutex::new(Vec::new()),
+    });
+    let mut b = Scheduler::builder(store.clone())
+        .clock(clock.clone())
+        .instance_id(id("patient"));
+    b.job("minutely", every(60))
+        .unwrap()
+        .max_late(Duration::from_secs(15))
+        .run(|_| async { Ok::<_, String>(()) })
+        .unwrap();
+    let s = b.start().unwrap();
+    sleep(50.0).await;
+    s.shutdown().await;
+    let tries = store.tries.lock().unwrap().clone();
+    assert!(tries.len() >= 2, "the claim was retried: {tries:?}");
+    let slot = tries[0].as_millis() - tries[0].as_millis().rem_euclid(60_000);
+    for at in &tries {
+        assert!(
+            at.as_millis() - slot <= 15_000,
+            "a try went out {} ms after the slot, past its 15 s late window: {tries:?}",
+            at.as_millis() - slot
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_catch_up_a_new_instance_waits_for_the_next_slot() {
     let (clock, store) = setup();

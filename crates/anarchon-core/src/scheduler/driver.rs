@@ -234,7 +234,22 @@ where
 
 /// Sends `op` until it succeeds, fails for good, or [`STORE_TRIES`] runs out.
 /// Every try sends the same request, so a lost reply is answered on the retry.
-pub(crate) async fn with_retries<T, F, Fut>(what: &str, mut op: F) -> Result<T, StoreError>
+pub(crate) async fn with_retries<T, F, Fut>(what: &str, op: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    with_retries_until(what, None, op).await
+}
+
+/// [`with_retries`], but no try is sent, nor waited for, at or after
+/// `deadline`: for claims a store only remembers for a while, every try
+/// must reach it while it still remembers the run.
+pub(crate) async fn with_retries_until<T, F, Fut>(
+    what: &str,
+    deadline: Option<Instant>,
+    mut op: F,
+) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -242,7 +257,20 @@ where
     let mut backoff = FIRST_BACKOFF;
     let mut tries = 1;
     loop {
-        match within(CALL_TIMEOUT, op()).await {
+        let limit = match deadline {
+            None => CALL_TIMEOUT,
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(StoreError::unavailable(
+                        "scheduler",
+                        format!("{what} not sent again: past the slot's late window"),
+                    ));
+                }
+                left.min(CALL_TIMEOUT)
+            }
+        };
+        match within(limit, op()).await {
             Ok(v) => return Ok(v),
             Err(e) if e.is_temporary() && tries < STORE_TRIES => {
                 tracing::debug!(error = %e, tries, "{what} failed; trying again with the same token");
@@ -307,7 +335,16 @@ async fn claim_due(inner: &Arc<Inner>, due: Vec<Due>, sent_at: Instant) {
                         instance: inner.instance.clone(),
                         max_late: job.max_late,
                     };
-                    let answer = with_retries("claim", || store.claim(&req)).await;
+                    // The store remembers the run for `max_late` plus a
+                    // margin: every try must be sent, and answered, inside
+                    // the late window by this instance's clock.
+                    let left = slot
+                        .at()
+                        .saturating_add(job.max_late)
+                        .since(inner.clock.now());
+                    let deadline = Instant::now() + left;
+                    let answer =
+                        with_retries_until("claim", Some(deadline), || store.claim(&req)).await;
                     match answer {
                         Ok(outcome) => {
                             let claim = LeaseClaim::from_plain(&req);
