@@ -672,6 +672,39 @@ async fn claim_only_retries_stay_inside_the_late_window() {
     }
 }
 
+/// A claim the store answered `Overlap` (and recorded skipped), whose reply
+/// was lost, is told `Done(Skipped)` on its retry: it is counted as a
+/// skipped slot, not as a claim another instance won.
+///
+/// Failed before the fix: the retry's answer was counted as a loss.
+#[tokio::test(start_paused = true)]
+async fn a_skip_whose_reply_was_lost_is_still_counted_as_a_skip() {
+    let (clock, store) = setup();
+    let mut b = Scheduler::builder(store.clone())
+        .clock(clock.clone())
+        .instance_id(id("alone"))
+        .lease(Duration::from_secs(60))
+        .heartbeat(Duration::from_secs(20));
+    b.job("slow", every(10))
+        .unwrap()
+        .overlap(Overlap::Skip)
+        .run(|_| async {
+            tokio::time::sleep(Duration::from_secs(25)).await;
+            Ok::<_, String>(())
+        })
+        .unwrap();
+    let s = b.start().unwrap();
+    // The second slot's claim goes out about 0.1 s before it is due; the
+    // store records the skip, and its answer is lost.
+    sleep(9.5).await;
+    store.lose_replies(1);
+    sleep(1.0).await;
+    let metrics = s.metrics();
+    s.shutdown().await;
+    assert_eq!(metrics.skipped, 1, "{metrics:?}");
+    assert_eq!(metrics.losses, 0, "one instance loses nothing: {metrics:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_catch_up_a_new_instance_waits_for_the_next_slot() {
     let (clock, store) = setup();

@@ -62,8 +62,9 @@ counters! {
     fenced,
     /// Store calls that failed after their retries.
     store_errors,
-    /// Runs whose handler succeeded (not counting runs given up after
-    /// losing contact with the store, which are handed over instead).
+    /// Runs whose handler succeeded (counting those whose handler completed
+    /// after this instance lost contact with the store; runs given up
+    /// before their handler completed are handed over, not counted).
     succeeded,
     /// Runs whose handler failed, panicked or timed out (same exception).
     failed,

@@ -14,7 +14,7 @@ use super::metrics::Metrics;
 use super::{Inner, JobSpec, StoreHandle};
 use crate::ids::Token;
 use crate::store::{
-    ClaimOutcome, LeaseClaim, LeaseStore, Renewal, RunKey, RunOutcome, RunState, Win,
+    ClaimOutcome, FinalState, LeaseClaim, LeaseStore, Renewal, RunKey, RunOutcome, RunState, Win,
 };
 use crate::time::Timestamp;
 
@@ -64,6 +64,13 @@ pub(crate) fn handle_outcome(
             inner
                 .tasks
                 .spawn(backup(inner.clone(), job, run, lease_until, store_now));
+        }
+        // Every instance that asks about a skipped slot is told so: the
+        // first one `Overlap`, the others (and its own retry, if the first
+        // answer was lost) `Done(Skipped)`. Either way the slot was skipped.
+        ClaimOutcome::Done(FinalState::Skipped) => {
+            Metrics::add(&m.skipped);
+            tracing::info!(job = %run.job, slot = %run.slot, "skipped: the previous run of the job was still going");
         }
         ClaimOutcome::Lost | ClaimOutcome::Done(_) => {
             Metrics::add(&m.losses);
