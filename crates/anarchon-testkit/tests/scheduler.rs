@@ -705,6 +705,45 @@ async fn a_skip_whose_reply_was_lost_is_still_counted_as_a_skip() {
     assert_eq!(metrics.losses, 0, "one instance loses nothing: {metrics:?}");
 }
 
+/// A `finish` the store applied but whose reply was lost is sent again
+/// and told `Fenced` (the run is finished): the runner checks the record
+/// — finished by this very attempt — and does not report the outcome as
+/// lost to another instance.
+///
+/// Failed before the fix: the run was counted as fenced and logged "the
+/// outcome was not recorded" although it was.
+#[tokio::test(start_paused = true)]
+async fn a_finish_whose_reply_was_lost_is_not_reported_as_fenced() {
+    let (clock, store) = setup();
+    let mut b = Scheduler::builder(store.clone())
+        .clock(clock.clone())
+        .instance_id(id("alone"));
+    b.job("short", every(60))
+        .unwrap()
+        .run(|_| async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok::<_, String>(())
+        })
+        .unwrap();
+    let s = b.start().unwrap();
+    // The next store call after 1.5 s is the finish at 2 s.
+    sleep(1.5).await;
+    store.lose_replies(1);
+    sleep(2.0).await;
+    let metrics = s.metrics();
+    s.shutdown().await;
+    assert_eq!(metrics.succeeded, 1, "{metrics:?}");
+    assert_eq!(metrics.fenced, 0, "nobody fenced the runner: {metrics:?}");
+    let history = store
+        .history(&JobName::new("short").unwrap(), 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        history[0].state,
+        RecordState::Finished(FinalState::Succeeded)
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_catch_up_a_new_instance_waits_for_the_next_slot() {
     let (clock, store) = setup();

@@ -242,11 +242,26 @@ pub(crate) async fn run_won(
         RunOutcome::Failed { .. } => Metrics::add(&inner.metrics.failed),
     }
     if let (Some(store), false) = (&lease_store, fenced) {
-        let answer = with_retries("finish", || store.finish(&run, token, outcome.clone()))
-            .instrument(span.clone())
-            .await;
+        let tries = std::sync::atomic::AtomicU32::new(0);
+        let answer = with_retries("finish", || {
+            tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            store.finish(&run, token, outcome.clone())
+        })
+        .instrument(span.clone())
+        .await;
+        let retried = tries.load(std::sync::atomic::Ordering::Relaxed) > 1;
         match answer {
             Ok(Renewal::Renewed) => {}
+            // A try whose reply was lost may have recorded the outcome: the
+            // retry then finds the run finished, by this very attempt.
+            Ok(Renewal::Fenced)
+                if retried
+                    && finished_by(store.as_ref(), &run, win.attempt, &inner.instance).await =>
+            {
+                span.in_scope(|| {
+                    tracing::info!("outcome recorded (by a try whose reply was lost)")
+                });
+            }
             Ok(Renewal::Fenced) => {
                 Metrics::add(&inner.metrics.fenced);
                 span.in_scope(|| tracing::warn!("finished after another instance took the run over; the outcome was not recorded"));
@@ -257,6 +272,29 @@ pub(crate) async fn run_won(
             }
         }
     }
+}
+
+/// Whether the store's record of `run` says it was finished by `attempt`
+/// of `instance`: what a retried `finish` told `Fenced` checks before it
+/// reports the outcome as not recorded.
+async fn finished_by(
+    store: &dyn LeaseStore,
+    run: &RunKey,
+    attempt: crate::ids::Attempt,
+    instance: &crate::ids::InstanceId,
+) -> bool {
+    /// The run just finished is among a job's newest records; past this
+    /// many the answer stays "not recorded".
+    const LOOK_BACK: usize = 50;
+    let Ok(records) = store.history(&run.job, LOOK_BACK).await else {
+        return false;
+    };
+    records.iter().any(|r| {
+        r.run == *run
+            && matches!(r.state, crate::store::RecordState::Finished(_))
+            && r.attempt == Some(attempt)
+            && r.instance.as_ref() == Some(instance)
+    })
 }
 
 /// How a renewal went.
