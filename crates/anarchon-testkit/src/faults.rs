@@ -176,7 +176,8 @@ macro_rules! fault_suite {
 
 /// Four schedulers on `factory`'s store, each behind a [`Faulty`] handle
 /// and recorded into one [`History`], run per-second jobs of different
-/// lengths for `duration` of real time while random faults (connection
+/// lengths for `duration` of real time (longer, up to twice, until a
+/// takeover has happened) while random faults (connection
 /// down, heartbeats failing, heartbeats hanging, replies lost after the
 /// store did the call) come and go. Every handler records its start and
 /// end. The history must show one runner per run, and the faults must
@@ -235,8 +236,17 @@ pub async fn random_faults_never_give_a_run_two_runners<F: StoreFactory>(
         }
         schedulers.push(b.start().expect("start"));
     }
-    let deadline = tokio::time::Instant::now() + duration;
-    while tokio::time::Instant::now() < deadline {
+    // The faults go on for `duration`, and past it (up to twice as long)
+    // until they have caused a takeover: a history without one has not
+    // tested the case that matters most.
+    let started = tokio::time::Instant::now();
+    let took_over = || {
+        history
+            .events()
+            .iter()
+            .any(|e| matches!(&e.answer, Some(history::Answer::Claimed(ClaimOutcome::Won(w))) if w.attempt.get() > 1))
+    };
+    while started.elapsed() < duration || (started.elapsed() < 2 * duration && !took_over()) {
         tokio::time::sleep(Duration::from_millis(100 + rng.below(900))).await;
         let h = &handles[rng.below(4) as usize];
         match rng.below(6) {
