@@ -219,13 +219,13 @@ pub async fn random_faults_never_give_a_run_two_runners<F: StoreFactory>(
             .expect("job")
             .max_attempts(3)
             .run(move |ctx| {
-                let _running = seen.handler_started(
+                let running = seen.handler_started(
                     instance,
                     RunKey::new(ctx.job().clone(), ctx.slot()),
                     ctx.attempt(),
                 );
                 async move {
-                    let _running = _running;
+                    let _running = running;
                     tokio::select! {
                         () = tokio::time::sleep(work) => Ok(()),
                         () = ctx.cancelled() => Err("stopped early".to_owned()),
@@ -285,10 +285,11 @@ pub async fn random_faults_never_give_a_run_two_runners<F: StoreFactory>(
 }
 
 /// splitmix64, for reproducible fault schedules.
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
-    fn below(&mut self, n: u64) -> u64 {
+    /// The next number below `n`.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -1061,13 +1061,9 @@ where
 /// A permutation of `0..n` from `seed` (Fisher–Yates on splitmix64).
 fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
-    let mut state = seed;
+    let mut rng = crate::faults::SplitMix(seed);
     for i in (1..n).rev() {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        let j = ((z ^ (z >> 31)) % (i as u64 + 1)) as usize;
+        let j = rng.below(i as u64 + 1) as usize;
         order.swap(i, j);
     }
     order
