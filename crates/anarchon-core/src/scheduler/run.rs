@@ -8,7 +8,9 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::context::{CancelReason, RunContext};
-use super::driver::{MAX_CLAIM_AHEAD, lease_claim, with_retries, within};
+use super::driver::{
+    CALL_TIMEOUT, MAX_CLAIM_AHEAD, STORE_TRIES, lease_claim, with_retries, within,
+};
 use super::lease_clock::LeaseClock;
 use super::metrics::Metrics;
 use super::{Inner, JobSpec, StoreHandle};
@@ -168,7 +170,8 @@ pub(crate) async fn run_won(
             joined = &mut handler => break joined,
             () = tokio::time::sleep_until(lease_clock.next_renewal()), if renewing => {
                 let Some(store) = &lease_store else { continue };
-                match renew(store.as_ref(), &run, token, &mut lease_clock, &span).await {
+                let left = lease_clock.left(Instant::now());
+                match renew(store.as_ref(), &run, token, &mut lease_clock, &span, left).await {
                     Renew::Held | Renew::Failed => {}
                     Renew::Fenced => {
                         Metrics::add(&inner.metrics.fenced);
@@ -309,17 +312,20 @@ enum Renew {
     Expired,
 }
 
-/// Sends one heartbeat, bounded by the lease surely left (a heartbeat that
-/// hangs must not hold the runner past its lease), and notes the result.
+/// Sends one heartbeat, waiting at most `limit`, and notes the result.
+/// While a handler runs, `limit` is the lease surely left: a heartbeat that
+/// hangs must not hold the runner past its lease. Before the handler
+/// starts it is the call timeout.
 async fn renew(
     store: &dyn LeaseStore,
     run: &RunKey,
     token: Token,
     clock: &mut LeaseClock,
     span: &tracing::Span,
+    limit: Duration,
 ) -> Renew {
     let sent = Instant::now();
-    let left = clock.left(sent).max(Duration::from_millis(1));
+    let left = limit.max(Duration::from_millis(1));
     let answer = within(left, store.heartbeat(run, token, clock.lease()))
         .instrument(span.clone())
         .await;
@@ -353,26 +359,33 @@ async fn renew_before_start(
     clock: &mut LeaseClock,
     span: &tracing::Span,
 ) -> bool {
-    match renew(store, run, token, clock, span).await {
-        Renew::Held | Renew::Failed => true,
-        Renew::Fenced => {
-            Metrics::add(&inner.metrics.fenced);
-            span.in_scope(|| {
-                tracing::warn!(
-                    "fenced before the handler started: another instance holds this run now"
-                )
-            });
-            false
-        }
-        Renew::Expired => {
-            Metrics::add(&inner.metrics.fenced);
-            span.in_scope(|| {
-                tracing::error!("no lease left before the handler started; not starting it, handing the run over")
-            });
-            hand_over(inner, store, run, token).await;
-            false
+    // No handler runs yet, so waiting for an answer costs nothing but
+    // time: each try may take a whole call timeout, and a lease that may
+    // have run out meanwhile is asked about again. `Renewed` proves the
+    // token still held the run, and the new lease counts from that send.
+    for _ in 0..STORE_TRIES {
+        match renew(store, run, token, clock, span, CALL_TIMEOUT).await {
+            Renew::Held | Renew::Failed if !clock.expired(Instant::now()) => return true,
+            Renew::Fenced => {
+                Metrics::add(&inner.metrics.fenced);
+                span.in_scope(|| {
+                    tracing::warn!(
+                        "fenced before the handler started: another instance holds this run now"
+                    )
+                });
+                return false;
+            }
+            Renew::Held | Renew::Failed | Renew::Expired => {}
         }
     }
+    Metrics::add(&inner.metrics.fenced);
+    span.in_scope(|| {
+        tracing::error!(
+            "no lease left before the handler started; not starting it, handing the run over"
+        )
+    });
+    hand_over(inner, store, run, token).await;
+    false
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {
