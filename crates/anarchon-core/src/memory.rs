@@ -53,6 +53,9 @@ struct JobRuns {
     /// these, never the whole history.
     running: BTreeSet<Slot>,
     last_fence: u64,
+    /// The longest late window any claim of the job carried: collection
+    /// keeps the job's runs at least this long.
+    window: Duration,
 }
 
 struct Record {
@@ -161,6 +164,7 @@ impl MemoryStore {
 fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcome {
     let run = req.run();
     let job = state.jobs.entry(run.job.clone()).or_default();
+    job.window = job.window.max(req.claim.max_late);
     let existing = job.runs.get(&run.slot).map(|r| r.state);
     match existing {
         // 1. No record, or only a `missed` one.
@@ -208,6 +212,7 @@ fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcom
                 runs,
                 running,
                 last_fence,
+                ..
             } = job;
             let Some(rec) = runs.get_mut(&run.slot) else {
                 unreachable!("the record was read above under the same lock")
@@ -402,15 +407,16 @@ impl LeaseStore for MemoryStore {
 
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
         self.step(|state, now| {
-            let cutoff = now.saturating_sub(keep);
             let mut deleted = 0;
+            let lease_cutoff = now.saturating_sub(keep);
             for job in state.jobs.values_mut() {
+                let cutoff = now.saturating_sub(keep.max(job.window));
                 let old: Vec<Slot> = job
                     .runs
                     .range(..Slot::from(cutoff))
                     .filter(|(_, r)| {
                         r.state != RecordState::Running
-                            || r.lease_until.is_none_or(|until| until < cutoff)
+                            || r.lease_until.is_none_or(|until| until < lease_cutoff)
                     })
                     .map(|(slot, _)| *slot)
                     .collect();

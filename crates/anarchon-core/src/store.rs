@@ -428,8 +428,13 @@ pub trait LeaseStore: ClaimStore {
     /// store's `now`, except running runs whose lease ended less than `keep`
     /// ago (a backup may still take them over). Returns how many were deleted.
     ///
-    /// The scheduler calls it with `keep` at least the longest late window
-    /// of its jobs plus a margin, so no late claim can find a run forgotten.
+    /// The slot's age is also measured against the job's late window: the
+    /// store remembers, for each job, the longest `max_late` among its
+    /// claims that wrote a record, and keeps a run whose slot is younger
+    /// than that, whatever `keep` says. Schedulers of other services
+    /// share the namespace and collect with their own `keep`; the job's own
+    /// window is what guarantees that no late claim finds a run forgotten
+    /// and runs it again.
     ///
     /// # Errors
     ///

@@ -730,6 +730,9 @@ impl NatsLeaseStore {
                 for slot in &flushed {
                     next.ended.remove(slot);
                 }
+                // The write records the job's longest late window too.
+                let longest = claims.iter().map(|(_, c)| millis(c.claim.max_late)).max();
+                next.window = next.window.max(longest);
                 let written = self.write(&key, next.encode(), Some(read.revision)).await?;
                 depth += 1;
                 if written.is_none() {
@@ -837,12 +840,21 @@ impl NatsLeaseStore {
     }
 
     /// Garbage collection for one job's document: drops ended runs and
-    /// long-dead live runs older than `cutoff`, and moves the other ended
-    /// runs to their keys. Returns the slots dropped.
-    async fn collect_job(&self, job: &JobName, cutoff: i64) -> Result<Vec<i64>, StoreError> {
+    /// live runs older than the job's cutoff (`now` less `keep` or the
+    /// job's late window, whichever is longer) whose lease ended more than
+    /// `keep` ago, and moves the other
+    /// ended runs to their keys. Returns the cutoff and the slots dropped.
+    async fn collect_job(
+        &self,
+        job: &JobName,
+        now: i64,
+        keep: i64,
+    ) -> Result<(i64, Vec<i64>), StoreError> {
         let key = Self::job_key(job);
         for _ in 0..MAX_ROUNDS {
             let read = self.read_job(job).await?;
+            let cutoff = now.saturating_sub(keep.max(read.doc.window.unwrap_or(0)));
+            let lease_cutoff = now.saturating_sub(keep);
             let mut next = read.doc.clone();
             let mut dropped = Vec::new();
             let mut keep = Vec::new();
@@ -854,7 +866,7 @@ impl NatsLeaseStore {
                 }
             }
             for (slot, live) in &read.doc.live {
-                if *slot < cutoff && live.lease_until.at_or(cutoff) < cutoff {
+                if *slot < cutoff && live.lease_until.at_or(lease_cutoff) < lease_cutoff {
                     dropped.push(*slot);
                 }
             }
@@ -869,14 +881,14 @@ impl NatsLeaseStore {
                 next.live.remove(slot);
             }
             if next == read.doc {
-                return Ok(dropped);
+                return Ok((cutoff, dropped));
             }
             if self
                 .write(&key, next.encode(), Some(read.revision))
                 .await?
                 .is_some()
             {
-                return Ok(dropped);
+                return Ok((cutoff, dropped));
             }
             Counters::add(&self.counters.conflicts, 1);
         }
@@ -1082,7 +1094,9 @@ impl LeaseStore for NatsLeaseStore {
 
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
         let now = self.server_now().await?;
-        let cutoff = now.saturating_sub(millis(keep));
+        let keep = millis(keep);
+        // For run keys of jobs without a document (only `missed` records).
+        let cutoff = now.saturating_sub(keep);
         let jobs: Vec<JobName> = self
             .list("job.*")
             .await?
@@ -1094,9 +1108,12 @@ impl LeaseStore for NatsLeaseStore {
             .collect();
         let mut deleted: HashSet<(String, i64)> = HashSet::new();
         let mut first_error = None;
-        let collected: Vec<(JobName, Result<Vec<i64>, StoreError>)> =
+        // Each job's cutoff; a job whose document could not be read has
+        // none, and its run keys are left for the next collection.
+        let mut cutoffs: HashMap<String, Option<i64>> = HashMap::new();
+        let collected: Vec<(JobName, Result<(i64, Vec<i64>), StoreError>)> =
             futures::stream::iter(jobs.into_iter().map(|job| async move {
-                let dropped = self.collect_job(&job, cutoff).await;
+                let dropped = self.collect_job(&job, now, keep).await;
                 (job, dropped)
             }))
             .buffer_unordered(PARALLEL)
@@ -1104,12 +1121,14 @@ impl LeaseStore for NatsLeaseStore {
             .await;
         for (job, dropped) in collected {
             match dropped {
-                Ok(slots) => {
+                Ok((job_cutoff, slots)) => {
+                    cutoffs.insert(job.to_string(), Some(job_cutoff));
                     for slot in slots {
                         deleted.insert((job.to_string(), slot));
                     }
                 }
                 Err(error) => {
+                    cutoffs.insert(job.to_string(), None);
                     tracing::warn!(%error, job = %job, "could not collect the job's document");
                     first_error = first_error.or(Some(error));
                 }
@@ -1123,6 +1142,7 @@ impl LeaseStore for NatsLeaseStore {
                 let rest = key.strip_prefix("run.")?;
                 let (job, slot) = rest.rsplit_once('.')?;
                 let slot = slot.parse::<i64>().ok()?;
+                let cutoff = cutoffs.get(job).copied().unwrap_or(Some(cutoff))?;
                 (slot < cutoff).then(|| (job.to_owned(), slot, key.clone()))
             })
             .collect();

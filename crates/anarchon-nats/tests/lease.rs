@@ -561,18 +561,21 @@ async fn retention_keeps_the_job_document_small_and_purges_old_records() {
     let store = factory.instance().await;
     let job = job("retention");
     let job_key = NatsLeaseStore::job_key(&job);
+    // Ten old runs (3 h ago, 100 ms apart), each finished.
+    let old: Vec<Slot> = (0..10)
+        .map(|i| Slot::from_millis(past_slot(Duration::from_secs(3 * 3600)).as_millis() + i * 100))
+        .collect();
+    // The job's late window covers the oldest run (a second before the
+    // ten) for two to three seconds more, and the newest of the ten for at
+    // most five: after that the first collection's `keep` alone decides.
+    let window_set = tokio::time::Instant::now();
+    let window = Duration::from_secs(3 * 3600 + 1 + 3);
     let catch_up = |slot: Slot, lease: Duration| {
         let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
-        c.claim.max_late = Duration::from_secs(4 * 3600);
+        c.claim.max_late = window;
         c.lease = lease;
         c
     };
-    // Ten old runs (3 h ago, a minute apart), each finished.
-    let old: Vec<Slot> = (0..10)
-        .map(|i| {
-            Slot::from_millis(past_slot(Duration::from_secs(3 * 3600)).as_millis() + i * 60_000)
-        })
-        .collect();
     for slot in &old {
         let c = catch_up(*slot, Duration::from_secs(30));
         won(store.claim_lease(&c).await.unwrap());
@@ -582,12 +585,12 @@ async fn retention_keeps_the_job_document_small_and_purges_old_records() {
             .unwrap();
         assert_eq!(finished, Renewal::Renewed);
     }
-    // A late claim of a slot 2 h ago records it missed.
-    let missed = past_slot(Duration::from_secs(2 * 3600));
+    // A late claim of a slot older than the job's window records it missed.
+    let missed = past_slot(Duration::from_secs(3 * 3600 + 10));
     let late = lease_claim(RunKey::new(job.clone(), missed), Token::generate(), "a");
     assert_eq!(store.claim_lease(&late).await.unwrap(), ClaimOutcome::Late);
-    // A run 2 h ago whose short lease dies, and a recent live one.
-    let dead = Slot::from_millis(missed.as_millis() + 1000);
+    // An old run whose short lease dies, and a recent live one.
+    let dead = Slot::from_millis(old[0].as_millis() - 1500);
     let dying = catch_up(dead, Duration::from_millis(200));
     won(store.claim_lease(&dying).await.unwrap());
     let recent = past_slot(Duration::from_secs(60));
@@ -610,7 +613,7 @@ async fn retention_keeps_the_job_document_small_and_purges_old_records() {
         assert!(record.contains("succeeded"), "{record}");
     }
     // One more old run ends, and no claim follows to move it out.
-    let older = Slot::from_millis(old[0].as_millis() - 60_000);
+    let older = Slot::from_millis(old[0].as_millis() - 1000);
     let c = catch_up(older, Duration::from_secs(30));
     let last = won(store.claim_lease(&c).await.unwrap());
     store
@@ -622,17 +625,17 @@ async fn retention_keeps_the_job_document_small_and_purges_old_records() {
 
     let history = store.history(&job, 100).await.unwrap();
     let slots: Vec<Slot> = history.iter().map(|r| r.run.slot).collect();
-    let mut expected = vec![recent, dead, missed];
+    let mut expected = vec![recent];
     expected.extend(old.iter().rev());
-    expected.push(older);
+    expected.extend([older, dead, missed]);
     assert_eq!(
         slots, expected,
         "newest first, from the document and the keys"
     );
-    assert_eq!(history[2].state, RecordState::Missed);
-    assert_eq!(history[1].state, RecordState::Running);
+    assert_eq!(history[13].state, RecordState::Missed);
+    assert_eq!(history[12].state, RecordState::Running);
     assert_eq!(
-        history[13].state,
+        history[11].state,
         RecordState::Finished(FinalState::Succeeded)
     );
     assert_eq!(store.history(&job, 4).await.unwrap().len(), 4);
@@ -640,6 +643,7 @@ async fn retention_keeps_the_job_document_small_and_purges_old_records() {
     // Keep 1 h: the old runs (ten under their keys, one still in the
     // document) and the missed one go; the dead run stays, its lease ended
     // less than an hour ago; so does the live one.
+    tokio::time::sleep_until(window_set + Duration::from_millis(5300)).await;
     let deleted = store
         .collect_garbage(Duration::from_secs(3600))
         .await

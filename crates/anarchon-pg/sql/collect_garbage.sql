@@ -1,18 +1,26 @@
--- Forgets runs whose slot is more than $1 ms before the server's now, except
--- running runs whose lease ended less than $1 ms ago.
+-- Forgets runs whose slot is more than $1 ms, and more than the job's late
+-- window, before the server's now; except running runs whose lease ended
+-- less than $1 ms ago (a backup may still take them over).
 --
--- The join with the jobs table lets PostgreSQL walk each job's primary-key
--- range `slot < cutoff` (every run's job has a row there: claims create it
--- first, and it is never deleted). now() is the start of this one-statement
--- transaction, stable within it, so the cutoff is one value.
+-- The join with the jobs table gives each job its cutoff and lets
+-- PostgreSQL walk each job's primary-key range `slot < cutoff` (every run's
+-- job has a row there: claims create it first, and it is never deleted).
+-- now() is the start of this one-statement transaction, stable within it.
+WITH cutoff AS (
+    SELECT j.job,
+           greatest(
+               floor(extract(epoch FROM now()) * 1000)::bigint::numeric
+                   - greatest($1, j.late_window),
+               -9223372036854775808)::bigint AS at,
+           greatest(
+               floor(extract(epoch FROM now()) * 1000)::bigint::numeric - $1,
+               -9223372036854775808)::bigint AS lease_at
+      FROM "{{table}}_jobs" AS j
+)
 DELETE FROM "{{table}}" AS t
- USING "{{table}}_jobs" AS j
- WHERE t.job = j.job
-   AND t.slot < greatest(
-           floor(extract(epoch FROM now()) * 1000)::bigint::numeric - $1,
-           -9223372036854775808)::bigint
+ USING cutoff AS c
+ WHERE t.job = c.job
+   AND t.slot < c.at
    AND (t.state <> 'running'
         OR t.lease_until IS NULL
-        OR t.lease_until < greatest(
-               floor(extract(epoch FROM now()) * 1000)::bigint::numeric - $1,
-               -9223372036854775808)::bigint)
+        OR t.lease_until < c.lease_at)

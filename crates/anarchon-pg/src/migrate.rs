@@ -14,7 +14,7 @@ use crate::options::TableName;
 use crate::sql::sql;
 
 /// The schema version this crate needs and migrates to.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 struct Migration {
     version: u32,
@@ -32,6 +32,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 2,
         description: "claim function",
         sql: include_str!("../migrations/0002_claim_function.sql"),
+    },
+    Migration {
+        version: 3,
+        description: "each job's late window",
+        sql: include_str!("../migrations/0003_job_late_window.sql"),
     },
 ];
 

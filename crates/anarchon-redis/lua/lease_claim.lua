@@ -5,6 +5,8 @@
 -- KEYS[2] slots  sorted set: every recorded slot, scored by the slot
 -- KEYS[3] live   sorted set: the running slots, scored by their lease end
 -- KEYS[4] fence  counter: the job's last fence (never deleted)
+-- KEYS[5] window string: the longest max_late (ms) of the job's claims,
+--         which garbage collection keeps the job's runs for (never deleted)
 -- ARGV[1] slot (ms)  ARGV[2] token  ARGV[3] instance  ARGV[4] max_late (ms)
 -- ARGV[5] lease (ms) ARGV[6] 'skip' or 'allow'  ARGV[7] max_attempts
 --
@@ -18,7 +20,7 @@ local function check(key, want)
   end
 end
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
-  or check(KEYS[4], 'string')
+  or check(KEYS[4], 'string') or check(KEYS[5], 'string')
 if bad then return redis.error_reply(bad) end
 
 local function int(n) return string.format('%.0f', n) end
@@ -28,6 +30,9 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local slot, token, instance = ARGV[1], ARGV[2], ARGV[3]
 local max_late, lease = tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_attempts = tonumber(ARGV[7])
+
+local window = tonumber(redis.call('GET', KEYS[5]) or '0') or 0
+if max_late > window then redis.call('SET', KEYS[5], int(max_late)) end
 
 local rec = nil
 local raw = redis.call('HGET', KEYS[1], slot)

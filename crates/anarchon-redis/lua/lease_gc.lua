@@ -1,9 +1,11 @@
 -- anarchon, Redis `lease` strategy: garbage collection for one job.
--- Deletes the records of runs whose slot is more than `keep` before now,
--- except running runs whose lease ended less than `keep` ago (a backup may
--- still take them over). The fence counter is never touched.
+-- Deletes the records of runs whose slot is more than `keep`, and more than
+-- the job's late window, before now; except running runs whose lease ended
+-- less than `keep` ago (a backup may still take them over). The fence
+-- counter and the window are never touched.
 --
 -- KEYS[1] runs (hash)  KEYS[2] slots (sorted set)  KEYS[3] live (sorted set)
+-- KEYS[4] window (string: the job's longest max_late, ms)
 -- ARGV[1] keep (ms)  ARGV[2] the most records to delete in this call
 --
 -- Returns {deleted, more}: more is 1 when the limit stopped the collection.
@@ -15,12 +17,15 @@ local function check(key, want)
   end
 end
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
+  or check(KEYS[4], 'string')
 if bad then return redis.error_reply(bad) end
 
 local function int(n) return string.format('%.0f', n) end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local cutoff = now - tonumber(ARGV[1])
+local window = tonumber(redis.call('GET', KEYS[4]) or '0') or 0
+local cutoff = now - math.max(tonumber(ARGV[1]), window)
+local lease_cutoff = now - tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 
 local deleted, kept = 0, 0
@@ -34,7 +39,7 @@ while deleted < limit do
       local ok, r = pcall(cjson.decode, raw)
       if ok and type(r) == 'table' and r.state == 'running' then
         local lease_until = tonumber(r.lease)
-        keep = lease_until ~= nil and lease_until >= cutoff
+        keep = lease_until ~= nil and lease_until >= lease_cutoff
       end
     end
     if keep then

@@ -37,6 +37,7 @@ pub(crate) struct LeaseKeys {
     pub(crate) slots: String,
     pub(crate) live: String,
     pub(crate) fence: String,
+    pub(crate) window: String,
 }
 
 impl LeaseKeys {
@@ -46,6 +47,7 @@ impl LeaseKeys {
             slots: job_key(prefix, job, "slots"),
             live: job_key(prefix, job, "live"),
             fence: job_key(prefix, job, "fence"),
+            window: job_key(prefix, job, "window"),
         }
     }
 }
@@ -64,7 +66,13 @@ mod tests {
         let prefix = KeyPrefix::new("cron").expect("prefix");
         let job = JobName::new("sync").expect("job");
         let keys = LeaseKeys::new(&prefix, &job);
-        for key in [&keys.runs, &keys.slots, &keys.live, &keys.fence] {
+        for key in [
+            &keys.runs,
+            &keys.slots,
+            &keys.live,
+            &keys.fence,
+            &keys.window,
+        ] {
             assert!(key.starts_with("{cron:sync}:"), "{key}");
         }
         assert_eq!(job_key(&prefix, &job, "script"), "{cron:sync}:script");

@@ -128,7 +128,7 @@ impl RedisLeaseStore {
         let keys = LeaseKeys::new(&self.prefix, &run.job);
         Call {
             lua: &CLAIM,
-            keys: vec![keys.runs, keys.slots, keys.live, keys.fence],
+            keys: vec![keys.runs, keys.slots, keys.live, keys.fence, keys.window],
             args: vec![
                 run.slot.as_millis().to_string(),
                 req.claim.token.to_string(),
@@ -533,7 +533,7 @@ impl LeaseStore for RedisLeaseStore {
                         let keys = LeaseKeys::new(&self.prefix, job);
                         Call {
                             lua: &GC,
-                            keys: vec![keys.runs, keys.slots, keys.live],
+                            keys: vec![keys.runs, keys.slots, keys.live, keys.window],
                             args: vec![millis(keep).to_string(), GC_BATCH.to_string()],
                         }
                     })

@@ -258,6 +258,8 @@ fn documented_rules(prefix: &str) -> Vec<String> {
             "+zrangebyscore",
             "+zrevrange",
             "+incr",
+            "+get",
+            "+set",
             "+sadd",
             "+sscan",
             "+xadd",

@@ -225,7 +225,7 @@ async fn every_key_of_a_job_starts_with_its_hash_tag() {
         (
             &lease.url,
             &lease.prefix,
-            &["runs", "slots", "fence"][..],
+            &["runs", "slots", "fence", "window"][..],
             Some("jobs"),
         ),
         (&sid.url, &sid.prefix, &["stream-id"][..], None),
@@ -534,7 +534,10 @@ async fn failed_runs_and_garbage_collection_match_the_memory_store() {
         Token::generate(),
         "a",
     );
-    catch_up.claim.max_late = Duration::from_secs(3 * 3600);
+    // A window that lets this claim win and is over a second later: the
+    // collection below may then take the run.
+    catch_up.claim.max_late =
+        Duration::from_millis(u64::try_from(now - catch_up.run().slot.as_millis()).unwrap() + 1000);
     won(store.claim_lease(&catch_up).await.unwrap());
     store
         .finish(
@@ -546,6 +549,7 @@ async fn failed_runs_and_garbage_collection_match_the_memory_store() {
         )
         .await
         .unwrap();
+    tokio::time::sleep(Duration::from_millis(1250)).await;
     let history = store.history(&job, 10).await.unwrap();
     assert_eq!(history.len(), 2);
     assert_eq!(history[0].state, RecordState::Finished(FinalState::Failed));

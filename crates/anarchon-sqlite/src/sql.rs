@@ -14,8 +14,13 @@ use crate::options::validate_prefix;
 pub(crate) const NOW_MS: &str = "CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)";
 
 /// The schema migrations, in order: (version, SQL).
-pub(crate) const MIGRATIONS: &[(i64, &str)] =
-    &[(1, include_str!("../sql/migrations/0001_runs_and_jobs.sql"))];
+pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
+    (1, include_str!("../sql/migrations/0001_runs_and_jobs.sql")),
+    (
+        2,
+        include_str!("../sql/migrations/0002_job_late_window.sql"),
+    ),
+];
 
 /// Every statement the store sends, rendered for one prefix.
 #[derive(Debug)]
@@ -28,6 +33,7 @@ pub(crate) struct Sql {
     pub(crate) read_run: SqlStr,
     pub(crate) live_run_exists: SqlStr,
     pub(crate) next_fence: SqlStr,
+    pub(crate) note_window: SqlStr,
     pub(crate) write_run: SqlStr,
     pub(crate) take_over: SqlStr,
     pub(crate) interrupt: SqlStr,
@@ -64,6 +70,7 @@ impl Sql {
             read_run: r(include_str!("../sql/read_run.sql")),
             live_run_exists: r(include_str!("../sql/live_run_exists.sql")),
             next_fence: r(include_str!("../sql/next_fence.sql")),
+            note_window: r(include_str!("../sql/note_window.sql")),
             write_run: r(include_str!("../sql/write_run.sql")),
             take_over: r(include_str!("../sql/take_over.sql")),
             interrupt: r(include_str!("../sql/interrupt.sql")),

@@ -283,6 +283,12 @@ impl SqliteStore {
         let run = req.run();
         let job = run.job.as_str();
         let slot = run.slot.as_millis();
+        sqlx::query(self.sql.note_window.clone())
+            .bind(job)
+            .bind(millis(req.claim.max_late))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err("recording the job's late window", e))?;
         let row: ClaimRow = sqlx::query_as(self.sql.read_run.clone())
             .bind(job)
             .bind(slot)

@@ -677,10 +677,29 @@ where
     );
 }
 
-/// `collect_garbage(keep)` deletes ended runs older than `keep` and nothing
-/// else: recent runs stay, and so does an old running run whose lease has
-/// not been over for `keep`. (That the scheduler's `keep` covers every late
-/// window is the scheduler's part, checked in the kit's scheduler tests.)
+/// How long after its claim a run claimed with [`closing_window`] becomes
+/// too old for any claim: its window then lies behind it.
+const WINDOW_LEFT: Duration = Duration::from_secs(1);
+
+/// A late window that lets a claim sent now win `slot` and ends
+/// [`WINDOW_LEFT`] from now, so a collection after [`wait_out_windows`] may
+/// take the run.
+fn closing_window(now_ms: i64, slot: Slot) -> Duration {
+    Duration::from_millis(u64::try_from(now_ms - slot.as_millis()).expect("a past slot"))
+        + WINDOW_LEFT
+}
+
+/// Waits until every window made by [`closing_window`] before the call has
+/// ended on the store's clock.
+async fn wait_out_windows() {
+    wait_out(WINDOW_LEFT).await;
+}
+
+/// `collect_garbage(keep)` deletes ended runs older than `keep` and older
+/// than their job's late window, and nothing else: recent runs stay, and so
+/// does an old running run whose lease has not been over for `keep`. (That
+/// the scheduler's `keep` covers its jobs' late windows is the scheduler's
+/// part, checked in the kit's scheduler tests.)
 pub async fn garbage_collection_forgets_old_ended_runs_only<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
@@ -689,11 +708,15 @@ where
     let job = job("gc");
     let now = factory.clock().now().as_millis();
     let old = Slot::from_millis(now - now.rem_euclid(1000) - 7_200_000);
-    let old_running = Slot::from_millis(old.as_millis() + 1000);
+    // Just older than `old`, so that one window covers both at the claims
+    // and neither at the collection.
+    let old_running = Slot::from_millis(old.as_millis() - 50);
     let recent = Slot::from_millis(now - now.rem_euclid(1000) - 60_000);
+    // The job's window ends shortly: after it only `keep` decides.
+    let window = closing_window(now, old_running);
     let catch_up = |slot: Slot| {
         let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
-        c.claim.max_late = Duration::from_secs(3 * 3600);
+        c.claim.max_late = window;
         c
     };
     let c_old = catch_up(old);
@@ -710,6 +733,7 @@ where
         .finish(c_recent.run(), c_recent.claim.token, RunOutcome::Succeeded)
         .await
         .expect("finish");
+    wait_out_windows().await;
     let deleted = store
         .collect_garbage(Duration::from_secs(3600))
         .await
@@ -724,10 +748,66 @@ where
         .collect();
     assert_eq!(left, [recent, old_running]);
     let next = Slot::from_millis(recent.as_millis() + 1000);
-    let after = won(store.claim_lease(&catch_up(next)).await.expect("claim"));
+    let mut claim = catch_up(next);
+    claim.claim.max_late = Duration::from_secs(3600);
+    let after = won(store.claim_lease(&claim).await.expect("claim"));
     assert!(
         after.fence > last.fence,
         "fences keep growing after a collection"
+    );
+}
+
+/// Collection keeps each job's runs for as long as the job's own late
+/// window, whatever `keep` the collecting scheduler passes: another
+/// service's scheduler, whose jobs have short windows, shares the
+/// namespace. A run kept is never run again; a run whose window is over
+/// goes.
+pub async fn garbage_collection_keeps_each_jobs_late_window<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let store = factory.instance().await;
+    let now = factory.clock().now().as_millis();
+    let slot = Slot::from_millis(now - now.rem_euclid(1000) - 7_200_000);
+    let keep = Duration::from_secs(3600);
+    let long_window = Duration::from_secs(24 * 3600);
+    let short = job("gc-window-short");
+    let long = job("gc-window-long");
+    let claim = |job: &anarchon_core::JobName, max_late: Duration| {
+        let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
+        c.claim.max_late = max_late;
+        c
+    };
+    for c in [
+        claim(&short, closing_window(now, slot)),
+        claim(&long, long_window),
+    ] {
+        won(store.claim_lease(&c).await.expect("claim"));
+        store
+            .finish(c.run(), c.claim.token, RunOutcome::Succeeded)
+            .await
+            .expect("finish");
+    }
+    wait_out_windows().await;
+    store.collect_garbage(keep).await.expect("gc");
+    let slots = |records: Vec<RunRecord>| records.iter().map(|r| r.run.slot).collect::<Vec<_>>();
+    assert_eq!(
+        slots(store.history(&long, 10).await.expect("history")),
+        [slot],
+        "a collection with keep = {keep:?} took a run that its job's late window \
+         ({long_window:?}) still covers"
+    );
+    assert_eq!(
+        store
+            .claim_lease(&claim(&long, long_window))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Done(FinalState::Succeeded),
+        "a late claim inside the job's window must find the run done"
+    );
+    assert!(
+        store.history(&short, 10).await.expect("history").is_empty(),
+        "a run older than both `keep` and its job's window is collected"
     );
 }
 
@@ -860,17 +940,27 @@ where
     let store = factory.instance().await;
     let now = factory.clock().now().as_millis();
     let second = now - now.rem_euclid(1000);
-    let old = |i: i64| Slot::from_millis(second - 7_200_000 + i * 1000);
+    // Old slots lie close together, so one window can cover them all at the
+    // claims and none of them at the collection.
+    let old = |i: i64| Slot::from_millis(second - 7_200_000 + i * 50);
     let recent = |i: i64| Slot::from_millis(second - 60_000 + i * 1000);
     let keep = Duration::from_secs(3600);
+    // Every window ends shortly, so `keep` decides what is collected.
+    let window = closing_window(now, old(0));
     let catch_up = |job: &anarchon_core::JobName, slot: Slot| {
         let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
-        c.claim.max_late = Duration::from_secs(3 * 3600);
+        c.claim.max_late = window;
         c
     };
     let fence_of = |outcome: ClaimOutcome| won(outcome).fence.expect("lease stores fence");
 
-    // Every run of the job is collected.
+    let later = |job: &anarchon_core::JobName, slot: Slot| {
+        let mut c = catch_up(job, slot);
+        c.claim.max_late = keep;
+        c
+    };
+
+    // Job one: every run is collected.
     let all_gone = job("gc-fence-all");
     let mut highest = None;
     for i in 0..3 {
@@ -883,28 +973,7 @@ where
             .await
             .expect("finish");
     }
-    store.collect_garbage(keep).await.expect("gc");
-    assert!(
-        store
-            .history(&all_gone, 10)
-            .await
-            .expect("history")
-            .is_empty(),
-        "collection takes every finished run older than `keep`"
-    );
-    let next = fence_of(
-        store
-            .claim_lease(&catch_up(&all_gone, recent(0)))
-            .await
-            .expect("claim after collection"),
-    );
-    assert!(
-        Some(next) > highest,
-        "after collecting every run of a job its next fence {next:?} must exceed every \
-         earlier one (up to {highest:?})"
-    );
-
-    // Only the highest-fenced run is collected; an older fence stays.
+    // Job two: only the highest-fenced run is collected; an older fence stays.
     let top_gone = job("gc-fence-top");
     let kept = catch_up(&top_gone, recent(0));
     let kept_fence = fence_of(store.claim_lease(&kept).await.expect("claim"));
@@ -919,7 +988,30 @@ where
         )
         .await
         .expect("finish");
+
+    wait_out_windows().await;
     store.collect_garbage(keep).await.expect("gc");
+
+    assert!(
+        store
+            .history(&all_gone, 10)
+            .await
+            .expect("history")
+            .is_empty(),
+        "collection takes every finished run older than `keep`"
+    );
+    let next = fence_of(
+        store
+            .claim_lease(&later(&all_gone, recent(0)))
+            .await
+            .expect("claim after collection"),
+    );
+    assert!(
+        Some(next) > highest,
+        "after collecting every run of a job its next fence {next:?} must exceed every \
+         earlier one (up to {highest:?})"
+    );
+
     let left: Vec<Slot> = store
         .history(&top_gone, 10)
         .await
@@ -930,7 +1022,7 @@ where
     assert_eq!(left, [recent(0)], "collection took the old run only");
     let next = fence_of(
         store
-            .claim_lease(&catch_up(&top_gone, recent(1)))
+            .claim_lease(&later(&top_gone, recent(1)))
             .await
             .expect("claim after collection"),
     );
@@ -1225,6 +1317,7 @@ macro_rules! lease_suite {
             peek_reports_the_state,
             fences_grow_and_history_lists_runs,
             garbage_collection_forgets_old_ended_runs_only,
+            garbage_collection_keeps_each_jobs_late_window,
             lease_expiry_is_judged_on_the_store_clock,
             fences_outlive_garbage_collection,
             tokens_that_hold_nothing_are_fenced_and_change_nothing,

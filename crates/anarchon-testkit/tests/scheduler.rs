@@ -399,6 +399,77 @@ async fn a_later_instance_never_reruns_a_collected_slot() {
     );
 }
 
+/// Two services share one store. "billing" keeps little history and has
+/// the default late window; "reports" catches up on two hours. Billing's
+/// hourly collection must leave every reports run that reports' window
+/// still covers, so a reports instance started later re-runs none of them.
+#[tokio::test(start_paused = true)]
+async fn another_services_collection_keeps_this_jobs_late_window() {
+    let (clock, store) = setup();
+    let runs = runs();
+    let start = |instance: &'static str, job: &'static str, catch_up: Option<Duration>| {
+        let mut b = Scheduler::builder(store.clone())
+            .clock(clock.clone())
+            .instance_id(id(instance))
+            .history_retention(Duration::from_secs(60));
+        let r = runs.clone();
+        let mut job = b.job(job, every(60)).unwrap();
+        if let Some(window) = catch_up {
+            job = job.catch_up(window);
+        }
+        job.run(move |ctx| {
+            let r = r.clone();
+            async move {
+                record(&r, &ctx);
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+        b.start().unwrap()
+    };
+    let reports_window = Some(Duration::from_secs(2 * 3600));
+    let billing = start("billing", "billing", None);
+    let reports = start("reports-1", "reports", reports_window);
+    // Past billing's second hourly collection, which (keeping an hour and a
+    // minute) would take every reports run of the first hour.
+    sleep(2.0 * 3600.0 + 90.0).await;
+    reports.shutdown().await;
+    let restarted = start("reports-2", "reports", reports_window);
+    sleep(5.0).await;
+    restarted.shutdown().await;
+    billing.shutdown().await;
+
+    let ran = |prefix: &str| -> BTreeMap<Slot, Vec<String>> {
+        let mut map: BTreeMap<Slot, Vec<String>> = BTreeMap::new();
+        for (slot, _, who) in runs.lock().unwrap().iter() {
+            if who.starts_with(prefix) {
+                map.entry(*slot).or_default().push(who.clone());
+            }
+        }
+        map
+    };
+    let reports_runs = ran("reports");
+    assert!(
+        reports_runs.len() >= 120,
+        "two hours of minutes ran: {}",
+        reports_runs.len()
+    );
+    for (slot, runners) in &reports_runs {
+        assert_eq!(runners.len(), 1, "reports slot {slot} ran {runners:?}");
+    }
+    let billing_runs = ran("billing").len();
+    let billing_kept = store
+        .history(&JobName::new("billing").unwrap(), 1000)
+        .await
+        .unwrap()
+        .len();
+    assert!(
+        billing_kept < billing_runs - 30,
+        "billing's collection ran and took its own old runs: {billing_kept} of \
+         {billing_runs} kept"
+    );
+}
+
 /// Handler runs as the handlers saw them: instance, attempt, start, end.
 type Spans = Arc<
     Mutex<

@@ -74,6 +74,10 @@ pub(crate) struct JobDoc {
     /// The last fence handed out for the job. Only grows.
     #[serde(default)]
     pub(crate) fence: u64,
+    /// The longest `max_late` (ms) of the job's claims that wrote this
+    /// document: garbage collection keeps the job's runs at least that long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) window: Option<i64>,
     /// The highest slot that was ever live or ended here. A slot above it
     /// has no record but possibly a `missed` one, so a claim need not read
     /// its run key.
