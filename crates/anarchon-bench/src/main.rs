@@ -198,7 +198,7 @@ async fn batch(target: &dyn Target, s: &Settings, f: &mut Figures) -> Result<()>
     let before = target.round_trips().await?;
     let start = Instant::now();
     let outcomes = match store.clone().as_lease_store() {
-        Some(lease) => lease.claim_many(&claims).await?,
+        Some(lease) => lease.claim_many(&claims).await?.all()?,
         // Claim-only stores have no batch form: the scheduler sends the
         // claims side by side.
         None => {

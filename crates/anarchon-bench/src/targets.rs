@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anarchon_core::{
-    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseClaim, LeaseStore,
-    MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
+    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseClaim,
+    LeaseStore, MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
 };
 
 use anyhow::{Context, Result};
@@ -99,7 +99,7 @@ impl LeaseStore for Counted {
         self.tick();
         self.inner.claim_lease(req).await
     }
-    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
         self.tick();
         self.inner.claim_many(reqs).await
     }

@@ -24,8 +24,9 @@ pub use crate::scheduler::{
     SchedulerBuilder, SchedulerOptions, ShutdownReport,
 };
 pub use crate::store::{
-    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, LeaseClaim, LeaseStore,
-    Memory, Overlap, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Win,
+    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, LeaseClaim,
+    LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState,
+    RunView, Win,
 };
 pub use crate::time::{Slot, Timestamp};
 pub use async_trait::async_trait;

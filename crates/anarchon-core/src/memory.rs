@@ -22,8 +22,9 @@ use crate::error::StoreError;
 use crate::ids::{Attempt, Fence, InstanceId, Token};
 use crate::name::JobName;
 use crate::store::{
-    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, LeaseClaim, LeaseStore,
-    Memory, Overlap, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Win,
+    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, LeaseClaim,
+    LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState,
+    RunView, Win,
 };
 use crate::time::{Slot, Timestamp};
 
@@ -310,8 +311,8 @@ impl LeaseStore for MemoryStore {
         self.step(|state, now| claim_one(state, now, req))
     }
 
-    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        self.step(|state, now| reqs.iter().map(|r| claim_one(state, now, r)).collect())
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
+        self.step(|state, now| reqs.iter().map(|r| Ok(claim_one(state, now, r))).collect())
     }
 
     async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {

@@ -188,6 +188,64 @@ pub enum ClaimOutcome {
     Overlap,
 }
 
+/// The answers to a batch of claims ([`LeaseStore::claim_many`]), one per
+/// claim in the order sent: each an outcome, or the error of that claim
+/// alone.
+#[derive(Debug, Default)]
+pub struct ClaimAnswers(Vec<Result<ClaimOutcome, StoreError>>);
+
+impl ClaimAnswers {
+    /// The answers, in the order of the claims.
+    pub fn new(answers: Vec<Result<ClaimOutcome, StoreError>>) -> Self {
+        Self(answers)
+    }
+
+    /// How many answers there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The answers, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Result<ClaimOutcome, StoreError>> {
+        self.0.iter()
+    }
+
+    /// Every outcome, or the error of the first claim that failed.
+    ///
+    /// # Errors
+    ///
+    /// The first claim's [`StoreError`].
+    pub fn all(self) -> Result<Vec<ClaimOutcome>, StoreError> {
+        self.0.into_iter().collect()
+    }
+}
+
+impl From<Vec<ClaimOutcome>> for ClaimAnswers {
+    fn from(outcomes: Vec<ClaimOutcome>) -> Self {
+        Self(outcomes.into_iter().map(Ok).collect())
+    }
+}
+
+impl FromIterator<Result<ClaimOutcome, StoreError>> for ClaimAnswers {
+    fn from_iter<I: IntoIterator<Item = Result<ClaimOutcome, StoreError>>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+impl IntoIterator for ClaimAnswers {
+    type Item = Result<ClaimOutcome, StoreError>;
+    type IntoIter = std::vec::IntoIter<Result<ClaimOutcome, StoreError>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
 /// What a store says about a run's lease after a heartbeat, finish or release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Renewal {
@@ -361,19 +419,24 @@ pub trait LeaseStore: ClaimStore {
     /// A [`StoreError`]; temporary ones may be retried with the same token.
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError>;
 
-    /// Claims several runs, answering in the same order. Stores that can
-    /// should do it in one round trip; the default claims one by one.
+    /// Claims several runs, answering each in the same order. Stores that
+    /// can should do it in one round trip; the default claims one by one.
+    ///
+    /// A claim that fails on its own (one job's data is unreadable, one
+    /// script call failed) gets its own error among the answers and costs
+    /// the others nothing: their answers, wins included, stand.
     ///
     /// # Errors
     ///
-    /// As [`Self::claim_lease`]. On an error some claims may have been made;
-    /// retrying all of them with the same tokens is safe.
-    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    /// A [`StoreError`] when the store gave no answer that can be trusted
+    /// for any claim. Some claims may have been made; retrying all of them
+    /// with the same tokens is safe.
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
         let mut out = Vec::with_capacity(reqs.len());
         for req in reqs {
-            out.push(self.claim_lease(req).await?);
+            out.push(self.claim_lease(req).await);
         }
-        Ok(out)
+        Ok(ClaimAnswers::new(out))
     }
 
     /// Reads a run without locking anything: the cheap check a backup makes

@@ -12,9 +12,9 @@ use std::time::{Duration, SystemTime};
 
 use anarchon_core::time::millis;
 use anarchon_core::{
-    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, JobName, LeaseClaim,
-    LeaseStore, Memory, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView,
-    Slot, StoreError, Timestamp, Token,
+    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, JobName,
+    LeaseClaim, LeaseStore, Memory, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState,
+    RunView, Slot, StoreError, StoreErrorKind, Timestamp, Token,
 };
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
@@ -572,7 +572,13 @@ impl NatsLeaseStore {
     /// Claims a batch: one round trip to read every job's document (and
     /// write the clock), one to read the clock and any run keys, one to
     /// write; more only for jobs whose write lost a race.
-    async fn claim_batch(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    /// Settles a batch job by job. A job whose claims fail (its document
+    /// unreadable, its swaps lost) answers each of its claims with that
+    /// error; the other jobs' answers, wins included, stand.
+    async fn claim_batch(
+        &self,
+        reqs: &[LeaseClaim],
+    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
         if reqs.is_empty() {
             return Ok(Vec::new());
         }
@@ -602,27 +608,30 @@ impl NatsLeaseStore {
                 .map(|((job, claims), read)| self.claim_job(job, claims, read, &clock)),
         )
         .await;
-        let mut out: Vec<Option<ClaimOutcome>> = vec![None; reqs.len()];
+        let mut out: Vec<Option<Result<ClaimOutcome, StoreError>>> =
+            (0..reqs.len()).map(|_| None).collect();
         let mut depth = 0;
-        let mut failed = None;
-        for result in settled {
+        for ((job, claims), result) in groups.iter().zip(settled) {
             match result {
                 Ok((answers, d)) => {
                     depth = depth.max(d);
                     for (i, outcome) in answers {
-                        out[i] = Some(outcome);
+                        out[i] = Some(Ok(outcome));
                     }
                 }
-                Err(e) => failed = failed.or(Some(e)),
+                Err(e) => {
+                    tracing::warn!(error = %e, job = %job, "the job's claims failed; the batch's other jobs go on");
+                    for (i, _) in claims {
+                        out[*i] = Some(Err(same_error(&e)));
+                    }
+                }
             }
         }
         self.round_trips(1 + depth);
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        out.into_iter()
-            .map(|o| o.ok_or_else(|| self.protocol("a claim of the batch got no answer")))
-            .collect()
+        Ok(out
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(self.protocol("a claim of the batch got no answer"))))
+            .collect())
     }
 
     /// Settles the claims of one job, starting from `first`, the read of
@@ -922,11 +931,11 @@ impl LeaseStore for NatsLeaseStore {
         let mut answers = self.claim_batch(std::slice::from_ref(req)).await?;
         answers
             .pop()
-            .ok_or_else(|| self.protocol("a claim got no answer"))
+            .unwrap_or_else(|| Err(self.protocol("a claim got no answer")))
     }
 
-    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        self.claim_batch(reqs).await
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
+        Ok(ClaimAnswers::new(self.claim_batch(reqs).await?))
     }
 
     async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {
@@ -1171,6 +1180,17 @@ impl LeaseStore for NatsLeaseStore {
             return Err(error);
         }
         Ok(u64::try_from(deleted.len()).unwrap_or(u64::MAX))
+    }
+}
+
+/// The same error again, for each claim of a job that failed as a whole
+/// (a `StoreError` is not `Clone`: it may hold a source).
+fn same_error(error: &StoreError) -> StoreError {
+    let message = error.message().to_owned();
+    match error.kind() {
+        StoreErrorKind::Unavailable => StoreError::unavailable(LEASE_BACKEND, message),
+        StoreErrorKind::Invalid => StoreError::invalid(LEASE_BACKEND, message),
+        _ => StoreError::protocol(LEASE_BACKEND, message),
     }
 }
 

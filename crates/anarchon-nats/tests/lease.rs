@@ -516,7 +516,7 @@ async fn fences_grow_across_runs_and_takeovers() {
     let batch: Vec<LeaseClaim> = (1..=3)
         .map(|k| lease_claim(run(k), Token::generate(), "b"))
         .collect();
-    for outcome in b.claim_many(&batch).await.unwrap() {
+    for outcome in b.claim_many(&batch).await.unwrap().all().unwrap() {
         fences.push(won(outcome).fence.unwrap());
     }
     fences.push(
@@ -764,7 +764,7 @@ async fn round_trips_per_call() {
             )
         })
         .collect();
-    for outcome in b.claim_many(&batch).await.unwrap() {
+    for outcome in b.claim_many(&batch).await.unwrap().all().unwrap() {
         won(outcome);
     }
     assert_eq!(
@@ -843,5 +843,49 @@ async fn buckets_that_do_not_fit_are_refused() {
     assert!(matches!(
         NatsLeaseStore::connect(&connection, bad).await,
         Err(Error::InvalidBucketName { .. })
+    ));
+}
+
+/// One batch, two jobs, one of them with a job document that cannot be
+/// read. The sound job's claim is won and stands; the broken job's claim
+/// gets its own error, naming the document.
+#[tokio::test]
+async fn one_jobs_unreadable_document_costs_its_batch_nothing() {
+    let factory = NatsLeaseFactory::new().await;
+    let raw = Raw::open(&factory).await;
+    let store = factory.instance().await;
+    let broken = job("broken-doc");
+    let key = NatsLeaseStore::job_key(&broken);
+    raw.jetstream
+        .publish(format!("$KV.{}.{key}", raw.bucket), "{not json".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let slot = future_slot(&factory, 0);
+    let batch = [
+        lease_claim(RunKey::new(broken, slot), Token::generate(), "a"),
+        lease_claim(RunKey::new(job("sound"), slot), Token::generate(), "a"),
+    ];
+    let answers: Vec<_> = store
+        .claim_many(&batch)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(answers.len(), 2);
+    let err = answers[0].as_ref().unwrap_err();
+    assert!(
+        err.to_string().contains(&key),
+        "the document is named: {err}"
+    );
+    assert!(
+        matches!(answers[1], Ok(ClaimOutcome::Won(_))),
+        "the sound job's claim: {:?}",
+        answers[1]
+    );
+    assert!(matches!(
+        store.claim_lease(&batch[1]).await.unwrap(),
+        ClaimOutcome::Won(_)
     ));
 }

@@ -106,7 +106,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             for s in 0..SLOTS {
                 let slot = Slot::from_millis(base + s * 1000);
                 let batch: Vec<LeaseClaim> = jobs.iter().map(|j| claim(j, slot, &me)).collect();
-                store.claim_many(&batch).await?;
+                store.claim_many(&batch).await?.all()?;
             }
             Ok::<_, anarchon_core::StoreError>(())
         }));

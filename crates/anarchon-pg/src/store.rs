@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState, InstanceId,
-    JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey, RunOutcome,
-    RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
+    Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
+    InstanceId, JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey,
+    RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
 };
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
@@ -266,7 +266,13 @@ impl PgStore {
         drop_schema(&mut conn, &self.table).await
     }
 
-    async fn claim_batch(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, PgError> {
+    /// Sends a batch of claims to the claim function. A row that cannot be
+    /// read is that claim's error alone (the function has committed: the
+    /// other answers, wins included, stand).
+    async fn claim_batch(
+        &self,
+        reqs: &[LeaseClaim],
+    ) -> Result<Vec<Result<ClaimOutcome, PgError>>, PgError> {
         if reqs.is_empty() {
             return Ok(Vec::new());
         }
@@ -305,7 +311,7 @@ impl PgStore {
                 .bind(&max_attempts[..])
                 .fetch_all(conn)
         })?;
-        let mut out: Vec<Option<ClaimOutcome>> = vec![None; n];
+        let mut out: Vec<Option<Result<ClaimOutcome, PgError>>> = (0..n).map(|_| None).collect();
         for row in rows {
             let slot = usize::try_from(row.idx)
                 .ok()
@@ -314,9 +320,9 @@ impl PgStore {
                 .ok_or_else(|| {
                     PgError::protocol(action(), format!("answer for claim {} of {n}", row.idx))
                 })?;
-            let outcome = row
-                .outcome()
-                .map_err(|reason| PgError::protocol(action(), reason))?;
+            let outcome = row.outcome().map_err(|reason| {
+                PgError::protocol(format!("claiming {}", reqs[slot].run()), reason)
+            });
             if out[slot].replace(outcome).is_some() {
                 return Err(PgError::protocol(
                     action(),
@@ -591,13 +597,18 @@ impl ClaimStore for PgStore {
 impl LeaseStore for PgStore {
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
         let mut outcomes = self.claim_batch(std::slice::from_ref(req)).await?;
-        outcomes
+        Ok(outcomes
             .pop()
-            .ok_or_else(|| PgError::protocol(format!("claiming {}", req.run()), "no answer").into())
+            .ok_or_else(|| PgError::protocol(format!("claiming {}", req.run()), "no answer"))??)
     }
 
-    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        Ok(self.claim_batch(reqs).await?)
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
+        Ok(self
+            .claim_batch(reqs)
+            .await?
+            .into_iter()
+            .map(|answer| answer.map_err(StoreError::from))
+            .collect())
     }
 
     async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {

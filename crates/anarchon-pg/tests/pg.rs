@@ -249,6 +249,7 @@ async fn overlapping_batches_in_opposite_orders_do_not_deadlock() {
                 let outcomes = store
                     .claim_many(&claims)
                     .await
+                    .and_then(|answers| answers.all())
                     .unwrap_or_else(|e| panic!("batch claim failed: {e}"));
                 assert_eq!(outcomes.len(), claims.len());
                 for (c, o) in claims.iter().zip(outcomes) {
@@ -1220,9 +1221,19 @@ async fn a_retried_batch_gets_the_same_answers() {
             .await
             .expect("claim"));
     }
-    let first = a.claim_many(&claims).await.expect("batch");
+    let first = a
+        .claim_many(&claims)
+        .await
+        .expect("batch")
+        .all()
+        .expect("every claim answered");
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let again = a.claim_many(&claims).await.expect("batch again");
+    let again = a
+        .claim_many(&claims)
+        .await
+        .expect("batch again")
+        .all()
+        .expect("every claim answered");
     let without_clock = |o: &ClaimOutcome| match o {
         ClaimOutcome::Running { lease_until, .. } => format!("running until {lease_until}"),
         other => format!("{other:?}"),
@@ -1237,5 +1248,55 @@ async fn a_retried_batch_gets_the_same_answers() {
             .filter(|o| matches!(o, ClaimOutcome::Running { .. }))
             .count(),
         10
+    );
+}
+
+/// One batch, two jobs; one job's row holds a fence the store cannot read
+/// back (a hand edit made it negative). The function commits both claims;
+/// the sound job's answer is a win that stands, and the broken one's claim
+/// alone gets an error naming the run (the scheduler then releases it).
+#[tokio::test]
+async fn one_jobs_unreadable_answer_costs_its_batch_nothing() {
+    let factory = PgFactory::new().await;
+    let store = factory.instance().await;
+    let table = factory.table().clone();
+    let mut conn = admin(factory.url()).await;
+    exec(
+        &mut conn,
+        format!(r#"INSERT INTO "{table}_jobs" (job, last_fence) VALUES ('negative-fence', -5)"#),
+    )
+    .await;
+    let slot = Slot::from_millis(future_base());
+    let broken = RunKey::new(job("negative-fence"), slot);
+    let batch = [
+        claim(broken.clone(), Token::generate(), "a", Overlap::Allow),
+        claim(
+            RunKey::new(job("sound"), slot),
+            Token::generate(),
+            "a",
+            Overlap::Allow,
+        ),
+    ];
+    let answers: Vec<_> = store
+        .claim_many(&batch)
+        .await
+        .expect("the batch is answered")
+        .into_iter()
+        .collect();
+    assert_eq!(answers.len(), 2);
+    let err = answers[0].as_ref().expect_err("an unreadable fence");
+    assert!(
+        err.to_string().contains(&broken.to_string()) && err.to_string().contains("negative"),
+        "the run and the problem are named: {err}"
+    );
+    assert!(
+        matches!(answers[1], Ok(ClaimOutcome::Won(_))),
+        "the sound job's claim: {:?}",
+        answers[1]
+    );
+    // The broken claim was committed under its token: a release hands it on.
+    assert_eq!(
+        store.release(&broken, batch[0].claim.token).await.unwrap(),
+        Renewal::Renewed
     );
 }

@@ -128,7 +128,12 @@ async fn every_store_call_is_one_statement() {
         .map(|i| claim(&format!("batch-{i}"), base))
         .collect();
     let before = mark();
-    let outcomes = store.claim_many(&batch).await.expect("claim_many");
+    let outcomes = store
+        .claim_many(&batch)
+        .await
+        .expect("claim_many")
+        .all()
+        .expect("every claim answered");
     assert_eq!(outcomes.len(), 50);
     expect_one("a batch of 50 claims", before);
 

@@ -107,7 +107,7 @@ async fn main() {
                     for chunk in reqs.chunks(100) {
                         let claims: Vec<LeaseClaim> =
                             chunk.iter().map(LeaseClaim::from_plain).collect();
-                        let outcomes = lease.claim_many(&claims).await.unwrap();
+                        let outcomes = lease.claim_many(&claims).await.unwrap().all().unwrap();
                         for (req, o) in chunk.iter().zip(outcomes) {
                             if matches!(o, ClaimOutcome::Won(_)) {
                                 won.push(req.run.slot);

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState, InstanceId,
-    JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey, RunOutcome,
-    RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
+    Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
+    InstanceId, JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey,
+    RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
 };
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
@@ -179,19 +179,41 @@ impl RedisLeaseStore {
         }
     }
 
-    async fn claims(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, RedisStoreError> {
+    /// Sends the claims in one round trip. Each claim's answer is its own:
+    /// a script error in one job's keys, or a failed registration in
+    /// `{p}:jobs`, costs no other claim its answer.
+    async fn claims(
+        &self,
+        reqs: &[LeaseClaim],
+    ) -> Result<Vec<Result<ClaimOutcome, RedisStoreError>>, RedisStoreError> {
         if reqs.is_empty() {
             return Ok(Vec::new());
         }
         let during = "claiming";
         let (generation, new, prelude) = self.registration(reqs.iter().map(|r| &r.run().job));
         let calls: Vec<Call> = reqs.iter().map(|r| self.claim_call(r)).collect();
-        let replies = self.link.eval(&prelude, &calls, during).await?;
-        self.registered(generation, new);
-        replies
+        let (registration, replies) = self
+            .link
+            .eval_with_prelude(&prelude, &calls, during)
+            .await?;
+        match registration
+            .into_iter()
+            .try_for_each(|r| check(r, during).map(drop))
+        {
+            // Registered jobs are not sent again on this connection.
+            Ok(()) => self.registered(generation, new),
+            // Only garbage collection reads the list: the claims stand, and
+            // the registration is tried again with the next claim.
+            Err(error) => tracing::warn!(
+                backend = BACKEND,
+                key = %jobs_key(&self.prefix),
+                "could not add jobs to the job list, so garbage collection does not see them yet: {error}"
+            ),
+        }
+        Ok(replies
             .into_iter()
             .map(|v| parse_claim(check(v, during)?))
-            .collect()
+            .collect())
     }
 
     /// One heartbeat, release or finish step.
@@ -434,11 +456,19 @@ impl LeaseStore for RedisLeaseStore {
             .map_err(store_err)?;
         outcomes
             .pop()
-            .ok_or_else(|| store_err(RedisStoreError::protocol("claiming", "no answer")))
+            .ok_or_else(|| RedisStoreError::protocol("claiming", "no answer"))
+            .and_then(|answer| answer)
+            .map_err(store_err)
     }
 
-    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        self.claims(reqs).await.map_err(store_err)
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
+        Ok(self
+            .claims(reqs)
+            .await
+            .map_err(store_err)?
+            .into_iter()
+            .map(|answer| answer.map_err(store_err))
+            .collect())
     }
 
     async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {

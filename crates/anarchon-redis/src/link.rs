@@ -340,6 +340,23 @@ impl Link {
         calls: &[Call],
         during: &'static str,
     ) -> Result<Vec<Value>, RedisStoreError> {
+        let (prelude, answers) = self.eval_with_prelude(prelude, calls, during).await?;
+        for reply in prelude {
+            check(reply, during)?;
+        }
+        Ok(answers)
+    }
+
+    /// [`Self::eval`], but the prelude's answers come back unchecked, beside
+    /// the calls' answers: a failed prelude command does not hide what the
+    /// calls did.
+    pub(crate) async fn eval_with_prelude(
+        &self,
+        prelude: &[Cmd],
+        calls: &[Call],
+        during: &'static str,
+    ) -> Result<(Vec<Value>, Vec<Value>), RedisStoreError> {
+        let mut prelude_replies = Vec::new();
         let mut answers: Vec<Option<Value>> = vec![None; calls.len()];
         let mut pending: Vec<usize> = (0..calls.len()).collect();
         let mut reload: Vec<&'static Lua> = Vec::new();
@@ -365,9 +382,10 @@ impl Link {
                 ));
             }
             let mut replies = replies.into_iter();
-            for reply in replies.by_ref().take(reload.len() + prelude_len) {
+            for reply in replies.by_ref().take(reload.len()) {
                 check(reply, during)?;
             }
+            prelude_replies.extend(replies.by_ref().take(prelude_len));
             let mut again = Vec::new();
             reload.clear();
             for (&i, reply) in pending.iter().zip(replies) {
@@ -381,12 +399,13 @@ impl Link {
                 }
             }
             if again.is_empty() {
-                return answers
+                let answers = answers
                     .into_iter()
                     .map(|a| {
                         a.ok_or_else(|| RedisStoreError::protocol(during, "an answer is missing"))
                     })
-                    .collect();
+                    .collect::<Result<_, _>>()?;
+                return Ok((prelude_replies, answers));
             }
             tracing::info!(
                 backend = self.backend,

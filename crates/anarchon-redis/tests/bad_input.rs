@@ -379,22 +379,26 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
     assert_eq!(err.kind(), StoreErrorKind::Protocol, "{err}");
     assert!(err.to_string().contains("not valid JSON"), "{err}");
 
-    // The job list, read by garbage collection and written by a first claim.
+    // The job list, read by garbage collection and written by a first
+    // claim. Only collection needs it: the claim stands (and is logged).
     let other = LeaseFactory::new().await;
     let other_store = other.instance().await;
     let _: () = conn
         .set(format!("{{{}}}:jobs", other.prefix), "not a set")
         .await
         .unwrap();
-    let err = other_store
+    let outcome = other_store
         .claim_lease(&lease_claim(
             RunKey::new(job("first"), slot),
             Token::generate(),
             "a",
         ))
         .await
-        .unwrap_err();
-    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+        .unwrap();
+    assert!(
+        matches!(outcome, anarchon_core::ClaimOutcome::Won(_)),
+        "a broken job list costs a claim nothing: {outcome:?}"
+    );
     let err = other_store
         .collect_garbage(Duration::from_secs(60))
         .await
@@ -459,4 +463,53 @@ async fn bad_prefixes_and_urls_are_refused_without_showing_the_password() {
         assert_secret_hidden(&secret, &err.to_string());
         assert_secret_hidden(&secret, &format!("{err:?}"));
     }
+}
+
+/// One batch, three jobs: one with a key of the wrong type, one with a
+/// corrupt record, one sound. The sound job's claim is won and stands; each
+/// broken job gets its own error, naming what is wrong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_jobs_broken_keys_cost_its_batch_nothing() {
+    let factory = LeaseFactory::new().await;
+    let store = factory.instance().await;
+    let mut conn = raw(&factory.url).await;
+    let slot = future_slot(&factory, 0);
+    let p = &factory.prefix;
+    let _: () = conn
+        .set(format!("{{{p}:wrong-type}}:live"), "not a sorted set")
+        .await
+        .unwrap();
+    let _: () = conn
+        .hset(
+            format!("{{{p}:corrupt}}:runs"),
+            slot.as_millis(),
+            "{not json",
+        )
+        .await
+        .unwrap();
+    let batch: Vec<_> = ["wrong-type", "sound", "corrupt"]
+        .iter()
+        .map(|name| lease_claim(RunKey::new(job(name), slot), Token::generate(), "a"))
+        .collect();
+    let answers: Vec<_> = store
+        .claim_many(&batch)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(answers.len(), 3);
+    let err = answers[0].as_ref().unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    assert!(
+        matches!(answers[1], Ok(anarchon_core::ClaimOutcome::Won(_))),
+        "the sound job's claim: {:?}",
+        answers[1]
+    );
+    let err = answers[2].as_ref().unwrap_err();
+    assert!(err.to_string().contains("not valid JSON"), "{err}");
+    // The win was written and is the claimer's: a retry is recognised.
+    assert!(matches!(
+        store.claim_lease(&batch[1]).await.unwrap(),
+        anarchon_core::ClaimOutcome::Won(_)
+    ));
 }

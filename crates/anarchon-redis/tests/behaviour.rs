@@ -95,14 +95,14 @@ async fn a_lease_claim_is_one_command_and_a_batch_one_round_trip() {
             )
         })
         .collect();
-    let outcomes = store.claim_many(&batch).await.unwrap();
+    let outcomes = store.claim_many(&batch).await.unwrap().all().unwrap();
     assert!(outcomes.iter().all(|o| matches!(o, ClaimOutcome::Won(_))));
     let new_jobs = proxy.take();
     assert_eq!(new_jobs.round_trips, 1, "{new_jobs:?}");
     assert_eq!(new_jobs.count("EVALSHA"), BATCH);
     assert_eq!(new_jobs.count("SADD"), 1, "one SADD registers all new jobs");
 
-    let again = store.claim_many(&batch).await.unwrap();
+    let again = store.claim_many(&batch).await.unwrap().all().unwrap();
     let known_jobs = proxy.take();
     assert_eq!(known_jobs.round_trips, 1);
     assert_eq!(known_jobs.commands.len(), BATCH, "{known_jobs:?}");

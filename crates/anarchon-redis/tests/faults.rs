@@ -275,7 +275,7 @@ async fn scripts_flushed_mid_run_are_loaded_again() {
             .collect();
         let _: () = flush().query_async(&mut admin).await.unwrap();
         proxy.take();
-        let outcomes = lease.claim_many(&batch).await.unwrap();
+        let outcomes = lease.claim_many(&batch).await.unwrap().all().unwrap();
         assert!(
             outcomes.iter().all(|o| matches!(o, ClaimOutcome::Won(_))),
             "{outcomes:?}"

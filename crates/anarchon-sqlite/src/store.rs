@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState, InstanceId,
-    JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey, RunOutcome,
-    RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
+    Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
+    InstanceId, JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey,
+    RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
 };
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteRow};
@@ -387,6 +387,18 @@ impl SqliteStore {
         }
     }
 
+    async fn savepoint(
+        &self,
+        conn: &mut SqliteConnection,
+        statement: &'static str,
+    ) -> Result<(), StoreError> {
+        sqlx::raw_sql(statement)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err("setting a savepoint for one claim", e))?;
+        Ok(())
+    }
+
     async fn another_run_is_live(
         &self,
         conn: &mut SqliteConnection,
@@ -666,30 +678,46 @@ impl ClaimStore for SqliteStore {
 #[async_trait]
 impl LeaseStore for SqliteStore {
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
-        let mut outcomes = self.claim_many(std::slice::from_ref(req)).await?;
-        outcomes
-            .pop()
-            .ok_or_else(|| StoreError::protocol(BACKEND, "a claim produced no outcome"))
+        self.claim_many(std::slice::from_ref(req))
+            .await?
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| Err(StoreError::protocol(BACKEND, "a claim produced no outcome")))
     }
 
-    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
         if reqs.is_empty() {
-            return Ok(Vec::new());
+            return Ok(ClaimAnswers::default());
         }
         let mut tx = self
             .pool
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(|e| self.err("starting the claim transaction", e))?;
-        let mut outcomes = Vec::with_capacity(reqs.len());
+        let mut answers = Vec::with_capacity(reqs.len());
         let mut now = None;
         for req in reqs {
-            outcomes.push(self.claim_in(&mut tx, req, &mut now).await?);
+            // Each claim under its own savepoint: a claim that fails on
+            // its own (a record it cannot read) is undone alone, and the
+            // batch goes on. A temporary error (a lock) fails the batch.
+            self.savepoint(&mut tx, "SAVEPOINT claim").await?;
+            match self.claim_in(&mut tx, req, &mut now).await {
+                Ok(outcome) => {
+                    self.savepoint(&mut tx, "RELEASE claim").await?;
+                    answers.push(Ok(outcome));
+                }
+                Err(error) if error.is_temporary() => return Err(error),
+                Err(error) => {
+                    self.savepoint(&mut tx, "ROLLBACK TO claim").await?;
+                    self.savepoint(&mut tx, "RELEASE claim").await?;
+                    answers.push(Err(error));
+                }
+            }
         }
         tx.commit()
             .await
             .map_err(|e| self.err("committing the claim", e))?;
-        Ok(outcomes)
+        Ok(ClaimAnswers::new(answers))
     }
 
     async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {

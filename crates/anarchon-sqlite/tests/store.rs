@@ -337,8 +337,8 @@ async fn a_retried_batch_gets_the_same_answers() {
             ClaimOutcome::Won(_)
         ));
     }
-    let first = a.claim_many(&batch).await.unwrap();
-    let again = a.claim_many(&batch).await.unwrap();
+    let first = a.claim_many(&batch).await.unwrap().all().unwrap();
+    let again = a.claim_many(&batch).await.unwrap().all().unwrap();
     let strip = |o: &ClaimOutcome| match o {
         ClaimOutcome::Running { lease_until, .. } => format!("running until {lease_until}"),
         other => format!("{other:?}"),
@@ -362,4 +362,52 @@ async fn a_retried_batch_gets_the_same_answers() {
         })
         .collect();
     assert_eq!(nows.len(), 1, "{nows:?}");
+}
+
+/// One batch, three jobs; the middle one has a record the store cannot read
+/// (attempt 0, a hand edit). Each claim runs under its own savepoint: the
+/// broken claim gets its own error and is undone alone, and the two sound
+/// claims are won and committed.
+#[tokio::test]
+async fn one_jobs_unreadable_record_costs_its_batch_nothing() {
+    let factory = SqliteFactory::new();
+    let store = SqliteStore::open(factory.options()).await.unwrap();
+    let slot = next_minute();
+    let raw = raw_pool(&factory).await;
+    sqlx::query(
+        "INSERT INTO anarchon_runs (job, slot, state, attempt, token, fence, lease_until)
+         VALUES ('zero-attempt', ?1, 'running', 0, 'not-a-token', 1, ?1)",
+    )
+    .bind(slot.as_millis())
+    .execute(&raw)
+    .await
+    .unwrap();
+    let batch = [
+        claim("sound-1", slot, Token::generate()),
+        claim("zero-attempt", slot, Token::generate()),
+        claim("sound-2", slot, Token::generate()),
+    ];
+    let answers: Vec<_> = store
+        .claim_many(&batch)
+        .await
+        .expect("the batch is answered")
+        .into_iter()
+        .collect();
+    assert_eq!(answers.len(), 3);
+    let err = answers[1].as_ref().expect_err("an unreadable attempt");
+    assert!(err.to_string().contains("attempt"), "{err}");
+    for i in [0, 2] {
+        assert!(
+            matches!(answers[i], Ok(ClaimOutcome::Won(_))),
+            "claim {i}: {:?}",
+            answers[i]
+        );
+        assert!(
+            matches!(
+                store.peek(batch[i].run()).await.unwrap().state,
+                RunState::Running { .. }
+            ),
+            "claim {i}'s win was committed"
+        );
+    }
 }

@@ -27,8 +27,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anarchon_core::{
-    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseClaim, LeaseStore,
-    Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
+    Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, JobName,
+    LeaseClaim, LeaseStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
 };
 use async_trait::async_trait;
 use tokio::time::Instant;
@@ -286,7 +286,7 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Recorder<S> {
         answer
     }
 
-    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
         let indices: Vec<usize> = reqs
             .iter()
             .map(|r| {
@@ -305,8 +305,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Recorder<S> {
             self.history.end(
                 i,
                 match &answer {
-                    Ok(outcomes) => match outcomes.get(n) {
-                        Some(o) => Answer::Claimed(o.clone()),
+                    Ok(answers) => match answers.iter().nth(n) {
+                        Some(Ok(o)) => Answer::Claimed(o.clone()),
+                        Some(Err(e)) => failed(e),
                         None => Answer::Failed("missing from the batch answer".into()),
                     },
                     Err(e) => failed(e),

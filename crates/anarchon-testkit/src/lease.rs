@@ -120,7 +120,12 @@ where
         let mine = lease_claim(claim.run().clone(), Token::generate(), "b");
         won(b.claim_lease(&mine).await.expect("claim"));
     }
-    let outcomes = a.claim_many(&claims_a).await.expect("claim_many");
+    let outcomes = a
+        .claim_many(&claims_a)
+        .await
+        .expect("claim_many")
+        .all()
+        .expect("every claim of the batch answered");
     assert_eq!(outcomes.len(), claims_a.len());
     for (i, outcome) in outcomes.iter().enumerate() {
         if i % 2 == 0 {
@@ -135,7 +140,12 @@ where
             );
         }
     }
-    let again = a.claim_many(&claims_a).await.expect("claim_many again");
+    let again = a
+        .claim_many(&claims_a)
+        .await
+        .expect("claim_many again")
+        .all()
+        .expect("every claim of the batch answered");
     // The same answers, except the store's clock, which has moved on.
     let without_clock = |outcomes: &[ClaimOutcome]| -> Vec<ClaimOutcome> {
         outcomes
@@ -1234,7 +1244,12 @@ where
             .iter()
             .map(|&i| lease_claim(runs[i].clone(), Token::generate(), "a"))
             .collect();
-        let answers = a.claim_many(&batch).await.expect("claim_many");
+        let answers = a
+            .claim_many(&batch)
+            .await
+            .expect("claim_many")
+            .all()
+            .expect("every claim of the batch answered");
         assert_eq!(answers.len(), batch.len(), "one answer per claim");
         let mut fences = Vec::new();
         for (answer, &i) in answers.iter().zip(&order) {

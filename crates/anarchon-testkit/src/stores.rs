@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anarchon_core::{
-    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Fence, JobName, LeaseClaim, LeaseStore,
-    Memory, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token, Win,
+    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, JobName, LeaseClaim,
+    LeaseStore, Memory, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token, Win,
 };
 use async_trait::async_trait;
 
@@ -255,7 +255,7 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
         self.claim_call(self.inner.claim_lease(req)).await
     }
 
-    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
         self.claim_call(self.inner.claim_many(reqs)).await
     }
 

@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anarchon_core::{
-    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Clock, Fence, JobName, LeaseClaim,
-    LeaseStore, MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError,
-    Timestamp, Token,
+    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Clock, Fence, JobName,
+    LeaseClaim, LeaseStore, MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView,
+    StoreError, Timestamp, Token,
 };
 use anarchon_testkit::{StoreFactory, TestClock, lease};
 use async_trait::async_trait;
@@ -184,8 +184,9 @@ impl LeaseStore for Mutant {
         Ok(self.seen(req.run(), req.claim.token, outcome))
     }
 
-    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<Vec<ClaimOutcome>, StoreError> {
-        let outcomes = self.on_clock(self.inner.claim_many(reqs)).await?;
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
+        // The memory store answers every claim of a batch.
+        let outcomes = self.on_clock(self.inner.claim_many(reqs)).await?.all()?;
         let mut outcomes: Vec<ClaimOutcome> = reqs
             .iter()
             .zip(outcomes)
@@ -211,7 +212,7 @@ impl LeaseStore for Mutant {
             }
             _ => {}
         }
-        Ok(outcomes)
+        Ok(outcomes.into())
     }
 
     async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {

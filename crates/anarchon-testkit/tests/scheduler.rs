@@ -1463,3 +1463,178 @@ async fn the_offset_to_the_store_clock_is_measured_and_exposed() {
         .expect("the late instance met a live lease");
     assert!((29_000..=31_000).contains(&ahead), "{ahead} ms");
 }
+
+/// A memory store whose claims of one job do their work but answer with an
+/// error of that claim alone, as a store does when that job's data cannot
+/// be read back.
+struct OneJobUnreadable {
+    inner: Arc<MemoryStore>,
+    job: JobName,
+}
+
+impl OneJobUnreadable {
+    fn error(&self) -> anarchon_core::StoreError {
+        anarchon_core::StoreError::protocol("memory", "this job's record cannot be read back")
+    }
+}
+
+#[anarchon_core::async_trait]
+impl ClaimStore for OneJobUnreadable {
+    async fn claim(
+        &self,
+        req: &anarchon_core::ClaimRequest,
+    ) -> Result<anarchon_core::ClaimOutcome, anarchon_core::StoreError> {
+        self.claim_lease(&anarchon_core::LeaseClaim::from_plain(req))
+            .await
+    }
+
+    fn info(&self) -> anarchon_core::BackendInfo {
+        self.inner.info()
+    }
+
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        Some(self)
+    }
+}
+
+#[anarchon_core::async_trait]
+impl LeaseStore for OneJobUnreadable {
+    async fn claim_lease(
+        &self,
+        req: &anarchon_core::LeaseClaim,
+    ) -> Result<anarchon_core::ClaimOutcome, anarchon_core::StoreError> {
+        let outcome = self.inner.claim_lease(req).await?;
+        if req.run().job == self.job {
+            return Err(self.error());
+        }
+        Ok(outcome)
+    }
+
+    async fn claim_many(
+        &self,
+        reqs: &[anarchon_core::LeaseClaim],
+    ) -> Result<anarchon_core::ClaimAnswers, anarchon_core::StoreError> {
+        let answers = self.inner.claim_many(reqs).await?;
+        Ok(reqs
+            .iter()
+            .zip(answers)
+            .map(|(req, answer)| {
+                if req.run().job == self.job {
+                    Err(self.error())
+                } else {
+                    answer
+                }
+            })
+            .collect())
+    }
+
+    async fn peek(
+        &self,
+        run: &anarchon_core::RunKey,
+    ) -> Result<anarchon_core::RunView, anarchon_core::StoreError> {
+        self.inner.peek(run).await
+    }
+
+    async fn heartbeat(
+        &self,
+        run: &anarchon_core::RunKey,
+        token: anarchon_core::Token,
+        lease: Duration,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        self.inner.heartbeat(run, token, lease).await
+    }
+
+    async fn finish(
+        &self,
+        run: &anarchon_core::RunKey,
+        token: anarchon_core::Token,
+        outcome: anarchon_core::RunOutcome,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        self.inner.finish(run, token, outcome).await
+    }
+
+    async fn release(
+        &self,
+        run: &anarchon_core::RunKey,
+        token: anarchon_core::Token,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        self.inner.release(run, token).await
+    }
+
+    async fn history(
+        &self,
+        job: &JobName,
+        limit: usize,
+    ) -> Result<Vec<anarchon_core::RunRecord>, anarchon_core::StoreError> {
+        self.inner.history(job, limit).await
+    }
+
+    async fn collect_garbage(&self, keep: Duration) -> Result<u64, anarchon_core::StoreError> {
+        self.inner.collect_garbage(keep).await
+    }
+}
+
+/// Three jobs are claimed in one batch; the store cannot answer one of
+/// them. The other two run every slot, and each win of the unreadable job
+/// (taken by the store, its answer lost) is released at once for a backup,
+/// not left to hold its slot for a whole lease.
+#[tokio::test(start_paused = true)]
+async fn one_unreadable_job_costs_its_batch_nothing() {
+    let (clock, memory) = setup();
+    let broken = JobName::new("broken").unwrap();
+    let store = Arc::new(OneJobUnreadable {
+        inner: memory.clone(),
+        job: broken.clone(),
+    });
+    let runs = runs();
+    let mut b = Scheduler::builder(store)
+        .clock(clock.clone())
+        .instance_id(id("a"));
+    for name in ["first", "broken", "last"] {
+        let r = runs.clone();
+        b.job(name, every(10))
+            .unwrap()
+            .run(move |ctx| {
+                let r = r.clone();
+                async move {
+                    record(&r, &ctx);
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+    }
+    let scheduler = b.start().unwrap();
+    sleep(35.0).await;
+    scheduler.shutdown().await;
+
+    let ran: Vec<String> = runs.lock().unwrap().iter().map(|r| r.2.clone()).collect();
+    let mut per_job: BTreeMap<JobName, usize> = BTreeMap::new();
+    for name in ["first", "last"] {
+        let job = JobName::new(name).unwrap();
+        let records = memory.history(&job, 100).await.unwrap();
+        per_job.insert(job, records.len());
+        assert!(
+            records.len() >= 3
+                && records
+                    .iter()
+                    .all(|r| r.state == RecordState::Finished(FinalState::Succeeded)),
+            "job {name} ran every slot: {records:?}"
+        );
+    }
+    assert_eq!(
+        ran.len(),
+        per_job.values().sum::<usize>(),
+        "only the readable jobs ran"
+    );
+    let broken_records = memory.history(&broken, 100).await.unwrap();
+    assert!(broken_records.len() >= 3, "{broken_records:?}");
+    for record in &broken_records {
+        let (Some(started), Some(lease_until)) = (record.started_at, record.lease_until) else {
+            panic!("a won run has a start and a lease end: {record:?}");
+        };
+        assert!(
+            lease_until.since(started) < Duration::from_secs(1),
+            "a win whose answer was lost is released, not held for its 30 s lease: {record:?}"
+        );
+    }
+}

@@ -12,7 +12,7 @@ use super::run::handle_outcome;
 use super::{Inner, JobSpec, StoreHandle};
 use crate::error::StoreError;
 use crate::ids::Token;
-use crate::store::{ClaimRequest, LeaseClaim, RunKey};
+use crate::store::{ClaimRequest, LeaseClaim, LeaseStore, Renewal, RunKey};
 use crate::time::{Slot, Timestamp, millis};
 
 /// The longest the timer sleeps before it looks at the wall clock again, so
@@ -283,6 +283,98 @@ where
     }
 }
 
+/// Claims one batch on a lease store and acts on each answer.
+///
+/// While the store gives no answer at all, the whole batch is sent again
+/// with the same tokens. A claim that failed on its own is sent again alone
+/// (with the others still pending) while its error is temporary; one that
+/// cannot be settled is given up, and released in case the store took it,
+/// so that a win the answer did not reach is handed to a backup at once
+/// rather than when its lease runs out. One job's bad data never costs the
+/// other claims of the batch their answers.
+async fn claim_lease_batch(
+    inner: &Arc<Inner>,
+    store: &Arc<dyn LeaseStore>,
+    due: &[Due],
+    claims: Vec<LeaseClaim>,
+    sent_at: Instant,
+) {
+    let mut pending: Vec<(Due, LeaseClaim)> = due.iter().copied().zip(claims).collect();
+    let mut backoff = FIRST_BACKOFF;
+    for tries in 1..=STORE_TRIES {
+        let batch: Vec<LeaseClaim> = pending.iter().map(|(_, c)| c.clone()).collect();
+        let last = tries == STORE_TRIES;
+        let answers = match within(CALL_TIMEOUT, store.claim_many(&batch)).await {
+            Ok(answers) if answers.len() == batch.len() => answers,
+            Ok(answers) => {
+                Metrics::add(&inner.metrics.store_errors);
+                tracing::error!(
+                    sent = batch.len(),
+                    answered = answers.len(),
+                    "the store answered a batch claim with the wrong number of outcomes"
+                );
+                give_up(inner, store, pending);
+                return;
+            }
+            Err(error) if error.is_temporary() && !last => {
+                tracing::debug!(%error, tries, "claim failed; trying again with the same tokens");
+                tokio::time::sleep(backoff).await;
+                backoff *= 2;
+                continue;
+            }
+            Err(error) => {
+                Metrics::add(&inner.metrics.store_errors);
+                tracing::error!(%error, claims = batch.len(), "claim failed; a run this instance may have won is released");
+                give_up(inner, store, pending);
+                return;
+            }
+        };
+        let mut again = Vec::new();
+        let mut failed = Vec::new();
+        for ((d, claim), answer) in pending.into_iter().zip(answers) {
+            match answer {
+                Ok(outcome) => {
+                    let job = inner.jobs[d.index].clone();
+                    handle_outcome(inner, job, claim, outcome, sent_at, Some(d.fire_at));
+                }
+                Err(error) if error.is_temporary() && !last => again.push((d, claim)),
+                Err(error) => {
+                    Metrics::add(&inner.metrics.store_errors);
+                    tracing::error!(%error, job = %claim.run().job, slot = %claim.run().slot, "claim failed; the others of its batch go on");
+                    failed.push((d, claim));
+                }
+            }
+        }
+        give_up(inner, store, failed);
+        if again.is_empty() {
+            return;
+        }
+        pending = again;
+        tokio::time::sleep(backoff).await;
+        backoff *= 2;
+    }
+}
+
+/// Releases claims whose answer never came, in case the store took them:
+/// `release` is token-checked, so a claim that was not won changes nothing.
+fn give_up(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, claims: Vec<(Due, LeaseClaim)>) {
+    for (_, claim) in claims {
+        let store = store.clone();
+        inner.tasks.spawn(async move {
+            let run = claim.run();
+            match within(CALL_TIMEOUT, store.release(run, claim.claim.token)).await {
+                Ok(Renewal::Renewed) => {
+                    tracing::warn!(job = %run.job, slot = %run.slot, "a claim whose answer was lost had been won: released for a backup");
+                }
+                Ok(Renewal::Fenced) => {}
+                Err(error) => {
+                    tracing::debug!(%error, job = %run.job, slot = %run.slot, "could not release a claim whose answer was lost");
+                }
+            }
+        });
+    }
+}
+
 async fn claim_batch(inner: Arc<Inner>, due: Vec<Due>) {
     let sent_at = Instant::now();
     claim_due(&inner, due, sent_at).await;
@@ -297,29 +389,7 @@ async fn claim_due(inner: &Arc<Inner>, due: Vec<Due>, sent_at: Instant) {
                     .iter()
                     .map(|d| lease_claim(inner, &inner.jobs[d.index], d.slot, Token::generate()))
                     .collect();
-                let answer = with_retries("claim", || store.claim_many(&claims)).await;
-                match answer {
-                    Ok(outcomes) if outcomes.len() == claims.len() => {
-                        for (d, (claim, outcome)) in
-                            chunk.iter().zip(claims.into_iter().zip(outcomes))
-                        {
-                            let job = inner.jobs[d.index].clone();
-                            handle_outcome(inner, job, claim, outcome, sent_at, Some(d.fire_at));
-                        }
-                    }
-                    Ok(outcomes) => {
-                        Metrics::add(&inner.metrics.store_errors);
-                        tracing::error!(
-                            sent = claims.len(),
-                            answered = outcomes.len(),
-                            "the store answered a batch claim with the wrong number of outcomes"
-                        );
-                    }
-                    Err(error) => {
-                        Metrics::add(&inner.metrics.store_errors);
-                        tracing::error!(%error, claims = claims.len(), "claim failed; a backup on another instance takes over if one of these was won");
-                    }
-                }
+                claim_lease_batch(inner, store, chunk, claims, sent_at).await;
             }
         }
         StoreHandle::Claim(store) => {
