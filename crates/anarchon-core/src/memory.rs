@@ -352,12 +352,21 @@ impl LeaseStore for MemoryStore {
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
         self.step(|state, now| {
-            let Some(rec) = held(state, run, token) else {
-                return Renewal::Fenced;
-            };
             let (done, error) = match outcome {
                 RunOutcome::Succeeded => (FinalState::Succeeded, None),
                 RunOutcome::Failed { error } => (FinalState::Failed, Some(error)),
+            };
+            let Some(rec) = held(state, run, token) else {
+                // The same finish sent again by the token that finished the
+                // run: it was recorded, and gets the same answer.
+                let finished_by_token = state
+                    .jobs
+                    .get(&run.job)
+                    .and_then(|j| j.runs.get(&run.slot))
+                    .is_some_and(|r| {
+                        r.token == Some(token) && r.state == RecordState::Finished(done)
+                    });
+                return renewal(finished_by_token);
             };
             rec.state = RecordState::Finished(done);
             rec.finished_at = Some(now);

@@ -1006,13 +1006,30 @@ impl LeaseStore for NatsLeaseStore {
             RunOutcome::Succeeded => (FinalState::Succeeded, None),
             RunOutcome::Failed { error } => (FinalState::Failed, Some(error)),
         };
-        self.change_live(run, token, |doc, slot| {
-            if let Some(live) = doc.live.remove(&slot) {
-                doc.ended
-                    .insert(slot, RunDoc::from_live(&live, state, error.clone()));
-            }
+        let changed = self
+            .change_live(run, token, |doc, slot| {
+                if let Some(live) = doc.live.remove(&slot) {
+                    doc.ended
+                        .insert(slot, RunDoc::from_live(&live, state, error.clone()));
+                }
+            })
+            .await?;
+        if changed == Renewal::Renewed {
+            return Ok(changed);
+        }
+        // The same finish sent again by the token that finished the run:
+        // it was recorded (its answer was lost), and gets the same answer.
+        let slot = run.slot.as_millis();
+        let read = self.read_job(&run.job).await?;
+        let ended = match read.doc.ended.get(&slot) {
+            Some(record) => Some(record.clone()),
+            None => self.read_run(run).await?,
+        };
+        Ok(if ended.is_some_and(|r| r.finished_by(token, state)) {
+            Renewal::Renewed
+        } else {
+            Renewal::Fenced
         })
-        .await
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {

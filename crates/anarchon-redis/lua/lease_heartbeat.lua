@@ -1,6 +1,8 @@
 -- anarchon, Redis `lease` strategy: heartbeat, release and finish.
 -- One script for the three steps a runner takes on its own run; each is
--- allowed only while the run is running under the caller's token.
+-- allowed only while the run is running under the caller's token, except
+-- that a finish sent again by the token that finished the run, with the
+-- same final state, gets the same answer as the first time.
 --
 -- KEYS[1] runs (hash)  KEYS[2] live (sorted set)
 -- ARGV[1] slot  ARGV[2] token  ARGV[3] step: 'renew', 'release' or 'finish'
@@ -29,7 +31,13 @@ local ok, rec = pcall(cjson.decode, raw)
 if not ok or type(rec) ~= 'table' then
   return redis.error_reply('ERR anarchon: the record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' is not valid JSON')
 end
-if rec.state ~= 'running' or rec.token ~= token then return {0, now} end
+if rec.token ~= token then return {0, now} end
+if rec.state ~= 'running' then
+  -- A finish sent again by the token that finished the run, with the same
+  -- end: it was recorded (its answer was lost); nothing changes.
+  if step == 'finish' and rec.state == ARGV[4] then return {1, now} end
+  return {0, now}
+end
 
 if step == 'renew' then
   local lease_until = now + tonumber(ARGV[4])

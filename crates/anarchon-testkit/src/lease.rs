@@ -253,7 +253,8 @@ where
     assert_eq!(history[0].state, RecordState::Running);
 }
 
-/// A finished run is `Done` for every later claim; its token is fenced.
+/// A finished run is `Done` for every later claim; its token is fenced for
+/// everything but the same finish sent again.
 pub async fn finished_run_is_done<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
@@ -292,15 +293,90 @@ where
         Renewal::Fenced
     );
     assert_eq!(
-        a.finish(&run, token, RunOutcome::Succeeded)
-            .await
-            .expect("finish"),
+        a.finish(
+            &run,
+            token,
+            RunOutcome::Failed {
+                error: "a different end".to_owned()
+            }
+        )
+        .await
+        .expect("finish"),
         Renewal::Fenced
     );
     assert_eq!(
         b.peek(&run).await.expect("peek").state,
         RunState::Finished(FinalState::Succeeded)
     );
+}
+
+/// A finish whose answer was lost is sent again with the same token and
+/// the same end: it gets the answer of the first (`Renewed`) and changes
+/// nothing, for a success and for a failure; anyone else's finish, or a
+/// different end, is still `Fenced`.
+pub async fn a_finish_sent_again_gets_the_same_answer<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let a = factory.instance().await;
+    let b = factory.instance().await;
+    let failed = |error: &str| RunOutcome::Failed {
+        error: error.to_owned(),
+    };
+    for (name, outcome, other) in [
+        ("again-succeeded", RunOutcome::Succeeded, failed("other")),
+        (
+            "again-failed",
+            failed("the first error"),
+            RunOutcome::Succeeded,
+        ),
+    ] {
+        let run = RunKey::new(job(name), future_slot(factory, 0));
+        let token = Token::generate();
+        won(a
+            .claim_lease(&lease_claim(run.clone(), token, "a"))
+            .await
+            .expect("claim"));
+        assert_eq!(
+            a.finish(&run, token, outcome.clone())
+                .await
+                .expect("finish"),
+            Renewal::Renewed
+        );
+        let recorded = facts(&*a, &run).await;
+        // Sent again, through another connection as a retry may be.
+        assert_eq!(
+            b.finish(&run, token, outcome.clone())
+                .await
+                .expect("finish again"),
+            Renewal::Renewed,
+            "{run}: the same finish from the same token gets the same answer"
+        );
+        assert_eq!(
+            b.finish(&run, token, outcome.clone())
+                .await
+                .expect("finish a third time"),
+            Renewal::Renewed,
+            "{run}: and again"
+        );
+        assert_eq!(
+            b.finish(&run, token, other).await.expect("finish"),
+            Renewal::Fenced,
+            "{run}: a different end from the same token is refused"
+        );
+        assert_eq!(
+            b.finish(&run, Token::generate(), outcome)
+                .await
+                .expect("finish"),
+            Renewal::Fenced,
+            "{run}: another token is refused"
+        );
+        assert_eq!(
+            facts(&*a, &run).await,
+            recorded,
+            "{run}: nothing changed after the first finish"
+        );
+    }
 }
 
 /// A failed run is recorded with its error.
@@ -1058,7 +1134,9 @@ async fn facts<S: LeaseStore + ?Sized>(store: &S, run: &RunKey) -> (RunState, Ve
 
 /// `heartbeat`, `finish` and `release` with a token that never won a live
 /// run answer `Fenced` and change nothing: not a live run, not a run that
-/// was never claimed, not a finished run (whose old token is fenced too).
+/// was never claimed, not a finished run (whose old token is fenced too,
+/// except for the same finish sent again: see
+/// [`a_finish_sent_again_gets_the_same_answer`]).
 pub async fn tokens_that_hold_nothing_are_fenced_and_change_nothing<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
@@ -1069,7 +1147,7 @@ where
     let failed = || RunOutcome::Failed {
         error: "a stranger's error".to_owned(),
     };
-    let try_everything = |run: RunKey, token: Token| {
+    let try_everything = |run: RunKey, token: Token, finished_by_token: bool| {
         let b = b.clone();
         async move {
             let answers = [
@@ -1092,6 +1170,10 @@ where
                 ("release", b.release(&run, token).await.expect("release")),
             ];
             for (call, answer) in answers {
+                if finished_by_token && call == "finish(succeeded)" {
+                    // The same finish sent again: its own check.
+                    continue;
+                }
                 assert_eq!(
                     answer,
                     Renewal::Fenced,
@@ -1109,7 +1191,7 @@ where
         .await
         .expect("claim"));
     let before = facts(&*a, &live).await;
-    try_everything(live.clone(), stranger).await;
+    try_everything(live.clone(), stranger, false).await;
     assert_eq!(
         facts(&*a, &live).await,
         before,
@@ -1133,7 +1215,7 @@ where
 
     // A run nobody claimed: nothing may appear.
     let absent = RunKey::new(job("stranger-absent"), future_slot(factory, 0));
-    try_everything(absent.clone(), stranger).await;
+    try_everything(absent.clone(), stranger, false).await;
     assert_eq!(
         facts(&*a, &absent).await,
         (RunState::Absent, Vec::new()),
@@ -1151,8 +1233,8 @@ where
         .await
         .expect("finish");
     let before = facts(&*a, &done).await;
-    try_everything(done.clone(), stranger).await;
-    try_everything(done.clone(), runner).await;
+    try_everything(done.clone(), stranger, false).await;
+    try_everything(done.clone(), runner, true).await;
     assert_eq!(
         facts(&*a, &done).await,
         before,
@@ -1322,6 +1404,7 @@ macro_rules! lease_suite {
             live_lease_answers_running,
             late_claim_is_refused_and_recorded_missed,
             finished_run_is_done,
+            a_finish_sent_again_gets_the_same_answer,
             failed_run_keeps_its_error,
             heartbeat_extends_the_lease,
             expired_lease_is_taken_over,

@@ -136,6 +136,10 @@ pub(crate) struct RunDoc {
     /// A failed run's error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
+    /// The token of the last attempt, so that a finish it sends again
+    /// gets the same answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) token: Option<String>,
 }
 
 impl RunDoc {
@@ -150,6 +154,7 @@ impl RunDoc {
             finished: Some(Stamp::NOW),
             lease_until: None,
             error: None,
+            token: None,
         }
     }
 
@@ -164,7 +169,14 @@ impl RunDoc {
             finished: Some(Stamp::NOW),
             lease_until: Some(live.lease_until),
             error,
+            token: Some(live.token.clone()),
         }
+    }
+
+    /// Whether `token` ended the run in `state`: a finish it sends again
+    /// was already recorded.
+    pub(crate) fn finished_by(&self, token: Token, state: FinalState) -> bool {
+        self.state == state.as_str() && self.token.as_deref().and_then(Token::parse) == Some(token)
     }
 
     /// The record's state; `Running` is never stored in a `RunDoc`.
