@@ -129,6 +129,10 @@ impl LeaseStore for Counted {
         self.tick();
         self.inner.release(run, token).await
     }
+    async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        self.tick();
+        self.inner.give_back(run, token).await
+    }
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         self.tick();
         self.inner.history(job, limit).await

@@ -234,11 +234,13 @@ fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcom
                     store_now: now,
                 };
             }
-            // 5. The lease ran out.
-            if req.max_attempts.allows_after(attempt) {
+            // 5. The lease ran out. A run given back before its handler
+            // started (no holder) runs the same attempt again.
+            let given_back = rec.token.is_none();
+            if given_back || req.max_attempts.allows_after(attempt) {
                 *last_fence += 1;
                 let fence = Fence::new(*last_fence);
-                let attempt = attempt.next();
+                let attempt = if given_back { attempt } else { attempt.next() };
                 rec.attempt = Some(attempt);
                 rec.token = Some(req.claim.token);
                 rec.fence = Some(fence);
@@ -386,6 +388,18 @@ impl LeaseStore for MemoryStore {
                 // Lease alive means `lease_until >= now`: one millisecond
                 // before now has run out.
                 rec.lease_until = Some(Timestamp::from_millis(now.as_millis() - 1));
+            }
+            renewal(ok)
+        })
+    }
+
+    async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        self.step(|state, now| {
+            let rec = held(state, run, token);
+            let ok = rec.is_some();
+            if let Some(rec) = rec {
+                rec.lease_until = Some(Timestamp::from_millis(now.as_millis() - 1));
+                rec.token = None;
             }
             renewal(ok)
         })

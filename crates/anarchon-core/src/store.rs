@@ -480,6 +480,17 @@ pub trait LeaseStore: ClaimStore {
     /// A [`StoreError`].
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError>;
 
+    /// Gives the run back before its handler started: like
+    /// [`Self::release`], but the attempt is not used up. The record stays
+    /// running with its lease ended and no holder, and the next takeover
+    /// runs the same attempt number again (with a new fence), whatever
+    /// `max_attempts` allows. The caller's token is fenced from then on.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError>;
+
     /// The latest `limit` runs of `job`, newest slot first.
     ///
     /// # Errors

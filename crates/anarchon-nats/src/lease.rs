@@ -1043,6 +1043,16 @@ impl LeaseStore for NatsLeaseStore {
         .await
     }
 
+    async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        self.change_live(run, token, |doc, slot| {
+            if let Some(live) = doc.live.get_mut(&slot) {
+                live.lease_until = Stamp::Written { w: -1 };
+                live.token.clear();
+            }
+        })
+        .await
+    }
+
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         if limit == 0 {
             return Ok(Vec::new());

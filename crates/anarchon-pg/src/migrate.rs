@@ -14,7 +14,7 @@ use crate::options::TableName;
 use crate::sql::sql;
 
 /// The schema version this crate needs and migrates to.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 struct Migration {
     version: u32,
@@ -37,6 +37,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 3,
         description: "each job's late window",
         sql: include_str!("../migrations/0003_job_late_window.sql"),
+    },
+    Migration {
+        version: 4,
+        description: "runs given back before their handler started",
+        sql: include_str!("../migrations/0004_given_back_runs.sql"),
     },
 ];
 

@@ -62,10 +62,11 @@ impl fmt::Debug for PgStore {
 #[derive(Clone, Copy)]
 enum Resend {
     /// Repeating it cannot change its answer: claims carry their token, a
-    /// heartbeat or release sets the lease again, reads read again.
+    /// heartbeat or release sets the lease again, a finish sent again by
+    /// its token is answered as the first, reads read again.
     Always,
-    /// Only when the server proved it did not apply it: a repeated finish
-    /// would be answered `Fenced`.
+    /// Only when the server proved it did not apply it: a repeated give-back
+    /// would be answered `Fenced` (the first cleared the token).
     IfNotApplied,
 }
 
@@ -667,7 +668,7 @@ impl LeaseStore for PgStore {
                 &self.sql.finish,
                 run,
                 token,
-                Resend::IfNotApplied,
+                Resend::Always,
                 |q| q.bind(state.as_str()).bind(error.clone()),
             )
             .await?)
@@ -681,6 +682,19 @@ impl LeaseStore for PgStore {
                 run,
                 token,
                 Resend::Always,
+                |q| q,
+            )
+            .await?)
+    }
+
+    async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        Ok(self
+            .update_held(
+                "giving the run back",
+                &self.sql.give_back,
+                run,
+                token,
+                Resend::IfNotApplied,
                 |q| q,
             )
             .await?)

@@ -94,10 +94,12 @@ if lease_until >= now then
   return {'running', attempt, fence, lease_until, now, 'running'}
 end
 
--- 5. The lease ran out.
-if attempt < max_attempts then
+-- 5. The lease ran out. A run given back before its handler started (no
+-- holder) runs the same attempt again.
+local given_back = rec.token == nil
+if given_back or attempt < max_attempts then
   fence = redis.call('INCR', KEYS[4])
-  attempt = attempt + 1
+  if not given_back then attempt = attempt + 1 end
   lease_until = now + lease
   rec.attempt = int(attempt)
   rec.token = token

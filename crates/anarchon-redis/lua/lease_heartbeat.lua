@@ -5,7 +5,8 @@
 -- same final state, gets the same answer as the first time.
 --
 -- KEYS[1] runs (hash)  KEYS[2] live (sorted set)
--- ARGV[1] slot  ARGV[2] token  ARGV[3] step: 'renew', 'release' or 'finish'
+-- ARGV[1] slot  ARGV[2] token
+-- ARGV[3] step: 'renew', 'release', 'give_back' or 'finish'
 -- renew:   ARGV[4] lease (ms)
 -- finish:  ARGV[4] final state  ARGV[5] '1' if there is an error  ARGV[6] error
 --
@@ -46,6 +47,12 @@ if step == 'renew' then
 elseif step == 'release' then
   -- A lease is alive while its end >= now: one millisecond ago has run out.
   rec.lease = int(now - 1)
+  redis.call('ZADD', KEYS[2], int(now - 1), slot)
+elseif step == 'give_back' then
+  -- Released before the handler started: no holder tells the next
+  -- takeover that this attempt was not used.
+  rec.lease = int(now - 1)
+  rec.token = nil
   redis.call('ZADD', KEYS[2], int(now - 1), slot)
 elseif step == 'finish' then
   rec.state = ARGV[4]

@@ -530,6 +530,11 @@ impl LeaseStore for RedisLeaseStore {
             .await
     }
 
+    async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        self.step(run, token, "give_back", Vec::new(), "giving a run back")
+            .await
+    }
+
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         if limit == 0 {
             return Ok(Vec::new());

@@ -350,10 +350,12 @@ impl SqliteStore {
                         store_now: now,
                     });
                 }
-                // 5. The lease ran out.
-                if req.max_attempts.allows_after(attempt) {
+                // 5. The lease ran out. A run given back before its
+                // handler started (no holder) runs the same attempt again.
+                let given_back = row.token.is_none();
+                if given_back || req.max_attempts.allows_after(attempt) {
                     let fence = self.next_fence(conn, &run.job).await?;
-                    let attempt = attempt.next();
+                    let attempt = if given_back { attempt } else { attempt.next() };
                     let changed = sqlx::query(self.sql.take_over.clone())
                         .bind(job)
                         .bind(slot)
@@ -782,6 +784,14 @@ impl LeaseStore for SqliteStore {
             .bind(run.slot.as_millis())
             .bind(token.to_string());
         self.update_held("releasing the lease", query).await
+    }
+
+    async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        let query = sqlx::query(self.sql.give_back.clone())
+            .bind(run.job.as_str())
+            .bind(run.slot.as_millis())
+            .bind(token.to_string());
+        self.update_held("giving the run back", query).await
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

@@ -7,8 +7,11 @@
 //! means, using only facts that follow from the store processing each call
 //! somewhere between its invocation and its completion:
 //!
-//! 1. at most one token wins each attempt of a run (a token's retries aside);
-//! 2. attempts of a run increase with each new winner;
+//! 1. at most one token wins each attempt of a run (a token's retries aside,
+//!    and a winner after one that gave the run back unstarted, which runs
+//!    the same attempt again);
+//! 2. attempts of a run increase with each new winner (or stay, after a
+//!    give-back);
 //! 3. a takeover completes only after the previous holder's lease could
 //!    have ended: at least `lease` after the invocation of that holder's
 //!    last successful renewal, or of its first claim try — otherwise the
@@ -57,6 +60,12 @@ pub enum Call {
     },
     /// A release.
     Release {
+        /// The token.
+        token: Token,
+    },
+    /// A give-back: a release before the handler started, which does not
+    /// use up the attempt.
+    GiveBack {
         /// The token.
         token: Token,
     },
@@ -376,6 +385,21 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Recorder<S> {
         answer
     }
 
+    async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        let i = self
+            .history
+            .begin(self.instance, run.clone(), Call::GiveBack { token });
+        let answer = self.inner.give_back(run, token).await;
+        self.history.end(
+            i,
+            match &answer {
+                Ok(r) => Answer::Renewal(*r),
+                Err(e) => failed(e),
+            },
+        );
+        answer
+    }
+
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         self.inner.history(job, limit).await
     }
@@ -475,10 +499,18 @@ pub fn check(history: &History) -> Result<Summary, Violations> {
         }
         summary.wins += wins.len();
         summary.takeovers += wins.iter().filter(|w| w.attempt.get() > 1).count();
+        // Tokens that gave the run back (the store may have done it unless
+        // it answered `Fenced`): their attempt may be won again.
+        let gave_back = |token: Token| {
+            events.iter().any(|e| {
+                matches!(e.call, Call::GiveBack { token: t } if t == token)
+                    && e.answer != Some(Answer::Renewal(Renewal::Fenced))
+            })
+        };
         wins.sort_by_key(|w| (w.attempt, w.completed));
         // 1. One winner per attempt.
         for pair in wins.windows(2) {
-            if pair[0].attempt == pair[1].attempt {
+            if pair[0].attempt == pair[1].attempt && !gave_back(pair[0].token) {
                 problems.push(format!(
                     "{run}: attempt {} won by two tokens, {} and {}",
                     pair[0].attempt, pair[0].token, pair[1].token
@@ -489,7 +521,11 @@ pub fn check(history: &History) -> Result<Summary, Violations> {
         let mut by_time: Vec<&Win> = wins.iter().collect();
         by_time.sort_by_key(|w| w.completed);
         for pair in by_time.windows(2) {
-            if pair[1].attempt <= pair[0].attempt && pair[1].invoked > pair[0].completed {
+            let same_again = pair[1].attempt == pair[0].attempt && gave_back(pair[0].token);
+            if pair[1].attempt <= pair[0].attempt
+                && !same_again
+                && pair[1].invoked > pair[0].completed
+            {
                 problems.push(format!(
                     "{run}: a later winner {} got attempt {} after {} got {}",
                     pair[1].token, pair[1].attempt, pair[0].token, pair[0].attempt
@@ -505,7 +541,8 @@ pub fn check(history: &History) -> Result<Summary, Violations> {
         };
         for pair in by_time.windows(2) {
             let (old, new) = (pair[0], pair[1]);
-            if new.attempt <= old.attempt {
+            let same_again = new.attempt == old.attempt && gave_back(old.token);
+            if new.attempt < old.attempt || (new.attempt == old.attempt && !same_again) {
                 continue;
             }
             // 3. A takeover only after the old lease could have ended.
@@ -514,7 +551,7 @@ pub fn check(history: &History) -> Result<Summary, Violations> {
                     && e.answer == Some(Answer::Renewal(Renewal::Renewed))
             });
             let released = events.iter().any(|e| {
-                matches!(e.call, Call::Release { token } if token == old.token)
+                matches!(e.call, Call::Release { token } | Call::GiveBack { token } if token == old.token)
                     && e.answer != Some(Answer::Renewal(Renewal::Fenced))
             });
             if !finished && !released {

@@ -530,6 +530,116 @@ where
     );
 }
 
+/// A run given back before its handler started keeps its attempt: the
+/// next claim takes it over at once as the same attempt, with a new fence,
+/// even when that was the only attempt allowed; the giver's token is fenced
+/// from then on. After a takeover, a give-back keeps that attempt too.
+pub async fn a_run_given_back_keeps_its_attempt<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let a = factory.instance().await;
+    let b = factory.instance().await;
+    let only_once = |run: &RunKey, who: &str, n: u32| {
+        let mut c = lease_claim(run.clone(), Token::generate(), who);
+        c.max_attempts = MaxAttempts::new(n).expect("not zero");
+        c
+    };
+
+    // The only attempt, given back.
+    let run = RunKey::new(job("given-back"), future_slot(factory, 0));
+    let first = only_once(&run, "a", 1);
+    let first_win = won(a.claim_lease(&first).await.expect("claim"));
+    assert_eq!(
+        a.give_back(&run, first.claim.token)
+            .await
+            .expect("give back"),
+        Renewal::Renewed
+    );
+    match b.peek(&run).await.expect("peek").state {
+        RunState::Running {
+            attempt,
+            lease_until,
+        } => {
+            assert_eq!(attempt, Attempt::FIRST, "the record keeps its attempt");
+            let now = b.peek(&run).await.expect("peek").store_now;
+            assert!(lease_until < now, "the lease ended: {lease_until} vs {now}");
+        }
+        other => panic!("a given-back run is still running, unheld: {other:?}"),
+    }
+    for (call, answer) in [
+        (
+            "heartbeat",
+            a.heartbeat(&run, first.claim.token, LONG_LEASE)
+                .await
+                .expect("heartbeat"),
+        ),
+        (
+            "finish",
+            a.finish(&run, first.claim.token, RunOutcome::Succeeded)
+                .await
+                .expect("finish"),
+        ),
+        (
+            "release",
+            a.release(&run, first.claim.token).await.expect("release"),
+        ),
+        (
+            "give back again",
+            a.give_back(&run, first.claim.token)
+                .await
+                .expect("give back"),
+        ),
+    ] {
+        assert_eq!(answer, Renewal::Fenced, "{call} by the giver's token");
+    }
+    let second = only_once(&run, "b", 1);
+    let second_win = won(b.claim_lease(&second).await.expect("claim"));
+    assert_eq!(
+        second_win.attempt,
+        Attempt::FIRST,
+        "the given-back attempt is run again, not spent"
+    );
+    assert!(
+        second_win.fence > first_win.fence,
+        "with a new fence: {second_win:?} after {first_win:?}"
+    );
+    assert_eq!(
+        b.finish(&run, second.claim.token, RunOutcome::Succeeded)
+            .await
+            .expect("finish"),
+        Renewal::Renewed
+    );
+
+    // A takeover (attempt 2) given back: the next runner is attempt 2 again.
+    let run = RunKey::new(job("given-back-later"), future_slot(factory, 0));
+    won(a
+        .claim_lease(&short(only_once(&run, "a", 2)))
+        .await
+        .expect("claim"));
+    wait_out(SHORT_LEASE).await;
+    let takeover = only_once(&run, "b", 2);
+    assert_eq!(
+        won(b.claim_lease(&takeover).await.expect("takeover")).attempt,
+        Attempt::FIRST.next()
+    );
+    assert_eq!(
+        b.give_back(&run, takeover.claim.token)
+            .await
+            .expect("give back"),
+        Renewal::Renewed
+    );
+    assert_eq!(
+        won(a
+            .claim_lease(&only_once(&run, "a", 2))
+            .await
+            .expect("claim"))
+        .attempt,
+        Attempt::FIRST.next(),
+        "the given-back takeover's attempt is run again"
+    );
+}
+
 /// `Overlap::Skip`: a slot is skipped (and recorded so) while another run of
 /// the job is live, and runs again once that run finished.
 pub async fn overlap_skip_waits_for_the_live_run<F: StoreFactory>(factory: &F)
@@ -1168,6 +1278,10 @@ where
                     b.finish(&run, token, failed()).await.expect("finish"),
                 ),
                 ("release", b.release(&run, token).await.expect("release")),
+                (
+                    "give back",
+                    b.give_back(&run, token).await.expect("give back"),
+                ),
             ];
             for (call, answer) in answers {
                 if finished_by_token && call == "finish(succeeded)" {
@@ -1409,6 +1523,7 @@ macro_rules! lease_suite {
             heartbeat_extends_the_lease,
             expired_lease_is_taken_over,
             attempts_exhausted_is_interrupted,
+            a_run_given_back_keeps_its_attempt,
             overlap_skip_waits_for_the_live_run,
             overlap_ignores_expired_and_allow_overlaps,
             release_hands_over_at_once,

@@ -308,6 +308,11 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
         self.reply(self.inner.release(run, token).await)
     }
 
+    async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        self.check()?;
+        self.reply(self.inner.give_back(run, token).await)
+    }
+
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         self.check()?;
         self.inner.history(job, limit).await

@@ -386,6 +386,13 @@ impl anarchon_core::LeaseStore for Yes {
     ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
         Ok(anarchon_core::Renewal::Renewed)
     }
+    async fn give_back(
+        &self,
+        _: &anarchon_core::RunKey,
+        _: anarchon_core::Token,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        Ok(anarchon_core::Renewal::Renewed)
+    }
     async fn history(
         &self,
         _: &anarchon_core::JobName,

@@ -241,6 +241,10 @@ impl LeaseStore for Mutant {
         self.on_clock(self.inner.finish(run, token, outcome)).await
     }
 
+    async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
+        self.on_clock(self.inner.give_back(run, token)).await
+    }
+
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         if self.mutation == Mutation::ReleaseDoesNothing {
             return Ok(Renewal::Renewed);

@@ -1553,6 +1553,14 @@ impl LeaseStore for OneJobUnreadable {
         self.inner.finish(run, token, outcome).await
     }
 
+    async fn give_back(
+        &self,
+        run: &anarchon_core::RunKey,
+        token: anarchon_core::Token,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        self.inner.give_back(run, token).await
+    }
+
     async fn release(
         &self,
         run: &anarchon_core::RunKey,
@@ -1637,4 +1645,77 @@ async fn one_unreadable_job_costs_its_batch_nothing() {
             "a win whose answer was lost is released, not held for its 30 s lease: {record:?}"
         );
     }
+}
+
+/// A run handed over before its handler started does not use up an
+/// attempt: with `max_attempts = 1`, the backup still runs it (as attempt
+/// 1), rather than finding its only attempt spent and marking it
+/// interrupted.
+#[tokio::test(start_paused = true)]
+async fn a_run_handed_over_before_its_handler_started_keeps_its_attempt() {
+    let (clock, store) = setup();
+    let runs = runs();
+    let start = |name: &'static str, instance_clock: Arc<dyn Clock>| {
+        let mut b = Scheduler::builder(store.clone())
+            .clock(instance_clock)
+            .instance_id(id(name))
+            // No grace: a run still waiting for its fire time is handed
+            // over at once.
+            .shutdown_grace(Duration::ZERO);
+        let r = runs.clone();
+        b.job("once", every(60))
+            .unwrap()
+            .max_attempts(1)
+            .run(move |ctx| {
+                let r = r.clone();
+                async move {
+                    record(&r, &ctx);
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+        b.start().unwrap()
+    };
+    // "a" claims every slot first; "b", a second behind, is the backup.
+    let a = start("a", clock.clone());
+    let b = start(
+        "b",
+        SkewedClock::new(clock.clone(), false, Duration::from_secs(1)),
+    );
+    // The next slot is a minute away. "a" claims it a little ahead and
+    // waits for its fire time; it shuts down in that wait.
+    sleep(60.0 - 0.05).await;
+    let next = Slot::from_millis(clock.now().as_millis() + 50);
+    let claimed = store
+        .history(&JobName::new("once").unwrap(), 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        claimed[0].instance.as_ref().map(|i| i.as_str()),
+        Some("a"),
+        "a holds the next slot before its fire time: {claimed:?}"
+    );
+    assert_eq!(claimed[0].run.slot, next);
+    let report = a.shutdown().await;
+    assert_eq!(report.handed_over, 1, "a handed the waiting run over");
+    sleep(40.0).await;
+    b.shutdown().await;
+    let ran = by_slot(&runs);
+    assert_eq!(
+        ran.get(&next),
+        Some(&vec![(Attempt::FIRST, "b".to_owned())]),
+        "the backup ran the handed-over slot, as attempt 1: {ran:?}"
+    );
+    let record = store
+        .history(&JobName::new("once").unwrap(), 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.run.slot == next)
+        .unwrap();
+    assert_eq!(
+        record.state,
+        RecordState::Finished(FinalState::Succeeded),
+        "{record:?}"
+    );
 }

@@ -288,7 +288,7 @@ where
 /// While the store gives no answer at all, the whole batch is sent again
 /// with the same tokens. A claim that failed on its own is sent again alone
 /// (with the others still pending) while its error is temporary; one that
-/// cannot be settled is given up, and released in case the store took it,
+/// cannot be settled is given up, and given back in case the store took it,
 /// so that a win the answer did not reach is handed to a backup at once
 /// rather than when its lease runs out. One job's bad data never costs the
 /// other claims of the batch their answers.
@@ -324,7 +324,7 @@ async fn claim_lease_batch(
             }
             Err(error) => {
                 Metrics::add(&inner.metrics.store_errors);
-                tracing::error!(%error, claims = batch.len(), "claim failed; a run this instance may have won is released");
+                tracing::error!(%error, claims = batch.len(), "claim failed; a run this instance may have won is given back");
                 give_up(inner, store, pending);
                 return;
             }
@@ -355,20 +355,21 @@ async fn claim_lease_batch(
     }
 }
 
-/// Releases claims whose answer never came, in case the store took them:
-/// `release` is token-checked, so a claim that was not won changes nothing.
+/// Gives back claims whose answer never came, in case the store took them:
+/// `give_back` is token-checked, so a claim that was not won changes
+/// nothing, and a win this instance never ran does not use up an attempt.
 fn give_up(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, claims: Vec<(Due, LeaseClaim)>) {
     for (_, claim) in claims {
         let store = store.clone();
         inner.tasks.spawn(async move {
             let run = claim.run();
-            match within(CALL_TIMEOUT, store.release(run, claim.claim.token)).await {
+            match within(CALL_TIMEOUT, store.give_back(run, claim.claim.token)).await {
                 Ok(Renewal::Renewed) => {
-                    tracing::warn!(job = %run.job, slot = %run.slot, "a claim whose answer was lost had been won: released for a backup");
+                    tracing::warn!(job = %run.job, slot = %run.slot, "a claim whose answer was lost had been won: given back for a backup");
                 }
                 Ok(Renewal::Fenced) => {}
                 Err(error) => {
-                    tracing::debug!(%error, job = %run.job, slot = %run.slot, "could not release a claim whose answer was lost");
+                    tracing::debug!(%error, job = %run.job, slot = %run.slot, "could not give back a claim whose answer was lost");
                 }
             }
         });

@@ -111,7 +111,7 @@ pub(crate) async fn run_won(
     if inner.stop.is_cancelled() {
         // Won while shutting down: hand it straight to a backup.
         if let Some(store) = &lease_store {
-            hand_over(&inner, store.as_ref(), &run, token).await;
+            hand_over(&inner, store.as_ref(), &run, token, Started::No).await;
         }
         return;
     }
@@ -135,7 +135,7 @@ pub(crate) async fn run_won(
             }
             () = inner.hand_over.cancelled() => {
                 if let Some(store) = &lease_store {
-                    hand_over(&inner, store.as_ref(), &run, token).await;
+                    hand_over(&inner, store.as_ref(), &run, token, Started::No).await;
                 }
                 return;
             }
@@ -200,7 +200,7 @@ pub(crate) async fn run_won(
                 ctx.cancel(CancelReason::Shutdown);
                 handler.abort();
                 if let Some(store) = &lease_store {
-                    hand_over(&inner, store.as_ref(), &run, token).instrument(span.clone()).await;
+                    hand_over(&inner, store.as_ref(), &run, token, Started::Yes).instrument(span.clone()).await;
                 }
                 return;
             }
@@ -384,7 +384,7 @@ async fn renew_before_start(
             "no lease left before the handler started; not starting it, handing the run over"
         )
     });
-    hand_over(inner, store, run, token).await;
+    hand_over(inner, store, run, token, Started::No).await;
     false
 }
 
@@ -408,15 +408,34 @@ fn panic_message(join: tokio::task::JoinError) -> String {
     format!("handler panicked: {text}")
 }
 
-async fn hand_over(inner: &Inner, store: &dyn LeaseStore, run: &RunKey, token: Token) {
-    match with_retries("release", || store.release(run, token)).await {
+/// Whether a run's handler started before the run was handed over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Started {
+    /// It started: the attempt is used, and a takeover is the next one.
+    Yes,
+    /// It never started: the run is given back and its attempt with it.
+    No,
+}
+
+async fn hand_over(
+    inner: &Inner,
+    store: &dyn LeaseStore,
+    run: &RunKey,
+    token: Token,
+    started: Started,
+) {
+    let answer = match started {
+        Started::Yes => with_retries("release", || store.release(run, token)).await,
+        Started::No => with_retries("give back", || store.give_back(run, token)).await,
+    };
+    match answer {
         Ok(Renewal::Renewed) => {
             Metrics::add(&inner.metrics.handed_over);
-            tracing::info!(job = %run.job, slot = %run.slot, "lease released for a backup to take over");
+            tracing::info!(job = %run.job, slot = %run.slot, ?started, "run handed over for a backup to take over");
         }
         Ok(Renewal::Fenced) => {}
         Err(error) => {
-            tracing::warn!(%error, job = %run.job, slot = %run.slot, "could not release the lease; a backup takes over when it runs out");
+            tracing::warn!(%error, job = %run.job, slot = %run.slot, "could not hand the run over; a backup takes over when its lease runs out");
         }
     }
 }

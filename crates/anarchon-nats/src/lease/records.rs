@@ -95,7 +95,8 @@ pub(crate) struct JobDoc {
 /// A running run in its job's document.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct LiveRun {
-    /// The holder's token.
+    /// The holder's token; empty once the run was given back before its
+    /// handler started (the attempt was not used).
     pub(crate) token: String,
     /// The attempt, from 1.
     pub(crate) attempt: u32,
@@ -262,7 +263,8 @@ impl JobDoc {
         let mut doc: JobDoc = serde_json::from_slice(bytes)
             .map_err(|e| format!("a job document is not valid JSON: {e}"))?;
         for live in doc.live.values_mut() {
-            if Token::parse(&live.token).is_none() {
+            // Empty: given back before its handler started.
+            if !live.token.is_empty() && Token::parse(&live.token).is_none() {
                 return Err(format!(
                     "a live run holds the token {:?}, which is not a UUID",
                     live.token
@@ -392,10 +394,12 @@ pub(crate) fn decide(
                 Effect::None,
             )));
         }
-        // 5. The lease ran out.
-        if req.max_attempts.allows_after(attempt) {
+        // 5. The lease ran out. A run given back before its handler
+        // started (no holder) runs the same attempt again.
+        let given_back = live.token.is_empty();
+        if given_back || req.max_attempts.allows_after(attempt) {
             let fence = doc.next_fence();
-            let attempt = attempt.next();
+            let attempt = if given_back { attempt } else { attempt.next() };
             let Some(live) = doc.live.get_mut(&slot) else {
                 return Some(Err("the live run vanished from the document".into()));
             };

@@ -1,0 +1,177 @@
+-- anarchon-pg schema, version 4: runs given back before their handler
+-- started.
+--
+-- A runner that hands a run over before its handler starts (at shutdown, or
+-- when it cannot renew in time) gives it back: the lease ends and the token
+-- is cleared. A running run without a token tells the next takeover that
+-- the attempt was never used, so it runs the same attempt number again
+-- instead of spending one of `max_attempts`.
+--
+-- The claim function is the one of version 3 with step 5 extended.
+--
+-- `{{table}}` is replaced with the store's validated table name.
+
+CREATE OR REPLACE FUNCTION "{{table}}_claim"(
+    p_job          text[],
+    p_slot         bigint[],
+    p_token        uuid[],
+    p_instance     text[],
+    p_max_late     bigint[],
+    p_lease        bigint[],
+    p_skip         boolean[],
+    p_max_attempts integer[]
+)
+RETURNS TABLE (
+    r_idx         integer,
+    r_outcome     text,
+    r_attempt     integer,
+    r_fence       bigint,
+    r_lease_until bigint,
+    r_store_now   bigint
+)
+LANGUAGE plpgsql
+VOLATILE
+AS $claim$
+DECLARE
+    n       integer := coalesce(array_length(p_job, 1), 0);
+    v_job   text;
+    v_slot  bigint;
+    v_now   bigint;
+    v_found boolean;
+    v_fence bigint;
+    v_until bigint;
+    v_run   record;
+    v_window bigint;
+BEGIN
+    IF coalesce(array_length(p_slot, 1), 0) <> n
+        OR coalesce(array_length(p_token, 1), 0) <> n
+        OR coalesce(array_length(p_instance, 1), 0) <> n
+        OR coalesce(array_length(p_max_late, 1), 0) <> n
+        OR coalesce(array_length(p_lease, 1), 0) <> n
+        OR coalesce(array_length(p_skip, 1), 0) <> n
+        OR coalesce(array_length(p_max_attempts, 1), 0) <> n
+    THEN
+        RAISE EXCEPTION 'anarchon: the claim arrays differ in length' USING ERRCODE = '22023';
+    END IF;
+
+    -- 1. Lock the row of every job in the batch, in byte order of the names.
+    -- Until this transaction ends, any other claim of these jobs waits here;
+    -- and because every caller locks in the same order, two batches that
+    -- share jobs cannot deadlock.
+    -- The same write records each job's longest late window.
+    FOR v_job, v_window IN
+        SELECT u.job COLLATE "C", max(u.max_late)
+          FROM unnest(p_job, p_max_late) AS u(job, max_late)
+         GROUP BY 1
+         ORDER BY 1
+    LOOP
+        INSERT INTO "{{table}}_jobs" AS j (job, late_window) VALUES (v_job, v_window)
+        ON CONFLICT (job) DO UPDATE
+           SET late_window = greatest(j.late_window, EXCLUDED.late_window);
+    END LOOP;
+
+    -- 2. Decide each claim, in the order given.
+    FOR i IN 1 .. n LOOP
+        v_job := p_job[i];
+        v_slot := p_slot[i];
+        r_idx := i;
+        r_outcome := NULL;
+        r_attempt := NULL;
+        r_fence := NULL;
+        r_lease_until := NULL;
+
+        SELECT t.state, t.attempt, t.token, t.fence, t.lease_until
+          INTO v_run
+          FROM "{{table}}" AS t
+         WHERE t.job = v_job AND t.slot = v_slot
+           FOR UPDATE;
+        v_found := FOUND;
+
+        -- The time of the decision, read after every lock was granted: now()
+        -- would be the start of the transaction, before any wait.
+        v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+        r_store_now := v_now;
+        v_until := least(v_now::numeric + p_lease[i], 9223372036854775807)::bigint;
+
+        IF NOT v_found OR v_run.state = 'missed' THEN
+            IF v_now::numeric - v_slot > p_max_late[i] THEN
+                -- Too late. The first late claim of a slot nobody ran says so.
+                IF NOT v_found THEN
+                    INSERT INTO "{{table}}" (job, slot, state, finished_at)
+                    VALUES (v_job, v_slot, 'missed', v_now);
+                END IF;
+                r_outcome := 'late';
+            ELSIF p_skip[i] AND EXISTS (
+                SELECT 1
+                  FROM "{{table}}" AS o
+                 WHERE o.job = v_job
+                   AND o.state = 'running'
+                   AND o.lease_until >= v_now
+                   AND o.slot <> v_slot
+            ) THEN
+                -- Another run of the job holds a live lease: the slot is skipped,
+                -- and recorded so, for every instance that asks.
+                INSERT INTO "{{table}}" AS t (job, slot, state, finished_at)
+                VALUES (v_job, v_slot, 'skipped', v_now)
+                ON CONFLICT (job, slot) DO UPDATE
+                   SET state = 'skipped', attempt = NULL, token = NULL, fence = NULL,
+                       instance = NULL, started_at = NULL, finished_at = EXCLUDED.finished_at,
+                       lease_until = NULL, error = NULL;
+                r_outcome := 'overlap';
+            ELSE
+                UPDATE "{{table}}_jobs" AS j SET last_fence = j.last_fence + 1
+                 WHERE j.job = v_job
+                RETURNING j.last_fence INTO v_fence;
+                INSERT INTO "{{table}}" AS t
+                       (job, slot, state, attempt, token, fence, instance,
+                        started_at, finished_at, lease_until, error)
+                VALUES (v_job, v_slot, 'running', 1, p_token[i], v_fence, p_instance[i],
+                        v_now, NULL, v_until, NULL)
+                ON CONFLICT (job, slot) DO UPDATE
+                   SET state = 'running', attempt = 1, token = EXCLUDED.token,
+                       fence = EXCLUDED.fence, instance = EXCLUDED.instance,
+                       started_at = EXCLUDED.started_at, finished_at = NULL,
+                       lease_until = EXCLUDED.lease_until, error = NULL;
+                r_outcome := 'won';
+                r_attempt := 1;
+                r_fence := v_fence;
+            END IF;
+        ELSIF v_run.state <> 'running' THEN
+            -- Finished: succeeded, failed, interrupted or skipped.
+            r_outcome := v_run.state;
+        ELSIF v_run.token = p_token[i] THEN
+            -- Our own claim, sent again.
+            r_outcome := 'won';
+            r_attempt := coalesce(v_run.attempt, 1);
+            r_fence := v_run.fence;
+        ELSIF coalesce(v_run.lease_until, v_now) >= v_now THEN
+            -- Someone else's live lease.
+            r_outcome := 'running';
+            r_lease_until := coalesce(v_run.lease_until, v_now);
+        ELSIF v_run.token IS NULL OR coalesce(v_run.attempt, 1) < p_max_attempts[i] THEN
+            -- The lease ran out and attempts are left: take the run over.
+            -- A run given back before its handler started (no holder)
+            -- runs the same attempt again.
+            UPDATE "{{table}}_jobs" AS j SET last_fence = j.last_fence + 1
+             WHERE j.job = v_job
+            RETURNING j.last_fence INTO v_fence;
+            r_attempt := coalesce(v_run.attempt, 1)
+                         + CASE WHEN v_run.token IS NULL THEN 0 ELSE 1 END;
+            UPDATE "{{table}}" AS t
+               SET attempt = r_attempt, token = p_token[i], fence = v_fence,
+                   instance = p_instance[i], lease_until = v_until
+             WHERE t.job = v_job AND t.slot = v_slot;
+            r_outcome := 'won';
+            r_fence := v_fence;
+        ELSE
+            -- The lease ran out and no attempts are left.
+            UPDATE "{{table}}" AS t
+               SET state = 'interrupted', finished_at = v_now
+             WHERE t.job = v_job AND t.slot = v_slot;
+            r_outcome := 'interrupted';
+        END IF;
+
+        RETURN NEXT;
+    END LOOP;
+END
+$claim$;
