@@ -133,6 +133,9 @@ impl LeaseStore for Counted {
         self.tick();
         self.inner.give_back(run, token).await
     }
+    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
+        self.inner.wait_for_hand_over(run, timeout).await
+    }
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         self.tick();
         self.inner.history(job, limit).await

@@ -388,7 +388,7 @@ command = "trap '' TERM; echo \"$ANARCHON_SLOT $ANARCHON_ATTEMPT $PPID $$\" >> {
     assert_eq!(code, Some(0), "{}", fleet.logs());
     let runner_log = std::fs::read_to_string(&fleet.daemons[runner].stderr).unwrap();
     assert!(
-        runner_log.contains("lease released for a backup to take over"),
+        runner_log.contains("run handed over for a backup to take over"),
         "{runner_log}"
     );
     assert!(runner_log.contains("handed_over=1"), "{runner_log}");

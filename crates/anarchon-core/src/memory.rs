@@ -19,6 +19,7 @@ use async_trait::async_trait;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::StoreError;
+use crate::hand_over::HandOvers;
 use crate::ids::{Attempt, Fence, InstanceId, Token};
 use crate::name::JobName;
 use crate::store::{
@@ -29,6 +30,8 @@ use crate::store::{
 use crate::time::{Slot, Timestamp};
 
 const BACKEND: &str = "memory";
+/// The message of an answer lost on purpose (the step was done).
+const LOST_REPLY: &str = "reply lost for a test";
 
 /// A lease store in one process. Cheap to clone handles via `Arc`.
 ///
@@ -40,6 +43,7 @@ pub struct MemoryStore {
     unavailable: std::sync::atomic::AtomicBool,
     lose_replies: AtomicU32,
     operations: AtomicU64,
+    hand_overs: HandOvers,
 }
 
 #[derive(Default)]
@@ -115,6 +119,7 @@ impl MemoryStore {
             unavailable: Default::default(),
             lose_replies: AtomicU32::new(0),
             operations: AtomicU64::new(0),
+            hand_overs: HandOvers::new(),
         }
     }
 
@@ -149,9 +154,18 @@ impl MemoryStore {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if lose {
-            return Err(StoreError::unavailable(BACKEND, "reply lost for a test"));
+            return Err(StoreError::unavailable(BACKEND, LOST_REPLY));
         }
         Ok(answer)
+    }
+
+    /// Tells waiting backups of a release or give-back the store did (also
+    /// when its answer is then lost for a test: the store did it).
+    fn announce_if_handed_over(&self, run: &RunKey, answer: &Result<Renewal, StoreError>) {
+        let lost = matches!(answer, Err(e) if e.message() == LOST_REPLY);
+        if matches!(answer, Ok(Renewal::Renewed)) || lost {
+            self.hand_overs.announce(run);
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -381,7 +395,7 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        self.step(|state, now| {
+        let answer = self.step(|state, now| {
             let rec = held(state, run, token);
             let ok = rec.is_some();
             if let Some(rec) = rec {
@@ -390,11 +404,13 @@ impl LeaseStore for MemoryStore {
                 rec.lease_until = Some(Timestamp::from_millis(now.as_millis() - 1));
             }
             renewal(ok)
-        })
+        });
+        self.announce_if_handed_over(run, &answer);
+        answer
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        self.step(|state, now| {
+        let answer = self.step(|state, now| {
             let rec = held(state, run, token);
             let ok = rec.is_some();
             if let Some(rec) = rec {
@@ -402,7 +418,13 @@ impl LeaseStore for MemoryStore {
                 rec.token = None;
             }
             renewal(ok)
-        })
+        });
+        self.announce_if_handed_over(run, &answer);
+        answer
+    }
+
+    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
+        self.hand_overs.wait(run, timeout).await
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

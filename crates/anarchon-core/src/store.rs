@@ -491,6 +491,14 @@ pub trait LeaseStore: ClaimStore {
     /// A [`StoreError`].
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError>;
 
+    /// Waits at most `timeout` for news that `run` was released or given
+    /// back; `true` when news came, `false` when the time ran out. Backups
+    /// wait here instead of sleeping to the holder's lease end, so a
+    /// hand-over is taken at once. News is only a hint: the caller reads
+    /// the run after either answer. A store hears at least the hand-overs
+    /// made through itself; see [`crate::hand_over`].
+    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool;
+
     /// The latest `limit` runs of `job`, newest slot first.
     ///
     /// # Errors

@@ -12,9 +12,9 @@ use std::time::{Duration, SystemTime};
 
 use anarchon_core::time::millis;
 use anarchon_core::{
-    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, JobName,
-    LeaseClaim, LeaseStore, Memory, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState,
-    RunView, Slot, StoreError, StoreErrorKind, Timestamp, Token,
+    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, HandOvers,
+    JobName, LeaseClaim, LeaseStore, Memory, RecordState, Renewal, RunKey, RunOutcome, RunRecord,
+    RunState, RunView, Slot, StoreError, StoreErrorKind, Timestamp, Token,
 };
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
@@ -174,6 +174,25 @@ pub struct NatsLeaseStore {
     /// What the bucket was made from: to make it again when a server
     /// restart deleted an in-memory bucket.
     leases: NatsLeaseOptions,
+    /// Hand-overs heard, from this handle and (through the subscription)
+    /// from every other handle on the bucket.
+    hand_overs: Arc<HandOvers>,
+    _listener: Listener,
+}
+
+/// The task that forwards hand-over messages to the board; stopped when
+/// the store is dropped.
+struct Listener(tokio::task::JoinHandle<()>);
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The core NATS subject on which a bucket's hand-overs are announced.
+fn hand_over_subject(bucket: &str) -> String {
+    format!("anarchon.hand-over.{bucket}")
 }
 
 /// A failed request, and whether it failed because the bucket's stream is
@@ -269,6 +288,32 @@ impl NatsLeaseStore {
             |config| leases.verify(config),
         )
         .await?;
+        let hand_overs = Arc::new(HandOvers::new());
+        let mut news = client
+            .subscribe(hand_over_subject(leases.get_bucket()))
+            .await
+            .map_err(|e| Error::Unreachable {
+                url: url.clone(),
+                source: Box::new(e),
+            })?;
+        let board = hand_overs.clone();
+        let listener = Listener(tokio::spawn(async move {
+            while let Some(message) = news.next().await {
+                let text = String::from_utf8_lossy(&message.payload);
+                let parsed = text.split_once(' ').and_then(|(job, slot)| {
+                    Some(RunKey::new(
+                        JobName::new(job).ok()?,
+                        Slot::from_millis(slot.parse().ok()?),
+                    ))
+                });
+                match parsed {
+                    Some(run) => board.announce(&run),
+                    None => {
+                        tracing::debug!(%text, "ignoring a hand-over message that names no run")
+                    }
+                }
+            }
+        }));
         Ok(Self {
             client,
             jetstream,
@@ -278,7 +323,24 @@ impl NatsLeaseStore {
             timeout,
             counters: Counters::default(),
             leases,
+            hand_overs,
+            _listener: listener,
         })
+    }
+
+    /// Tells the backups of every handle on the bucket (this one at once)
+    /// that `run` was handed over. Best effort: a backup that misses it
+    /// reads the run when the lease would have ended.
+    async fn announce_hand_over(&self, run: &RunKey) {
+        self.hand_overs.announce(run);
+        let payload = format!("{} {}", run.job, run.slot.as_millis());
+        if let Err(error) = self
+            .client
+            .publish(hand_over_subject(&self.bucket), payload.into())
+            .await
+        {
+            tracing::debug!(%error, %run, "could not announce a hand-over; backups learn of it at their next read");
+        }
     }
 
     /// The bucket's name.
@@ -1033,24 +1095,38 @@ impl LeaseStore for NatsLeaseStore {
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        self.change_live(run, token, |doc, slot| {
-            if let Some(live) = doc.live.get_mut(&slot) {
-                // Alive means `lease end >= now`: 1 ms before the write's
-                // own timestamp has run out for every later reader.
-                live.lease_until = Stamp::Written { w: -1 };
-            }
-        })
-        .await
+        let answer = self
+            .change_live(run, token, |doc, slot| {
+                if let Some(live) = doc.live.get_mut(&slot) {
+                    // Alive means `lease end >= now`: 1 ms before the write's
+                    // own timestamp has run out for every later reader.
+                    live.lease_until = Stamp::Written { w: -1 };
+                }
+            })
+            .await?;
+        if answer == Renewal::Renewed {
+            self.announce_hand_over(run).await;
+        }
+        Ok(answer)
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        self.change_live(run, token, |doc, slot| {
-            if let Some(live) = doc.live.get_mut(&slot) {
-                live.lease_until = Stamp::Written { w: -1 };
-                live.token.clear();
-            }
-        })
-        .await
+        let answer = self
+            .change_live(run, token, |doc, slot| {
+                if let Some(live) = doc.live.get_mut(&slot) {
+                    live.lease_until = Stamp::Written { w: -1 };
+                    live.token.clear();
+                }
+            })
+            .await?;
+        if answer == Renewal::Renewed {
+            self.announce_hand_over(run).await;
+        }
+        Ok(answer)
+    }
+
+    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
+        self.hand_overs.wait(run, timeout).await
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
-    InstanceId, JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey,
-    RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
+    HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal,
+    RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
 };
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
@@ -45,6 +45,56 @@ pub struct PgStore {
     sql: Statements,
     statements: AtomicU64,
     resends: u32,
+    /// Hand-overs heard: this handle's own, and (through `LISTEN`) those of
+    /// every other store on the table.
+    hand_overs: Arc<HandOvers>,
+    _listener: Listener,
+}
+
+/// The channel every anarchon-pg store announces hand-overs on; the
+/// payload is `table<TAB>job<TAB>slot`, so stores of other tables ignore
+/// what is not theirs.
+const HAND_OVER_CHANNEL: &str = "anarchon_hand_over";
+
+/// The task that forwards hand-over notifications to the board, on a
+/// connection of its own; stopped when the store is dropped.
+struct Listener(tokio::task::JoinHandle<()>);
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Listens for the table's hand-overs until aborted, connecting again
+/// (after a pause) whenever the connection is lost.
+async fn listen(pool: PgPool, table: TableName, board: Arc<HandOvers>) {
+    loop {
+        let heard = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen(HAND_OVER_CHANNEL).await?;
+            loop {
+                let note = listener.recv().await?;
+                let mut parts = note.payload().split('\t');
+                let (Some(t), Some(job), Some(slot)) = (parts.next(), parts.next(), parts.next())
+                else {
+                    continue;
+                };
+                if t != table.as_str() {
+                    continue;
+                }
+                if let (Ok(job), Ok(slot)) = (JobName::new(job), slot.parse::<i64>()) {
+                    board.announce(&RunKey::new(job, Slot::from_millis(slot)));
+                }
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        };
+        if let Err(error) = heard.await {
+            tracing::debug!(%error, "hand-over listener lost its connection; listening again shortly");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 impl fmt::Debug for PgStore {
@@ -208,12 +258,46 @@ impl PgStore {
 
     fn assemble(pool: PgPool, table: TableName) -> Self {
         let resends = pool.options().get_max_connections();
+        // One connection of its own for LISTEN, opened by the task.
+        let listen_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .connect_lazy_with((*pool.connect_options()).clone());
+        let hand_overs = Arc::new(HandOvers::new());
+        let listener = Listener(tokio::spawn(listen(
+            listen_pool,
+            table.clone(),
+            hand_overs.clone(),
+        )));
         Self {
+            hand_overs,
+            _listener: listener,
             sql: Statements::new(&table),
             pool,
             table,
             statements: AtomicU64::new(0),
             resends,
+        }
+    }
+
+    /// Tells the backups of every store on the table (this one at once)
+    /// that `run` was handed over: one `pg_notify`. Best effort: a backup
+    /// that misses it reads the run when the lease would have ended.
+    async fn announce_hand_over(&self, run: &RunKey) {
+        self.hand_overs.announce(run);
+        let payload = format!(
+            "{}\t{}\t{}",
+            self.table.as_str(),
+            run.job,
+            run.slot.as_millis()
+        );
+        let sent = sqlx::query(include_str!("../sql/announce_hand_over.sql"))
+            .bind(HAND_OVER_CHANNEL)
+            .bind(payload)
+            .execute(&self.pool)
+            .await;
+        if let Err(error) = sent {
+            tracing::debug!(%error, %run, "could not announce a hand-over; backups learn of it at their next read");
         }
     }
 
@@ -675,7 +759,7 @@ impl LeaseStore for PgStore {
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        Ok(self
+        let answer = self
             .update_held(
                 "releasing the lease",
                 &self.sql.release,
@@ -684,11 +768,15 @@ impl LeaseStore for PgStore {
                 Resend::Always,
                 |q| q,
             )
-            .await?)
+            .await?;
+        if answer == Renewal::Renewed {
+            self.announce_hand_over(run).await;
+        }
+        Ok(answer)
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        Ok(self
+        let answer = self
             .update_held(
                 "giving the run back",
                 &self.sql.give_back,
@@ -697,7 +785,15 @@ impl LeaseStore for PgStore {
                 Resend::IfNotApplied,
                 |q| q,
             )
-            .await?)
+            .await?;
+        if answer == Renewal::Renewed {
+            self.announce_hand_over(run).await;
+        }
+        Ok(answer)
+    }
+
+    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
+        self.hand_overs.wait(run, timeout).await
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

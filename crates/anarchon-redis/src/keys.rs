@@ -52,6 +52,11 @@ impl LeaseKeys {
     }
 }
 
+/// The channel hand-overs are announced on: `{prefix}:hand-over`.
+pub(crate) fn hand_over_channel(prefix: &KeyPrefix) -> String {
+    format!("{{{}}}:hand-over", prefix.as_str())
+}
+
 /// The lease strategy's set of jobs: `{prefix}:jobs`.
 pub(crate) fn jobs_key(prefix: &KeyPrefix) -> String {
     format!("{{{}}}:jobs", prefix.as_str())

@@ -8,17 +8,19 @@ use std::time::Duration;
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
-    InstanceId, JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey,
-    RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
+    HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal,
+    RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
 };
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
+use futures::StreamExt as _;
 
 use crate::error::RedisStoreError;
-use crate::keys::{LeaseKeys, jobs_key};
+use crate::keys::{LeaseKeys, hand_over_channel, jobs_key};
 use crate::link::{Call, Link, Lua, check, int, text};
 use crate::options::{KeyPrefix, RedisOptions};
 use crate::server::ServerInfo;
+use crate::tls::connection_info;
 
 const BACKEND: &str = "redis-lease";
 
@@ -65,6 +67,53 @@ pub struct RedisLeaseStore {
     prefix: KeyPrefix,
     /// Jobs known to be in `{p}:jobs`, for the connection generation.
     registered: Mutex<(u64, HashSet<JobName>)>,
+    /// Hand-overs heard: this handle's own, and (through a subscription to
+    /// `{p}:hand-over`) those of every other store on the prefix.
+    hand_overs: Arc<HandOvers>,
+    _listener: Listener,
+}
+
+/// The task that forwards hand-over messages to the board, on a pub/sub
+/// connection of its own; stopped when the store is dropped.
+struct Listener(tokio::task::JoinHandle<()>);
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Listens on `channel` until aborted, connecting again (after a pause)
+/// whenever the connection is lost.
+async fn listen(client: redis::Client, channel: String, board: Arc<HandOvers>) {
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
+                Ok(()) => {
+                    let mut messages = pubsub.into_on_message();
+                    while let Some(message) = messages.next().await {
+                        let text = String::from_utf8_lossy(message.get_payload_bytes());
+                        let run = text.split_once(' ').and_then(|(job, slot)| {
+                            Some(RunKey::new(
+                                JobName::new(job).ok()?,
+                                Slot::from_millis(slot.parse().ok()?),
+                            ))
+                        });
+                        if let Some(run) = run {
+                            board.announce(&run);
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(backend = BACKEND, %error, "could not subscribe to hand-overs");
+                }
+            },
+            Err(error) => {
+                tracing::debug!(backend = BACKEND, %error, "hand-over listener could not connect");
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 impl fmt::Debug for RedisLeaseStore {
@@ -90,11 +139,41 @@ impl RedisLeaseStore {
     /// eviction policy the options refuse.
     pub async fn connect(opts: &RedisOptions) -> Result<Self, RedisStoreError> {
         let link = Link::connect(opts, BACKEND, &SCRIPTS).await?;
+        let client = redis::Client::open(connection_info(opts)?).map_err(|e| {
+            RedisStoreError::protocol("opening the hand-over subscription", e.to_string())
+        })?;
+        let hand_overs = Arc::new(HandOvers::new());
+        let listener = Listener(tokio::spawn(listen(
+            client,
+            hand_over_channel(&opts.prefix),
+            hand_overs.clone(),
+        )));
         Ok(Self {
             link,
             prefix: opts.prefix.clone(),
             registered: Mutex::new((0, HashSet::new())),
+            hand_overs,
+            _listener: listener,
         })
+    }
+
+    /// Tells the backups of every store on the prefix (this one at once)
+    /// that `run` was handed over: one `PUBLISH`. Best effort: a backup that
+    /// misses it reads the run when the lease would have ended.
+    async fn announce_hand_over(&self, run: &RunKey) {
+        self.hand_overs.announce(run);
+        let mut pipe = redis::pipe();
+        pipe.cmd("PUBLISH")
+            .arg(hand_over_channel(&self.prefix))
+            .arg(format!("{} {}", run.job, run.slot.as_millis()));
+        let sent = self.link.query(&pipe, "announcing a hand-over").await;
+        if let Err(error) = sent.and_then(|replies| {
+            replies
+                .into_iter()
+                .try_for_each(|r| check(r, "announcing a hand-over").map(drop))
+        }) {
+            tracing::debug!(backend = BACKEND, %error, %run, "could not announce a hand-over; backups learn of it at their next read");
+        }
     }
 
     /// The server as the store found it at start-up.
@@ -526,13 +605,27 @@ impl LeaseStore for RedisLeaseStore {
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        self.step(run, token, "release", Vec::new(), "releasing a lease")
-            .await
+        let answer = self
+            .step(run, token, "release", Vec::new(), "releasing a lease")
+            .await?;
+        if answer == Renewal::Renewed {
+            self.announce_hand_over(run).await;
+        }
+        Ok(answer)
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        self.step(run, token, "give_back", Vec::new(), "giving a run back")
-            .await
+        let answer = self
+            .step(run, token, "give_back", Vec::new(), "giving a run back")
+            .await?;
+        if answer == Renewal::Renewed {
+            self.announce_hand_over(run).await;
+        }
+        Ok(answer)
+    }
+
+    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
+        self.hand_overs.wait(run, timeout).await
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

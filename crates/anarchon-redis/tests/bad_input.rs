@@ -241,7 +241,11 @@ async fn a_refused_config_get_is_tolerated_and_a_refused_info_is_not() {
 /// the key patterns for prefix `{prefix}` (the `idmp` strategy also needs
 /// `+xcfgset`, which servers before 8.6 do not know).
 fn documented_rules(prefix: &str) -> Vec<String> {
-    let mut rules = vec![format!("~{{{prefix}:*"), format!("~{{{prefix}}}:*")];
+    let mut rules = vec![
+        format!("~{{{prefix}:*"),
+        format!("~{{{prefix}}}:*"),
+        format!("&{{{prefix}}}:*"),
+    ];
     rules.extend(
         [
             "+info",
@@ -260,6 +264,8 @@ fn documented_rules(prefix: &str) -> Vec<String> {
             "+incr",
             "+get",
             "+set",
+            "+publish",
+            "+subscribe",
             "+sadd",
             "+sscan",
             "+xadd",

@@ -57,6 +57,20 @@ async fn a_lease_claim_is_one_command_and_a_batch_one_round_trip() {
     let store = RedisLeaseStore::connect(&opts).await.unwrap();
     let base = ten_minutes_ahead();
     let job_a = job("single");
+    // The hand-over subscription opens its own connection in the
+    // background: let it settle before counting.
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        seen.extend(proxy.take().commands);
+        if seen.iter().any(|c| c == "SUBSCRIBE") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        seen.iter().any(|c| c == "SUBSCRIBE"),
+        "the lease store subscribes to hand-over news: {seen:?}"
+    );
 
     // The first claim of a job also adds it to the job list, in the same trip.
     proxy.take();

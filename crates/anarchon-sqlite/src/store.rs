@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anarchon_core::HandOvers;
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
@@ -58,6 +59,30 @@ pub struct SqliteStore {
     pool: SqlitePool,
     sql: Arc<Sql>,
     options: Arc<SqliteOptions>,
+    /// Hand-overs heard: shared by every store of this process on the same
+    /// file and prefix. SQLite cannot push a change to other processes;
+    /// their backups learn of a hand-over at their next read.
+    hand_overs: Arc<HandOvers>,
+}
+
+/// The hand-over board of each (file, prefix) open in this process.
+fn board_for(path: &Path, prefix: &str) -> Arc<HandOvers> {
+    type Boards =
+        std::collections::HashMap<(std::path::PathBuf, String), std::sync::Weak<HandOvers>>;
+    static BOARDS: std::sync::Mutex<Option<Boards>> = std::sync::Mutex::new(None);
+    let key = (
+        std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+        prefix.to_owned(),
+    );
+    let mut boards = BOARDS.lock().unwrap_or_else(|p| p.into_inner());
+    let boards = boards.get_or_insert_with(Default::default);
+    boards.retain(|_, board| board.strong_count() > 0);
+    if let Some(board) = boards.get(&key).and_then(std::sync::Weak::upgrade) {
+        return board;
+    }
+    let board = Arc::new(HandOvers::new());
+    boards.insert(key, Arc::downgrade(&board));
+    board
 }
 
 impl fmt::Debug for SqliteStore {
@@ -124,10 +149,12 @@ impl SqliteStore {
             .connect_with(connect)
             .await
             .map_err(|e| open_error(&options, "opening the file", e))?;
+        let hand_overs = board_for(options.get_path(), options.get_table_prefix());
         let store = Self {
             pool,
             sql: Arc::new(sql),
             options: Arc::new(options),
+            hand_overs,
         };
         store.use_wal().await?;
         store.migrate().await?;
@@ -783,7 +810,11 @@ impl LeaseStore for SqliteStore {
             .bind(run.job.as_str())
             .bind(run.slot.as_millis())
             .bind(token.to_string());
-        self.update_held("releasing the lease", query).await
+        let answer = self.update_held("releasing the lease", query).await?;
+        if answer == Renewal::Renewed {
+            self.hand_overs.announce(run);
+        }
+        Ok(answer)
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
@@ -791,7 +822,15 @@ impl LeaseStore for SqliteStore {
             .bind(run.job.as_str())
             .bind(run.slot.as_millis())
             .bind(token.to_string());
-        self.update_held("giving the run back", query).await
+        let answer = self.update_held("giving the run back", query).await?;
+        if answer == Renewal::Renewed {
+            self.hand_overs.announce(run);
+        }
+        Ok(answer)
+    }
+
+    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
+        self.hand_overs.wait(run, timeout).await
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {

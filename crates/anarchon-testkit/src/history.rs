@@ -400,6 +400,10 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Recorder<S> {
         answer
     }
 
+    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
+        self.inner.wait_for_hand_over(run, timeout).await
+    }
+
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         self.inner.history(job, limit).await
     }

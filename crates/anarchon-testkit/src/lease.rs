@@ -640,6 +640,75 @@ where
     );
 }
 
+/// A backup waiting on one instance hears of a release and of a give-back
+/// made through another instance at once, long before the holder's lease
+/// would have ended; a wait for a run nobody hands over runs its time.
+pub async fn a_hand_over_wakes_a_waiting_backup<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let a = factory.instance().await;
+    let b = factory.instance().await;
+    // Far beyond the time the check allows a wake to take.
+    let patience = Duration::from_secs(30);
+    let waiting = |run: &RunKey| {
+        let (b, run) = (b.clone(), run.clone());
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let woken = b.wait_for_hand_over(&run, patience).await;
+            (woken, started.elapsed())
+        })
+    };
+
+    // A release. A store's news may start flowing a little after it opens,
+    // so the release is repeated (it is idempotent) until the wait ends.
+    let run = RunKey::new(job("news-release"), future_slot(factory, 0));
+    let claim = lease_claim(run.clone(), Token::generate(), "a");
+    won(a.claim_lease(&claim).await.expect("claim"));
+    let waiter = waiting(&run);
+    for _ in 0..20 {
+        assert_eq!(
+            a.release(&run, claim.claim.token).await.expect("release"),
+            Renewal::Renewed
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if waiter.is_finished() {
+            break;
+        }
+    }
+    let (woken, after) = waiter.await.expect("waiter");
+    assert!(
+        woken && after < patience,
+        "the backup was not told of the release (waited {after:?})"
+    );
+
+    // A give-back, now that news flows: once is enough.
+    let run = RunKey::new(job("news-give-back"), future_slot(factory, 0));
+    let claim = lease_claim(run.clone(), Token::generate(), "a");
+    won(a.claim_lease(&claim).await.expect("claim"));
+    let waiter = waiting(&run);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        a.give_back(&run, claim.claim.token)
+            .await
+            .expect("give back"),
+        Renewal::Renewed
+    );
+    let (woken, after) = waiter.await.expect("waiter");
+    assert!(
+        woken && after < patience,
+        "the backup was not told of the give-back (waited {after:?})"
+    );
+
+    // No hand-over: the wait runs out.
+    let quiet = RunKey::new(job("news-none"), future_slot(factory, 0));
+    assert!(
+        !b.wait_for_hand_over(&quiet, Duration::from_millis(300))
+            .await,
+        "news of a run nobody handed over"
+    );
+}
+
 /// `Overlap::Skip`: a slot is skipped (and recorded so) while another run of
 /// the job is live, and runs again once that run finished.
 pub async fn overlap_skip_waits_for_the_live_run<F: StoreFactory>(factory: &F)
@@ -1524,6 +1593,7 @@ macro_rules! lease_suite {
             expired_lease_is_taken_over,
             attempts_exhausted_is_interrupted,
             a_run_given_back_keeps_its_attempt,
+            a_hand_over_wakes_a_waiting_backup,
             overlap_skip_waits_for_the_live_run,
             overlap_ignores_expired_and_allow_overlaps,
             release_hands_over_at_once,

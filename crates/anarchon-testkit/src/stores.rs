@@ -313,6 +313,12 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
         self.reply(self.inner.give_back(run, token).await)
     }
 
+    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
+        // News travels beside the store's answers: a store switched off
+        // gives none, but news of hand-overs made before still arrives.
+        self.inner.wait_for_hand_over(run, timeout).await
+    }
+
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         self.check()?;
         self.inner.history(job, limit).await

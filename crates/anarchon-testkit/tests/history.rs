@@ -393,6 +393,10 @@ impl anarchon_core::LeaseStore for Yes {
     ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
         Ok(anarchon_core::Renewal::Renewed)
     }
+    async fn wait_for_hand_over(&self, _: &anarchon_core::RunKey, timeout: Duration) -> bool {
+        tokio::time::sleep(timeout).await;
+        false
+    }
     async fn history(
         &self,
         _: &anarchon_core::JobName,

@@ -245,6 +245,10 @@ impl LeaseStore for Mutant {
         self.on_clock(self.inner.give_back(run, token)).await
     }
 
+    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
+        self.inner.wait_for_hand_over(run, timeout).await
+    }
+
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         if self.mutation == Mutation::ReleaseDoesNothing {
             return Ok(Renewal::Renewed);

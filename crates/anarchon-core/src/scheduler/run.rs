@@ -453,9 +453,11 @@ pub(crate) async fn backup(
         return;
     };
     loop {
+        // Until the holder's lease ends, or news that it handed the run
+        // over; either way the run is read again.
         let wait = lease_until.since(store_now) + BACKUP_MARGIN;
         tokio::select! {
-            () = tokio::time::sleep(wait) => {}
+            _ = store.wait_for_hand_over(&run, wait) => {}
             () = inner.stop.cancelled() => return,
         }
         let view = match with_retries("peek", || store.peek(&run)).await {

@@ -1,0 +1,106 @@
+//! Hand-over news: how a backup learns at once that the run it watches was
+//! released or given back.
+//!
+//! A backup reads a run it watches once per lease period, when the holder's
+//! lease would end. A holder that hands the run over (at shutdown, or before
+//! its handler started) ends its lease early, and without news the backup
+//! would learn of it only at that next read, up to a lease later. Each lease
+//! store therefore announces its hand-overs: the store handle that made one
+//! announces it to waiting backups in its own process, and stores that can
+//! push a change to other processes (PostgreSQL `NOTIFY`, NATS messages)
+//! forward the ones made elsewhere. [`HandOvers`] is the board a store
+//! keeps for its waiting backups.
+//!
+//! News is a hint, never a decision: a woken backup reads the run and
+//! claims it under the store's lock like any other takeover, and a backup
+//! that hears nothing still reads at the lease end.
+
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+use crate::store::RunKey;
+
+/// How many announcements a slow waiter may fall behind by before it is
+/// woken regardless (it then reads the run, which is always correct).
+const BACKLOG: usize = 1024;
+
+/// The hand-overs a store has heard of, for the backups waiting on it.
+#[derive(Debug)]
+pub struct HandOvers {
+    news: broadcast::Sender<RunKey>,
+}
+
+impl Default for HandOvers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl HandOvers {
+    /// A board nobody has announced anything on.
+    pub fn new() -> Self {
+        Self {
+            news: broadcast::channel(BACKLOG).0,
+        }
+    }
+
+    /// Tells every backup waiting for `run` that it was handed over.
+    pub fn announce(&self, run: &RunKey) {
+        // No receiver means nobody waits: nothing to tell.
+        let _ = self.news.send(run.clone());
+    }
+
+    /// Waits at most `timeout` for an announcement of `run`. `true` when
+    /// one came (or the waiter fell so far behind that it may have missed
+    /// one); `false` when the time ran out.
+    pub async fn wait(&self, run: &RunKey, timeout: Duration) -> bool {
+        let mut news = self.news.subscribe();
+        let heard = async {
+            loop {
+                match news.recv().await {
+                    Ok(announced) if &announced == run => return true,
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => return true,
+                    Err(broadcast::error::RecvError::Closed) => {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(timeout, heard).await.unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::name::JobName;
+    use crate::time::Slot;
+
+    fn run(job: &str, slot: i64) -> RunKey {
+        RunKey::new(JobName::new(job).unwrap(), Slot::from_millis(slot))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_hears_its_run_and_only_its_run() {
+        let board = std::sync::Arc::new(HandOvers::new());
+        let waiter = {
+            let board = board.clone();
+            tokio::spawn(async move { board.wait(&run("a", 1000), Duration::from_secs(30)).await })
+        };
+        tokio::task::yield_now().await;
+        board.announce(&run("a", 2000));
+        board.announce(&run("b", 1000));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiter.is_finished(), "other runs' news does not wake it");
+        board.announce(&run("a", 1000));
+        assert!(waiter.await.unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_without_news_times_out() {
+        let board = HandOvers::new();
+        assert!(!board.wait(&run("a", 1000), Duration::from_secs(5)).await);
+    }
+}
