@@ -32,7 +32,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Run the crontab's jobs until Ctrl-C or SIGTERM.
+    /// Run the crontab's jobs until Ctrl-C, SIGTERM or SIGHUP.
     Run {
         /// The crontab (TOML).
         #[arg(short, long, value_name = "FILE")]
@@ -194,7 +194,7 @@ async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
         backend = backend.name(),
         instance = %scheduler.instance_id(),
         jobs = crontab.jobs.len(),
-        "anarchon running; Ctrl-C or SIGTERM stops it and hands running jobs over"
+        "anarchon running; Ctrl-C, SIGTERM or SIGHUP stops it and hands running jobs over"
     );
     if !backend.is_lease() {
         tracing::info!(
@@ -214,14 +214,18 @@ async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits for Ctrl-C (SIGINT) or SIGTERM and says which.
+/// Waits for Ctrl-C (SIGINT), SIGTERM or SIGHUP and says which. SIGHUP
+/// (the terminal or session went away) stops the daemon like SIGTERM, with
+/// the same hand-over; it does not reload the crontab.
 async fn shutdown_signal() -> anyhow::Result<&'static str> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    let mut hup = signal(SignalKind::hangup()).context("cannot listen for SIGHUP")?;
     Ok(tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+        _ = hup.recv() => "SIGHUP",
     })
 }
 

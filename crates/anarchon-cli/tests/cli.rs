@@ -334,6 +334,17 @@ fn next_prints_the_coming_slots() {
 /// exits 0; the other daemon takes the run over as attempt 2.
 #[test]
 fn sigterm_stops_the_command_and_hands_the_run_over() {
+    stops_the_command_and_hands_the_run_over(Signal::SIGTERM);
+}
+
+/// SIGHUP (a closed terminal, a session ending) is a stop like SIGTERM,
+/// with the same hand-over, not a death that leaves the run to its lease.
+#[test]
+fn sighup_stops_the_daemon_like_sigterm() {
+    stops_the_command_and_hands_the_run_over(Signal::SIGHUP);
+}
+
+fn stops_the_command_and_hands_the_run_over(stop: Signal) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let log = d.join("long.log");
@@ -383,10 +394,14 @@ command = "trap '' TERM; echo \"$ANARCHON_SLOT $ANARCHON_ATTEMPT $PPID $$\" >> {
         .iter()
         .position(|dm| dm.pid().to_string() == first[2])
         .expect("one of ours runs it");
-    fleet.daemons[runner].signal(Signal::SIGTERM);
+    fleet.daemons[runner].signal(stop);
     let code = fleet.daemons[runner].wait(Duration::from_secs(10));
     assert_eq!(code, Some(0), "{}", fleet.logs());
     let runner_log = std::fs::read_to_string(&fleet.daemons[runner].stderr).unwrap();
+    assert!(
+        runner_log.contains(&format!("signal=\"{}\"", stop.as_str())),
+        "{runner_log}"
+    );
     assert!(
         runner_log.contains("run handed over for a backup to take over"),
         "{runner_log}"
