@@ -889,3 +889,35 @@ async fn one_jobs_unreadable_document_costs_its_batch_nothing() {
         ClaimOutcome::Won(_)
     ));
 }
+
+/// A job document whose fence counter someone set to its maximum: the
+/// next win would get no new fence, so the claim is refused with an error
+/// naming the counter, instead of handing two winners the same fence.
+#[tokio::test]
+async fn a_fence_counter_at_its_maximum_is_refused() {
+    let factory = NatsLeaseFactory::new().await;
+    let raw = Raw::open(&factory).await;
+    let store = factory.instance().await;
+    let planted = job("planted-fence");
+    let key = NatsLeaseStore::job_key(&planted);
+    raw.jetstream
+        .publish(
+            format!("$KV.{}.{key}", raw.bucket),
+            format!("{{\"fence\":{}}}", u64::MAX).into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let run = RunKey::new(planted, future_slot(&factory, 0));
+    let err = store
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
+        .await
+        .expect_err("no fence is left to hand out");
+    assert!(err.to_string().contains("fence counter"), "{err}");
+    assert_eq!(
+        store.peek(&run).await.unwrap().state,
+        anarchon_core::RunState::Absent,
+        "nothing was won"
+    );
+}

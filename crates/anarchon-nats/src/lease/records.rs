@@ -293,9 +293,18 @@ impl JobDoc {
         self.high = Some(self.high.map_or(slot, |h| h.max(slot)));
     }
 
-    fn next_fence(&mut self) -> u64 {
-        self.fence = self.fence.saturating_add(1);
-        self.fence
+    /// The job's next fence; an error when the counter is at its maximum
+    /// (only a hand-written document can put it there): handing the same
+    /// fence to two winners would defeat fencing.
+    fn next_fence(&mut self) -> Result<u64, String> {
+        self.fence = self.fence.checked_add(1).ok_or_else(|| {
+            format!(
+                "the job's fence counter is at its maximum ({}): the document was written by hand; \
+                 no fence can be handed out",
+                self.fence
+            )
+        })?;
+        Ok(self.fence)
     }
 
     /// Whether a run of the job other than `slot` holds a live lease at `now`.
@@ -398,7 +407,10 @@ pub(crate) fn decide(
         // started (no holder) runs the same attempt again.
         let given_back = live.token.is_empty();
         if given_back || req.max_attempts.allows_after(attempt) {
-            let fence = doc.next_fence();
+            let fence = match doc.next_fence() {
+                Ok(fence) => fence,
+                Err(e) => return Some(Err(e)),
+            };
             let attempt = if given_back { attempt } else { attempt.next() };
             let Some(live) = doc.live.get_mut(&slot) else {
                 return Some(Err("the live run vanished from the document".into()));
@@ -446,7 +458,10 @@ pub(crate) fn decide(
         doc.raise_high(slot);
         return Some(Ok((ClaimOutcome::Overlap, Effect::Job)));
     }
-    let fence = doc.next_fence();
+    let fence = match doc.next_fence() {
+        Ok(fence) => fence,
+        Err(e) => return Some(Err(e)),
+    };
     doc.live.insert(
         slot,
         LiveRun {
