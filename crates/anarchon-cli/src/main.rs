@@ -4,6 +4,7 @@ mod app;
 mod backend;
 mod config;
 mod error;
+mod printable;
 mod runner;
 mod show;
 

@@ -20,6 +20,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command as Process};
 
 use crate::config::Command;
+use crate::printable::printable;
 
 /// How many lines of stderr a failed run's error keeps.
 const TAIL_LINES: usize = 5;
@@ -242,8 +243,11 @@ struct Tail {
 }
 
 impl Tail {
+    /// Keeps `line`, cleaned: the tail is stored with the run and printed
+    /// by `history`, so no control character or bidi control goes in.
     fn push(&mut self, line: &str) {
-        let line = line.trim_end();
+        let line = printable(line.trim_end());
+        let line = line.as_str();
         if line.is_empty() {
             return;
         }
@@ -288,6 +292,18 @@ async fn pass_through(stderr: impl AsyncRead + Unpin, job: String, tail: Arc<Mut
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tail_is_stored_without_control_characters() {
+        let mut tail = Tail::default();
+        tail.push("\u{1b}[31mred\u{1b}[0m \u{202e}reversed\r\n");
+        let kept = tail.joined();
+        assert!(
+            !kept.chars().any(|c| c.is_control() || c == '\u{202e}'),
+            "{kept:?}"
+        );
+        assert_eq!(kept, "\\u{1b}[31mred\\u{1b}[0m \\u{202e}reversed");
+    }
 
     #[test]
     fn the_tail_keeps_the_last_lines_short() {

@@ -6,6 +6,7 @@ use anarchon::{JobName, LeaseStore, RecordState, RunRecord, Schedule, Timestamp}
 use chrono::{Local, SecondsFormat};
 
 use crate::error::Error;
+use crate::printable::printable;
 
 /// The runs of `jobs`, newest slot first, at most `limit` in all.
 pub(crate) async fn history(
@@ -49,9 +50,10 @@ pub(crate) fn history_table(runs: &[RunRecord]) -> String {
                 r.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
                 r.instance
                     .as_ref()
-                    .map_or_else(|| "-".into(), ToString::to_string),
+                    .map_or_else(|| "-".into(), |i| printable(i.as_str())),
                 duration(r.started_at, r.finished_at, r.state),
-                r.error.clone().unwrap_or_default(),
+                // Stored text may carry terminal escapes: never print it raw.
+                r.error.as_deref().map(printable).unwrap_or_default(),
             ]
         })
         .collect();
@@ -187,5 +189,38 @@ mod tests {
         assert!(lines[1].contains("1s 500ms"), "{table}");
         assert!(lines[1].ends_with("exit status 3"), "{table}");
         assert!(lines[2].contains("missed"), "{table}");
+    }
+
+    /// A record planted in the store with terminal escapes (a clipboard
+    /// write, a line erase and a fake state) and a bidi override prints as
+    /// one inert row.
+    #[test]
+    fn the_history_table_prints_no_escape_sequence() {
+        let planted = RunRecord {
+            run: RunKey::new(
+                JobName::new("backup").unwrap(),
+                Slot::from_millis(1_800_000_000_000),
+            ),
+            state: RecordState::Finished(FinalState::Failed),
+            attempt: Some(Attempt::FIRST),
+            fence: None,
+            instance: Some(InstanceId::new("host-1-abc").unwrap()),
+            started_at: None,
+            finished_at: None,
+            lease_until: None,
+            error: Some(
+                "\u{1b}]52;c;ZXZpbA==\u{7}\r\u{1b}[2Kbackup succeeded\u{202e}txt.exe\nfake row"
+                    .into(),
+            ),
+        };
+        let table = history_table(&[planted]);
+        assert!(
+            !table
+                .chars()
+                .any(|c| (c.is_control() && c != '\n') || c == '\u{202e}'),
+            "{table:?}"
+        );
+        assert_eq!(table.lines().count(), 2, "one header, one row: {table}");
+        assert!(table.contains("\\u{1b}]52;c;"), "{table}");
     }
 }
