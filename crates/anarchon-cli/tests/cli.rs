@@ -344,6 +344,8 @@ fn sighup_stops_the_daemon_like_sigterm() {
     stops_the_command_and_hands_the_run_over(Signal::SIGHUP);
 }
 
+/// The body of the two tests above, for the signal `stop`.
+#[allow(clippy::unwrap_used)]
 fn stops_the_command_and_hands_the_run_over(stop: Signal) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
