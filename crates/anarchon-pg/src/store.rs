@@ -13,7 +13,7 @@ use anarchon_core::{
     RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
 };
 use async_trait::async_trait;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow, PgSslMode};
 use sqlx::{Connection, FromRow, PgConnection, PgPool, Row};
 
 use crate::error::{BACKEND, PgError, certainly_not_applied, connection_broken};
@@ -457,6 +457,67 @@ fn connect_options(options: &PgOptions, secrets: &[String]) -> Result<PgConnectO
     if let Some(timeout) = options.statement_timeout {
         connect = connect.options([("statement_timeout", format!("{}ms", timeout.as_millis()))]);
     }
+    secure_by_default(connect, &options.url)
+}
+
+/// Whether the server is on this machine: a Unix socket or a loopback host.
+fn is_local(connect: &PgConnectOptions) -> bool {
+    let host = connect.get_host();
+    connect.get_socket().is_some()
+        || host.starts_with('/')
+        || host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The TLS mode a store connects with. Unless the URL (or `PGSSLMODE`)
+/// says otherwise, a server that is not on this machine must prove who it
+/// is (`verify-full`): sqlx's own default, `prefer`, checks no certificate
+/// and falls back to plain text, so a man in the middle could read the
+/// password. A mode that does not verify the server, written explicitly for
+/// a remote host, is honoured with a warning.
+fn secure_by_default(connect: PgConnectOptions, url: &str) -> Result<PgConnectOptions, PgError> {
+    let explicit = url.split_once('?').is_some_and(|(_, query)| {
+        query
+            .split('&')
+            .any(|pair| pair.to_ascii_lowercase().starts_with("sslmode="))
+    }) || std::env::var_os("PGSSLMODE").is_some();
+    if is_local(&connect) {
+        return Ok(connect);
+    }
+    if !explicit {
+        if !cfg!(feature = "tls") {
+            return Err(PgError::InvalidOption {
+                option: "sslmode",
+                reason: format!(
+                    "{} is not on this machine, so the server must be verified (sslmode=verify-full, \
+                     the default for remote hosts), but this build has no TLS: enable the feature \
+                     `tls` of anarchon-pg (`pg-tls` of anarchon), or write sslmode=disable in the \
+                     URL to send everything, the password included, in plain text",
+                    connect.get_host()
+                ),
+            });
+        }
+        return Ok(connect.ssl_mode(PgSslMode::VerifyFull));
+    }
+    let weak = match connect.get_ssl_mode() {
+        PgSslMode::Disable => Some("disable"),
+        PgSslMode::Allow => Some("allow"),
+        PgSslMode::Prefer => Some("prefer"),
+        PgSslMode::Require => Some("require"),
+        PgSslMode::VerifyCa | PgSslMode::VerifyFull => None,
+    };
+    if let Some(mode) = weak {
+        tracing::warn!(
+            host = connect.get_host(),
+            sslmode = mode,
+            "this TLS mode does not verify the PostgreSQL server: a man in the middle can read \
+             the password and the runs; use sslmode=verify-full"
+        );
+    }
     Ok(connect)
 }
 
@@ -842,5 +903,54 @@ impl LeaseStore for PgStore {
             }
         )?;
         Ok(done.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tls_default_tests {
+    use super::*;
+
+    fn mode(url: &str) -> Result<PgSslMode, PgError> {
+        let options = PgOptions::new(url);
+        connect_options(&options, &[]).map(|c| c.get_ssl_mode())
+    }
+
+    #[test]
+    fn a_remote_host_is_verified_unless_the_url_says_otherwise() {
+        // (PGSSLMODE is not set where the tests run.)
+        assert!(std::env::var_os("PGSSLMODE").is_none());
+        let remote = mode("postgres://app:secret@db.example.com:5432/cron");
+        if cfg!(feature = "tls") {
+            assert!(matches!(remote, Ok(PgSslMode::VerifyFull)), "{remote:?}");
+        } else {
+            let err = remote.expect_err("no TLS in this build");
+            assert!(err.to_string().contains("sslmode=disable"), "{err}");
+            assert!(!err.to_string().contains("secret"), "{err}");
+        }
+        for written in ["require", "prefer", "disable", "verify-ca"] {
+            let url = format!("postgres://app@db.example.com/cron?sslmode={written}");
+            let got = mode(&url).expect("an explicit mode is honoured");
+            assert_eq!(
+                format!("{got:?}").to_ascii_lowercase().replace('-', ""),
+                written.replace('-', ""),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_server_on_this_machine_keeps_the_drivers_default() {
+        for url in [
+            "postgres://app@127.0.0.1/cron",
+            "postgres://app@localhost:5433/cron",
+            "postgres://app@[::1]/cron",
+            "postgres://app@%2Fvar%2Frun%2Fpostgresql/cron",
+        ] {
+            assert!(
+                matches!(mode(url), Ok(PgSslMode::Prefer)),
+                "{url}: {:?}",
+                mode(url)
+            );
+        }
     }
 }
