@@ -104,7 +104,7 @@ impl AmqpOptions {
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let invalid = |reason: String| Error::InvalidUrl {
             url: redact(url),
-            reason,
+            reason: anarchon_core::url::unreadable_reason(url, &reason),
         };
         let (base, query) = match url.split_once('?') {
             Some((base, query)) => (base, query),
@@ -316,8 +316,11 @@ impl AmqpOptions {
     pub(crate) fn parse_url(&self) -> Result<AMQPUri, Error> {
         let invalid = |reason: &str| Error::InvalidUrl {
             url: self.redacted_url(),
-            reason: reason.to_owned(),
+            reason: anarchon_core::url::unreadable_reason(&self.url, reason),
         };
+        if let Some(hint) = anarchon_core::url::ambiguous_user_info(&self.url) {
+            return Err(invalid(&hint));
+        }
         let scheme = self.url.split_once("://").map(|(s, _)| s);
         if !matches!(scheme, Some("amqp" | "amqps")) {
             return Err(invalid(
@@ -365,20 +368,7 @@ fn authority(url: &str) -> &str {
 
 /// `url` with the password of its user info replaced by `***`.
 pub(crate) fn redact(url: &str) -> String {
-    // Without a scheme, the whole text up to the path is the authority.
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (format!("{scheme}://"), rest),
-        None => (String::new(), url),
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
+    anarchon_core::url::redact(url)
 }
 
 #[cfg(test)]

@@ -189,8 +189,14 @@ impl Backend {
         let scheme = url.split_once(':').map_or("", |(s, _)| s);
         let invalid = |reason: String| Error::InvalidStoreUrl {
             url: redact(url),
-            reason,
+            reason: anarchon::url::unreadable_reason(url, &reason),
         };
+        if let Some(hint) = anarchon::url::ambiguous_user_info(url) {
+            return Err(Error::InvalidStoreUrl {
+                url: redact(url),
+                reason: hint,
+            });
+        }
         match scheme {
             "sqlite" => Ok(Backend::Sqlite(SqliteOptions::from_url(url)?)),
             "postgres" | "postgresql" => parse_postgres(url).map_err(invalid),
@@ -849,50 +855,7 @@ fn check_with_redis_client(url: &str) -> Result<(), String> {
 /// reads a lone one as a secret (a NATS token, a Redis password), and the
 /// value of any query parameter whose name contains `pass` or `token`.
 pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            None if matches!(
-                scheme,
-                "nats" | "tls" | "nats+tls" | "nats-kv" | "nats-kv+tls" | "redis" | "rediss"
-            ) =>
-            {
-                format!("***@{host}")
-            }
-            None => authority.to_owned(),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let (query, fragment) = match query.split_once('#') {
-                Some((q, f)) => (q, Some(f)),
-                None => (query, None),
-            };
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((k, _))
-                        if ["pass", "token"]
-                            .iter()
-                            .any(|s| k.to_ascii_lowercase().contains(s)) =>
-                    {
-                        format!("{k}=***")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
-            format!("{path}?{}{fragment}", query.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    format!("{scheme}://{authority}{tail}")
+    anarchon::url::redact(url)
 }
 
 #[cfg(test)]
@@ -1327,6 +1290,124 @@ mod tests {
             );
             assert!(text.contains(says), "{url}: {text}");
             assert!(!text.contains("s3cret"), "{text}");
+        }
+    }
+
+    /// A password of five-to-eight-character pieces joined by characters
+    /// that break URL structure (and others), so any piece a parser quotes
+    /// is long enough to be found in its message.
+    fn awkward_password(seed: &mut u64) -> String {
+        const JOINERS: &[char] = &['/', '?', '#', '@', ':', '%', '&', '=', '[', ']', ' ', '"'];
+        let mut next = || {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed
+        };
+        let pieces = 2 + next() % 3;
+        let mut password = String::new();
+        for i in 0..pieces {
+            if i > 0 {
+                password.push(JOINERS[(next() % JOINERS.len() as u64) as usize]);
+            }
+            let len = 5 + next() % 4;
+            for _ in 0..len {
+                // Printable ASCII without the joiners, and some beyond ASCII.
+                let c = match next() % 70 {
+                    n @ 0..=25 => char::from(b'a' + n as u8),
+                    n @ 26..=51 => char::from(b'A' + (n - 26) as u8),
+                    n @ 52..=61 => char::from(b'0' + (n - 52) as u8),
+                    62 => 'é',
+                    63 => 'ß',
+                    64 => '東',
+                    65 => '!',
+                    66 => '*',
+                    67 => '+',
+                    68 => '~',
+                    _ => '$',
+                };
+                password.push(c);
+            }
+        }
+        password
+    }
+
+    /// The pieces of `password` a parser could quote.
+    fn pieces(password: &str) -> Vec<&str> {
+        password
+            .split(['/', '?', '#', '@', ':', '%', '&', '=', '[', ']', ' ', '"'])
+            .filter(|p| p.chars().count() >= 5)
+            .collect()
+    }
+
+    /// For random passwords, whatever reading (and, for PostgreSQL,
+    /// opening) a store URL answers — an error, or the options' `Debug`
+    /// and description — never shows the password or a piece of it, and
+    /// neither does any log line written meanwhile.
+    #[tokio::test]
+    async fn no_url_reader_shows_a_password() {
+        use std::sync::{Arc, Mutex};
+
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let logs = Lines::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(move || writer.clone())
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..150 {
+            let password = awkward_password(&mut seed);
+            let secret = pieces(&password);
+            let shows =
+                |text: &str| text.contains(&password) || secret.iter().any(|p| text.contains(p));
+            // Alone in the user info, what precedes a `:` is a user name by
+            // the URL's grammar: only what follows it is the secret.
+            let lone = password
+                .split_once(':')
+                .map_or(password.as_str(), |(_, p)| p);
+            let lone_secret = pieces(lone);
+            let shows_lone =
+                |text: &str| text.contains(lone) || lone_secret.iter().any(|p| text.contains(p));
+            for (url, alone) in [
+                (format!("postgres://app:{password}@127.0.0.1:9/cron"), false),
+                (format!("redis://app:{password}@127.0.0.1:9"), false),
+                (format!("rediss://{password}@127.0.0.1:9"), true),
+                (format!("amqp://app:{password}@127.0.0.1:9/%2f"), false),
+                (format!("nats://app:{password}@127.0.0.1:9?prefix=p"), false),
+                (format!("nats-kv://{password}@127.0.0.1:9"), true),
+            ] {
+                let leaks = |text: &str| if alone { shows_lone(text) } else { shows(text) };
+                let said = match Backend::parse(&url) {
+                    Ok(backend) => format!("{} {:?}", backend.describe(), backend.name()),
+                    Err(e) => format!("{e} {e:?}"),
+                };
+                assert!(!leaks(&said), "{url:?} -> {said}");
+                assert!(!leaks(&redact(&url)), "{url:?} -> {}", redact(&url));
+            }
+            let opened = anarchon::pg::PgStore::connect_with(
+                anarchon::pg::PgOptions::new(format!("postgres://app:{password}@127.0.0.1:9/cron"))
+                    .connect_timeout(std::time::Duration::from_millis(300)),
+            )
+            .await;
+            if let Err(e) = opened {
+                let said = format!("{e} {e:?}");
+                assert!(!shows(&said), "postgres open -> {said}");
+            }
+            let written = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+            assert!(!shows(&written), "a log line shows the password: {written}");
         }
     }
 }

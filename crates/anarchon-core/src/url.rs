@@ -23,9 +23,166 @@ pub fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Words that mark a query parameter's value as a secret (`password=`,
+/// `token=`, `nkey_seed=`, …), compared case-insensitively.
+const SECRET_WORDS: [&str; 7] = ["pass", "token", "secret", "key", "cred", "jwt", "seed"];
+
+/// Characters that break a URL's structure when they appear unescaped in
+/// a user name or password: parsers then cut the secret in pieces and
+/// quote the pieces in their errors. (A `%` that starts no valid escape
+/// does too; see [`breaks_structure`].)
+const STRUCTURAL: [char; 6] = ['/', '?', '#', '@', '[', ']'];
+
+/// Whether `part` of a user info cannot be read as written: a structural
+/// character, white space, or a `%` that starts no valid escape.
+fn breaks_structure(part: &str) -> bool {
+    part.contains(STRUCTURAL)
+        || part.contains(char::is_whitespace)
+        || percent_decode(part).is_none()
+}
+
+/// Schemes whose clients read a lone user info (`scheme://name@host`) as a
+/// user name, which is shown; the others (Redis, NATS) read it as a
+/// password or token, which is hidden.
+const LONE_USER_IS_A_NAME: [&str; 4] = ["postgres", "postgresql", "amqp", "amqps"];
+
+/// The user info of `url`: everything between `://` (or the start, for a
+/// URL without a scheme) and the last `@` (a password with an unescaped
+/// `/`, `?`, `#` or `@` stays inside it). `(scheme, user info, the rest)`.
+fn user_info(url: &str) -> Option<(Option<&str>, &str, &str)> {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url),
+    };
+    let at = rest.rfind('@')?;
+    Some((scheme, &rest[..at], &rest[at + 1..]))
+}
+
+/// `url` with its secrets replaced by `***`: the whole user info but the
+/// user name (`scheme://user:***@host…`; a lone user info, which some
+/// clients read as a password or token, becomes `***`), and the value of
+/// every query parameter whose name speaks of a secret.
+pub fn redact(url: &str) -> String {
+    let (head, tail) = match user_info(url) {
+        Some((scheme, info, after)) => {
+            let lone_name = scheme.is_some_and(|s| LONE_USER_IS_A_NAME.contains(&s));
+            let hidden = match info.split_once(':') {
+                Some((user, _)) if !user.contains(STRUCTURAL) => format!("{user}:***"),
+                None if lone_name && !info.contains(STRUCTURAL) => info.to_owned(),
+                _ => "***".to_owned(),
+            };
+            let scheme = scheme.map(|s| format!("{s}://")).unwrap_or_default();
+            (format!("{scheme}{hidden}@"), after)
+        }
+        None => (String::new(), url),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let (query, fragment) = match query.split_once('#') {
+                Some((q, f)) => (q, Some(f)),
+                None => (query, None),
+            };
+            let params: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _))
+                        if SECRET_WORDS
+                            .iter()
+                            .any(|w| name.to_ascii_lowercase().contains(w)) =>
+                    {
+                        format!("{name}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            let mut out = format!("{path}?{}", params.join("&"));
+            if let Some(fragment) = fragment {
+                out.push('#');
+                out.push_str(fragment);
+            }
+            out
+        }
+        None => tail.to_owned(),
+    };
+    format!("{head}{tail}")
+}
+
+/// The hint to give instead of reading `url`, when its user info holds a
+/// password (a `:`) and, up to the last `@`, a character that breaks URL
+/// structure: a parser would split the password and take pieces of it for
+/// the host, the path or the query, and show them. `None` when the URL can
+/// be read as written.
+pub fn ambiguous_user_info(url: &str) -> Option<String> {
+    let (scheme, info, _) = user_info(url)?;
+    let password = info.split_once(':')?.1;
+    let user = info.split_once(':')?.0;
+    (breaks_structure(password) || breaks_structure(user))
+        .then(|| unreadable_hint(scheme.unwrap_or("store")))
+}
+
+fn unreadable_hint(scheme: &str) -> String {
+    format!(
+        "the {scheme}:// URL could not be read (it is not shown: it holds a password); \
+         a user name or password must write / ? # @ [ ] % as %2F %3F %23 %40 %5B %5D %25"
+    )
+}
+
+/// What to say about `url` when reading it failed with `reason`, without
+/// ever showing its password. A password (or lone user info) holding a
+/// character that breaks URL structure (`/ ? # @ [ ] %`) makes parsers
+/// quote pieces of it, so their reason is dropped for a hint about
+/// %-escaping; otherwise `reason` is kept with the secret, as written and
+/// decoded, replaced by `***`.
+pub fn unreadable_reason(url: &str, reason: &str) -> String {
+    let Some((scheme, info, _)) = user_info(url) else {
+        return reason.to_owned();
+    };
+    let scheme = scheme.unwrap_or("store");
+    let secret = info.split_once(':').map_or(info, |(_, password)| password);
+    let user = info.split_once(':').map_or("", |(user, _)| user);
+    if breaks_structure(secret) || breaks_structure(user) {
+        return unreadable_hint(scheme);
+    }
+    let mut out = reason.to_owned();
+    let decoded = percent_decode(secret);
+    for s in [Some(secret.to_owned()), decoded].into_iter().flatten() {
+        if !s.is_empty() {
+            out = out.replace(&s, "***");
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redaction_hides_the_user_info_up_to_the_last_at() {
+        assert_eq!(
+            redact("postgres://app:pa/ss@db:5432/cron?table=x"),
+            "postgres://app:***@db:5432/cron?table=x"
+        );
+        assert_eq!(redact("redis://p?a#s@h:6379"), "redis://***@h:6379");
+        assert_eq!(
+            redact("nats://n@h:4222?token=abc&prefix=p"),
+            "nats://***@h:4222?token=***&prefix=p"
+        );
+        assert_eq!(redact("sqlite://cron.db"), "sqlite://cron.db");
+    }
+
+    #[test]
+    fn a_broken_password_drops_the_parsers_reason() {
+        let url = "postgres://app:pa/ss@db:5432/cron";
+        let said = unreadable_reason(url, "the port \"pa\" is not a number");
+        assert!(!said.contains("pa\""), "{said}");
+        assert!(said.contains("%2F"), "{said}");
+        let url = "postgres://app:hunter2@db:5432/cron?x=1";
+        assert_eq!(
+            unreadable_reason(url, "unknown parameter x (hunter2)"),
+            "unknown parameter x (***)"
+        );
+    }
 
     #[test]
     fn escapes_are_decoded_and_broken_ones_refused() {

@@ -238,8 +238,11 @@ impl NatsOptions {
     pub(crate) fn parse_url(&self) -> Result<ParsedUrl, Error> {
         let invalid = |reason: &str| Error::InvalidUrl {
             url: self.redacted_url(),
-            reason: reason.to_owned(),
+            reason: anarchon_core::url::unreadable_reason(&self.url, reason),
         };
+        if let Some(hint) = anarchon_core::url::ambiguous_user_info(&self.url) {
+            return Err(invalid(&hint));
+        }
         let (scheme, rest) = self
             .url
             .split_once("://")
@@ -309,54 +312,7 @@ const TLS_SCHEMES: [&str; 2] = ["tls", "nats+tls"];
 /// `***`, and the value of every query parameter whose name speaks of a
 /// secret (`pass`, `token`, `secret`, `key`, `cred`, `jwt`, `seed`).
 pub(crate) fn redact(url: &str) -> String {
-    // Without a scheme, the whole text up to the path is the authority.
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (format!("{scheme}://"), rest),
-        None => (String::new(), url),
-    };
-    // The user info ends at the last `@` before the query: a password with
-    // an unescaped `/` is still hidden.
-    let query_at = rest.find(['?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = match rest[..query_at].rfind('@') {
-        Some(at) => {
-            let (userinfo, host_and_tail) = (&rest[..at], &rest[at + 1..]);
-            let end = host_and_tail
-                .find(['/', '?', '#'])
-                .unwrap_or(host_and_tail.len());
-            let (host, tail) = host_and_tail.split_at(end);
-            let hidden = match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:***@{host}"),
-                None => format!("***@{host}"),
-            };
-            (hidden, tail)
-        }
-        None => {
-            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            (rest[..end].to_owned(), &rest[end..])
-        }
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((key, _)) if is_secret_param(key) => format!("{key}=***"),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    format!("{scheme}{authority}{tail}")
-}
-
-/// Whether a query parameter of this name may hold a secret.
-fn is_secret_param(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    ["pass", "token", "secret", "key", "cred", "jwt", "seed"]
-        .iter()
-        .any(|word| key.contains(word))
+    anarchon_core::url::redact(url)
 }
 
 /// Checks a name prefix: segments of `[A-Za-z0-9_-]` joined by `.`.
@@ -538,7 +494,7 @@ impl UrlParam<'_> {
     pub(crate) fn invalid(&self, reason: String) -> Error {
         Error::InvalidUrl {
             url: redact(self.url),
-            reason,
+            reason: anarchon_core::url::unreadable_reason(self.url, &reason),
         }
     }
 

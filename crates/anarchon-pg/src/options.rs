@@ -291,31 +291,7 @@ impl fmt::Debug for PgOptions {
 /// `url` with the password of its user part and any `password=` parameter
 /// replaced by `***`.
 pub(crate) fn redact_url(url: &str) -> String {
-    let mut out = match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            let (authority, tail) = rest.split_at(end);
-            match authority.rsplit_once('@') {
-                Some((userinfo, host)) => match userinfo.split_once(':') {
-                    Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-                    None => url.to_owned(),
-                },
-                None => url.to_owned(),
-            }
-        }
-        None => url.to_owned(),
-    };
-    // `password=` as a query parameter (or in a key=value string).
-    let mut from = 0;
-    while let Some(pos) = out[from..].to_ascii_lowercase().find("password=") {
-        let start = from + pos + "password=".len();
-        let end = out[start..]
-            .find(['&', ' ', '#'])
-            .map_or(out.len(), |e| start + e);
-        out.replace_range(start..end, "***");
-        from = start + 3;
-    }
-    out
+    anarchon_core::url::redact(url)
 }
 
 /// The secrets `url` carries, as written and percent-decoded, to scrub from

@@ -449,9 +449,18 @@ impl PgStore {
 
 /// The connect options of `options`, with the store's session settings.
 fn connect_options(options: &PgOptions, secrets: &[String]) -> Result<PgConnectOptions, PgError> {
+    if let Some(reason) = anarchon_core::url::ambiguous_user_info(&options.url) {
+        return Err(PgError::InvalidUrl {
+            url: redact_url(&options.url),
+            reason,
+        });
+    }
     let parsed = PgConnectOptions::from_str(&options.url).map_err(|e| PgError::InvalidUrl {
         url: redact_url(&options.url),
-        reason: scrub(&e.to_string(), secrets),
+        reason: anarchon_core::url::unreadable_reason(
+            &options.url,
+            &scrub(&e.to_string(), secrets),
+        ),
     })?;
     let mut connect = parsed.application_name(&options.application_name);
     if let Some(timeout) = options.statement_timeout {

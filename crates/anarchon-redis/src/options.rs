@@ -219,39 +219,7 @@ impl fmt::Debug for RedisOptions {
 
 /// `url` with the password (user-info, or a `password`/`pass` query value) replaced by `***`.
 pub fn redact(url: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(i) => (&url[..i + 3], &url[i + 3..]),
-        None => ("", url),
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            let host = &authority[at..];
-            match userinfo.find(':') {
-                Some(colon) => format!("{}:***{host}", &userinfo[..colon]),
-                // `redis://secret@host`: redis-rs reads a lone user-info as the password.
-                None => format!("***{host}"),
-            }
-        }
-        None => authority.to_owned(),
-    };
-    let tail = match tail.find('?') {
-        Some(q) => {
-            let (path, query) = tail.split_at(q + 1);
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((k, _)) if k.to_ascii_lowercase().contains("pass") => format!("{k}=***"),
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}{}", query.join("&"))
-        }
-        None => tail.to_owned(),
-    };
-    format!("{scheme}{authority}{tail}")
+    anarchon_core::url::redact(url)
 }
 
 #[cfg(test)]

@@ -25,6 +25,11 @@ const TLS_SCHEMES: [&str; 2] = ["rediss", "valkeys"];
 /// for TLS in a build without the `tls` feature; [`RedisStoreError::CaFile`]
 /// for a CA file that cannot be used.
 pub(crate) fn connection_info(opts: &RedisOptions) -> Result<ConnectionInfo, RedisStoreError> {
+    if let Some(reason) = anarchon_core::url::ambiguous_user_info(&opts.url) {
+        return Err(RedisStoreError::InvalidUrl {
+            reason: format!("{reason} (got {})", redact(&opts.url)),
+        });
+    }
     let scheme = opts
         .url
         .split_once("://")
@@ -80,6 +85,7 @@ fn invalid_url(opts: &RedisOptions, e: &RedisError) -> RedisStoreError {
     if secret_of(&opts.url).is_some_and(|s| reason.contains(s)) {
         reason = e.category().to_owned();
     }
+    let reason = anarchon_core::url::unreadable_reason(&opts.url, &reason);
     RedisStoreError::InvalidUrl {
         reason: format!(
             "{reason} (expected redis://[user:password@]host:port[/db], or rediss://… for TLS, got {})",
