@@ -27,7 +27,14 @@ pub(crate) fn build(
     store: Arc<dyn ClaimStore>,
     orphans: &Arc<Orphans>,
 ) -> Result<SchedulerBuilder<dyn ClaimStore>, Error> {
-    let mut builder = Scheduler::builder(store).options(&crontab.scheduler);
+    let mut options = crontab.scheduler.clone();
+    if store.clone().as_lease_store().is_some() {
+        // A command is stopped with SIGTERM, then SIGKILL after the kill
+        // grace: the runner gives a run up that long before its lease could
+        // end, so the command is dead before a backup may start the run.
+        options.stop_grace = Some(crontab.kill_grace);
+    }
+    let mut builder = Scheduler::builder(store).options(&options);
     if let Some(keep) = crontab.history_retention {
         builder = builder.history_retention(keep);
     }
@@ -105,6 +112,13 @@ pub(crate) fn check_scheduler_options(
     }
     if heartbeat >= lease {
         return Err(fail(ConfigError::HeartbeatNotShorterThanLease {
+            heartbeat,
+            lease,
+        }));
+    }
+    if is_lease && heartbeat + crontab.kill_grace >= lease {
+        return Err(fail(ConfigError::StopGraceTooLong {
+            stop_grace: crontab.kill_grace,
             heartbeat,
             lease,
         }));

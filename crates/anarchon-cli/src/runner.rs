@@ -29,6 +29,8 @@ const MAX_LINE: usize = 300;
 /// How long to wait for the rest of stderr after the child exited (a
 /// background process may hold the pipe open).
 const STDERR_DRAIN: Duration = Duration::from_millis(500);
+/// How often a stopping command's process group is looked at.
+const GROUP_POLL: Duration = Duration::from_millis(20);
 
 /// One job's command and how to run it.
 #[derive(Debug)]
@@ -52,18 +54,18 @@ pub(crate) struct Spec {
 /// a command it started still running.
 #[derive(Debug, Default)]
 pub(crate) struct Orphans {
-    children: Mutex<Vec<(String, Child)>>,
+    children: Mutex<Vec<(String, Child, Option<Pid>)>>,
     /// Commands whose handler is still alive (running, or aborted and not
     /// dropped yet).
     live: AtomicUsize,
 }
 
 impl Orphans {
-    fn adopt(&self, job: String, child: Child) {
+    fn adopt(&self, job: String, child: Child, group: Option<Pid>) {
         self.children
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((job, child));
+            .push((job, child, group));
     }
 
     /// Waits for aborted handlers to let go of their commands, then up to
@@ -75,15 +77,9 @@ impl Orphans {
         }
         let children =
             std::mem::take(&mut *self.children.lock().unwrap_or_else(|p| p.into_inner()));
-        for (job, mut child) in children {
-            if tokio::time::timeout_at(deadline, child.wait())
-                .await
-                .is_err()
-            {
-                tracing::warn!(%job, ?grace, "command still running after SIGTERM; sending SIGKILL");
-                signal_group(&child, Signal::SIGKILL);
-                let _ = child.wait().await;
-            }
+        for (job, mut child, group) in children {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let _ = stop_group(&mut child, group, left, &job).await;
         }
     }
 }
@@ -93,6 +89,7 @@ impl Orphans {
 struct Running {
     job: String,
     child: Option<Child>,
+    group: Option<Pid>,
     orphans: Arc<Orphans>,
 }
 
@@ -101,6 +98,7 @@ impl Running {
         orphans.live.fetch_add(1, Ordering::SeqCst);
         Self {
             job,
+            group: group_of(&child),
             child: Some(child),
             orphans,
         }
@@ -109,23 +107,70 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take()
-            && !matches!(child.try_wait(), Ok(Some(_)))
-        {
-            signal_group(&child, Signal::SIGTERM);
-            self.orphans.adopt(std::mem::take(&mut self.job), child);
+        if let Some(child) = self.child.take() {
+            // The leader may have exited and left the rest of its group.
+            signal_group(self.group, Signal::SIGTERM);
+            self.orphans
+                .adopt(std::mem::take(&mut self.job), child, self.group);
         }
         self.orphans.live.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// Sends `signal` to the child's process group (its id, since it leads one).
-fn signal_group(child: &Child, signal: Signal) {
-    let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) else {
+/// The child's process group: its own id, since it leads one. Kept from
+/// the start, because the id is gone from the `Child` once it is reaped,
+/// while the group lives on as long as any process in it does.
+fn group_of(child: &Child) -> Option<Pid> {
+    child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw)
+}
+
+/// Sends `signal` to the process group `group`.
+fn signal_group(group: Option<Pid>, signal: Signal) {
+    let Some(group) = group else {
         return;
     };
-    if let Err(e) = killpg(Pid::from_raw(pid), signal) {
-        tracing::debug!(pid, ?signal, error = %e, "could not signal the command's process group");
+    if let Err(e) = killpg(group, signal) {
+        tracing::debug!(pid = group.as_raw(), ?signal, error = %e, "could not signal the command's process group");
+    }
+}
+
+/// Whether any process of `group` is still alive. (While one is, the
+/// system does not hand the group's id to another process.)
+fn group_alive(group: Option<Pid>) -> bool {
+    group.is_some_and(|g| !matches!(killpg(g, None), Err(nix::errno::Errno::ESRCH)))
+}
+
+/// After SIGTERM went to the group: waits until the leader exited and the
+/// whole group is gone, for at most `grace`; then SIGKILLs what is left of
+/// the group, whether or not the leader exited. Returns the leader's exit.
+async fn stop_group(
+    child: &mut Child,
+    group: Option<Pid>,
+    grace: Duration,
+    job: &str,
+) -> std::io::Result<ExitStatus> {
+    let deadline = tokio::time::Instant::now() + grace;
+    let mut status = None;
+    loop {
+        if status.is_none() {
+            status = child.try_wait()?;
+        }
+        if status.is_some() && !group_alive(group) {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(%job, ?grace, "the command (or a process it started) ignored SIGTERM: SIGKILL to its process group");
+            signal_group(group, Signal::SIGKILL);
+            break;
+        }
+        tokio::time::sleep(GROUP_POLL).await;
+    }
+    match status {
+        Some(status) => Ok(status),
+        None => child.wait().await,
     }
 }
 
@@ -166,6 +211,7 @@ pub(crate) async fn run(
         .spawn()
         .map_err(|e| format!("could not start {program:?}: {e}"))?;
     let mut running = Running::new(ctx.job().to_string(), child, orphans);
+    let group = running.group;
     let Some(child) = running.child.as_mut() else {
         return Err("the command vanished".into());
     };
@@ -180,15 +226,8 @@ pub(crate) async fn run(
         () = ctx.cancelled() => {
             let reason = ctx.cancel_reason().map(|r| r.to_string()).unwrap_or_default();
             tracing::warn!(job = %ctx.job(), slot = %ctx.slot(), %reason, "stopping the command: SIGTERM");
-            signal_group(child, Signal::SIGTERM);
-            match tokio::time::timeout(spec.kill_grace, child.wait()).await {
-                Ok(status) => status,
-                Err(_) => {
-                    tracing::warn!(job = %ctx.job(), grace = ?spec.kill_grace, "the command ignored SIGTERM: SIGKILL");
-                    signal_group(child, Signal::SIGKILL);
-                    child.wait().await
-                }
-            }
+            signal_group(group, Signal::SIGTERM);
+            stop_group(child, group, spec.kill_grace, ctx.job().as_str()).await
         }
     };
     // Reaped: nothing left for the drop guard to do.

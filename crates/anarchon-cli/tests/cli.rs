@@ -79,6 +79,13 @@ name = "stubborn"
 every = "2s"
 timeout = "300ms"
 command = "trap '' TERM; echo $$ >> {dir}/stubborn.pids; sleep 30 & wait"
+
+# The leader dies of SIGTERM; the process it started ignores it.
+[[job]]
+name = "tree"
+every = "2s"
+timeout = "300ms"
+command = "sh -c 'trap \"\" TERM; echo $$ >> {dir}/tree.pids; sleep 30' & wait"
 "#,
             db = db.display(),
             dir = d.display()
@@ -95,7 +102,8 @@ command = "trap '' TERM; echo $$ >> {dir}/stubborn.pids; sleep 30 & wait"
             let runs = env.lines().count();
             let failed = history(&db, "missing").matches("failed").count();
             let stubborn = history(&db, "stubborn").matches("failed").count();
-            (runs >= 3 && failed >= 3 && stubborn >= 1).then_some(env)
+            let tree = history(&db, "tree").matches("failed").count();
+            (runs >= 3 && failed >= 3 && stubborn >= 1 && tree >= 1).then_some(env)
         },
         || fleet.logs(),
     );
@@ -143,7 +151,9 @@ command = "trap '' TERM; echo $$ >> {dir}/stubborn.pids; sleep 30 & wait"
         "the scheduler keeps going after a missing program: {missing}"
     );
 
-    for job in ["slow", "stubborn"] {
+    // Every process of a stopped command is gone, including one that
+    // outlived its leader.
+    for job in ["slow", "stubborn", "tree"] {
         let runs = history(&db, job);
         assert!(runs.contains("timed out after 300ms"), "{job}: {runs}");
         let pids = std::fs::read_to_string(d.join(format!("{job}.pids"))).unwrap();
@@ -164,7 +174,8 @@ command = "trap '' TERM; echo $$ >> {dir}/stubborn.pids; sleep 30 & wait"
     }
     let log = std::fs::read_to_string(&fleet.daemons[0].stderr).unwrap();
     assert!(
-        log.contains("the command ignored SIGTERM: SIGKILL") && log.contains("job=stubborn"),
+        log.contains("ignored SIGTERM: SIGKILL to its process group")
+            && log.contains("job=stubborn"),
         "a command that ignores SIGTERM is killed after the grace:\n{log}"
     );
 }
@@ -410,7 +421,7 @@ command = "trap '' TERM; echo \"$ANARCHON_SLOT $ANARCHON_ATTEMPT $PPID $$\" >> {
     );
     assert!(runner_log.contains("handed_over=1"), "{runner_log}");
     assert!(
-        runner_log.contains("command still running after SIGTERM; sending SIGKILL"),
+        runner_log.contains("ignored SIGTERM: SIGKILL to its process group"),
         "a command that ignores SIGTERM is killed before the daemon exits: {runner_log}"
     );
     let group: i32 = first[3].parse().unwrap();

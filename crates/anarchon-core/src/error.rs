@@ -79,6 +79,19 @@ pub enum ConfigError {
         lease: Duration,
     },
 
+    /// The heartbeat and the stop grace leave no lease to renew in.
+    #[error(
+        "heartbeat ({heartbeat:?}) plus stop_grace ({stop_grace:?}) must be shorter than lease ({lease:?}): a runner gives its run up stop_grace before the lease could end, and must have a heartbeat to renew before that; lengthen the lease or shorten the other two"
+    )]
+    StopGraceTooLong {
+        /// How long a cancelled handler may take to stop.
+        stop_grace: Duration,
+        /// The heartbeat interval.
+        heartbeat: Duration,
+        /// The lease.
+        lease: Duration,
+    },
+
     /// `max_attempts` is zero.
     #[error("max_attempts must be at least 1 (1 means no takeover)")]
     ZeroMaxAttempts,

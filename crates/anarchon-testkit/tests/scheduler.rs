@@ -1715,3 +1715,77 @@ async fn a_run_handed_over_before_its_handler_started_keeps_its_attempt() {
         "{record:?}"
     );
 }
+
+/// A runner that cannot renew gives its run up `stop_grace` before the
+/// lease could end, so a handler that takes that long to stop (a command
+/// between SIGTERM and SIGKILL) has stopped before the backup starts the
+/// run: the two never run at once.
+#[tokio::test(start_paused = true)]
+async fn a_handler_given_a_stop_grace_has_stopped_before_the_backup_starts() {
+    let (clock, store) = setup();
+    let faulty = Faulty::new(store.clone());
+    type Span = (String, tokio::time::Instant, Option<tokio::time::Instant>);
+    let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
+    let stop_takes = Duration::from_millis(900);
+    let start =
+        |name: &'static str, handle: Arc<dyn LeaseStore>, instance_clock: Arc<dyn Clock>| {
+            let mut b = Scheduler::builder(handle)
+                .clock(instance_clock)
+                .instance_id(id(name))
+                .lease(Duration::from_secs(3))
+                .heartbeat(Duration::from_millis(500))
+                .stop_grace(Duration::from_secs(1));
+            let spans = spans.clone();
+            b.job("slow-to-stop", every(3600))
+                .unwrap()
+                .run(move |ctx| {
+                    let spans = spans.clone();
+                    async move {
+                        let i = {
+                            let mut spans = spans.lock().unwrap();
+                            spans.push((
+                                ctx.instance().to_string(),
+                                tokio::time::Instant::now(),
+                                None,
+                            ));
+                            spans.len() - 1
+                        };
+                        tokio::select! {
+                            () = ctx.cancelled() => tokio::time::sleep(stop_takes).await,
+                            () = tokio::time::sleep(Duration::from_secs(60)) => {}
+                        }
+                        spans.lock().unwrap()[i].2 = Some(tokio::time::Instant::now());
+                        Err::<(), _>("stopped".to_owned())
+                    }
+                })
+                .unwrap();
+            b.start().unwrap()
+        };
+    faulty.set_heartbeats_down(true);
+    let runner = start("runner", faulty.clone(), clock.clone());
+    // A second behind: the runner claims first, and this one backs it up.
+    let backup = start(
+        "backup",
+        store.clone(),
+        SkewedClock::new(clock.clone(), false, Duration::from_secs(1)),
+    );
+    sleep(1800.0 + 30.0).await;
+    runner.shutdown().await;
+    backup.shutdown().await;
+    let spans = spans.lock().unwrap().clone();
+    let ran = |who: &str| {
+        spans
+            .iter()
+            .find(|s| s.0 == who)
+            .cloned()
+            .unwrap_or_else(|| panic!("{who} never ran: {spans:?}"))
+    };
+    let (_, _, runner_end) = ran("runner");
+    let (_, backup_start, _) = ran("backup");
+    let runner_end = runner_end.expect("the runner's handler stopped");
+    assert!(
+        runner_end <= backup_start,
+        "the runner's handler stopped {:?} after the backup's started",
+        runner_end - backup_start
+    );
+}

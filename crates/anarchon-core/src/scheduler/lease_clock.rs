@@ -18,6 +18,9 @@ use tokio::time::Instant;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LeaseClock {
     lease: Duration,
+    /// How long before the lease could end the runner gives the run up, so
+    /// a cancelled handler has that long to stop.
+    stop_grace: Duration,
     every: Duration,
     /// When the last successful renewal (or the claim) was first sent.
     last_sent: Instant,
@@ -28,9 +31,22 @@ pub(crate) struct LeaseClock {
 impl LeaseClock {
     /// A lease of `lease` won by a claim first sent at `claim_sent`, renewed
     /// every `every`.
+    #[cfg(test)]
     pub(crate) fn new(claim_sent: Instant, lease: Duration, every: Duration) -> Self {
+        Self::with_stop_grace(claim_sent, lease, every, Duration::ZERO)
+    }
+
+    /// [`Self::new`], giving the run up `stop_grace` before the lease could
+    /// end on the store.
+    pub(crate) fn with_stop_grace(
+        claim_sent: Instant,
+        lease: Duration,
+        every: Duration,
+        stop_grace: Duration,
+    ) -> Self {
         Self {
             lease,
+            stop_grace,
             every,
             last_sent: claim_sent,
             next_try: claim_sent + every,
@@ -42,10 +58,11 @@ impl LeaseClock {
         self.lease
     }
 
-    /// The latest instant the lease can end on the store: the runner stops
+    /// When the runner gives the run up: `stop_grace` before the latest
+    /// instant the lease can end on the store, so its handler has stopped
     /// by then.
     pub(crate) fn deadline(&self) -> Instant {
-        self.last_sent + self.lease
+        self.last_sent + self.lease.saturating_sub(self.stop_grace)
     }
 
     /// Whether the lease may have run out on the store by `now`.
@@ -124,5 +141,15 @@ mod tests {
             "never after the deadline"
         );
         assert_eq!(clock.deadline(), start + LEASE, "a failure extends nothing");
+    }
+
+    #[test]
+    fn a_stop_grace_gives_the_run_up_that_much_earlier() {
+        let start = Instant::now();
+        let grace = Duration::from_millis(300);
+        let clock = LeaseClock::with_stop_grace(start, LEASE, EVERY, grace);
+        assert_eq!(clock.deadline(), start + LEASE - grace);
+        assert!(clock.expired(start + LEASE - grace));
+        assert!(!clock.expired(start + LEASE - grace - Duration::from_millis(1)));
     }
 }

@@ -117,6 +117,9 @@ pub struct SchedulerOptions {
     pub heartbeat: Option<Duration>,
     /// How long shutdown waits for handlers.
     pub shutdown_grace: Option<Duration>,
+    /// How long a handler cancelled for lost contact may take to stop
+    /// (lease stores only).
+    pub stop_grace: Option<Duration>,
     /// This instance's id.
     pub instance_id: Option<String>,
 }
@@ -174,6 +177,7 @@ pub struct SchedulerBuilder<S: ClaimStore + ?Sized> {
     instance_error: Option<ConfigError>,
     lease: Option<Duration>,
     heartbeat: Option<Duration>,
+    stop_grace: Option<Duration>,
     shutdown_grace: Duration,
     history_retention: Duration,
     jobs: Vec<Arc<JobSpec>>,
@@ -200,6 +204,7 @@ where
             instance_error: None,
             lease: None,
             heartbeat: None,
+            stop_grace: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             history_retention: DEFAULT_HISTORY_RETENTION,
             jobs: Vec::new(),
@@ -246,6 +251,9 @@ where
         }
         if let Some(grace) = options.shutdown_grace {
             self.shutdown_grace = grace;
+        }
+        if let Some(grace) = options.stop_grace {
+            self.stop_grace = Some(grace);
         }
         if let Some(id) = &options.instance_id {
             match InstanceId::new(id) {
@@ -311,6 +319,9 @@ where
             if self.heartbeat.is_some() {
                 return Err(unsupported("heartbeat", info));
             }
+            if self.stop_grace.is_some() {
+                return Err(unsupported("stop_grace", info));
+            }
         }
         let lease = self.lease.unwrap_or(DEFAULT_LEASE);
         let heartbeat = self
@@ -320,6 +331,14 @@ where
         positive("heartbeat", heartbeat)?;
         if heartbeat >= lease {
             return Err(ConfigError::HeartbeatNotShorterThanLease { heartbeat, lease });
+        }
+        let stop_grace = self.stop_grace.unwrap_or_default();
+        if heartbeat + stop_grace >= lease {
+            return Err(ConfigError::StopGraceTooLong {
+                stop_grace,
+                heartbeat,
+                lease,
+            });
         }
         let instance = self.instance.unwrap_or_else(InstanceId::generate);
         let longest_window = self
@@ -335,6 +354,7 @@ where
             instance,
             lease,
             heartbeat,
+            stop_grace,
             keep: self
                 .history_retention
                 .max(longest_window + Duration::from_secs(3600)),
@@ -371,6 +391,18 @@ where
     /// at most 10 s). Must be shorter than the lease.
     pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
         self.heartbeat = Some(heartbeat);
+        self
+    }
+
+    /// How long a handler may take to stop once it is cancelled because
+    /// its runner could not renew the lease (default 0: a handler that
+    /// stops at once). The runner gives the run up this long before its
+    /// lease could end on the store, so the handler has stopped before any
+    /// backup may start the run. `heartbeat + stop_grace` must be shorter
+    /// than the lease. A daemon that stops commands with SIGTERM and then
+    /// SIGKILL sets it to its kill grace.
+    pub fn stop_grace(mut self, grace: Duration) -> Self {
+        self.stop_grace = Some(grace);
         self
     }
 }
@@ -588,6 +620,8 @@ pub(crate) struct Inner {
     pub(crate) instance: InstanceId,
     pub(crate) lease: Duration,
     pub(crate) heartbeat: Duration,
+    /// How long before its lease could end a runner gives a run up.
+    pub(crate) stop_grace: Duration,
     pub(crate) keep: Duration,
     pub(crate) jobs: Vec<Arc<JobSpec>>,
     pub(crate) metrics: Metrics,

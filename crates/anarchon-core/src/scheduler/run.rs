@@ -117,7 +117,8 @@ pub(crate) async fn run_won(
     }
     let span = tracing::info_span!("run", job = %run.job, slot = %run.slot, attempt = win.attempt.get(), instance = %inner.instance);
     let lease = inner.lease;
-    let mut lease_clock = LeaseClock::new(claim_sent_at, lease, inner.heartbeat);
+    let mut lease_clock =
+        LeaseClock::with_stop_grace(claim_sent_at, lease, inner.heartbeat, inner.stop_grace);
     // Claimed ahead of time: wait for the fire time (never longer than the
     // head start, whatever the wall clock did meanwhile), renewing the
     // lease on schedule meanwhile.
