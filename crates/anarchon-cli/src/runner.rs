@@ -16,7 +16,7 @@ use std::time::Duration;
 use anarchon::RunContext;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::io::AsyncRead;
 use tokio::process::{Child, Command as Process};
 
 use crate::config::Command;
@@ -310,27 +310,193 @@ impl Tail {
     }
 }
 
-/// Copies the child's stderr to ours, prefixed with the job, keeping a tail.
-async fn pass_through(stderr: impl AsyncRead + Unpin, job: String, tail: Arc<Mutex<Tail>>) {
-    let mut reader = BufReader::new(stderr);
-    let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {
-                let line = String::from_utf8_lossy(&buf);
-                // The daemon's stderr may be gone; the tail is kept anyway.
-                let _ = writeln!(std::io::stderr().lock(), "[{job}] {}", line.trim_end());
-                tail.lock().unwrap_or_else(|p| p.into_inner()).push(&line);
+/// The longest stderr line passed through, in bytes; the rest of a longer
+/// line is dropped (and the line marked `…`), so a command that writes
+/// without newlines cannot grow the daemon's memory.
+const MAX_FORWARDED_LINE: usize = 16 * 1024;
+/// How many stderr lines may wait for the daemon's stderr; beyond that,
+/// lines are dropped and counted rather than let a slow reader of the
+/// daemon's stderr hold up the commands (or the daemon's own work).
+const FORWARD_BACKLOG: usize = 4096;
+
+/// Writes commands' stderr lines to the daemon's stderr on a thread of its
+/// own, so a slow or blocked reader never blocks the runtime's workers.
+struct Forwarder {
+    lines: std::sync::mpsc::SyncSender<String>,
+    dropped: std::sync::atomic::AtomicU64,
+}
+
+impl Forwarder {
+    fn get() -> &'static Forwarder {
+        static FORWARDER: std::sync::OnceLock<Forwarder> = std::sync::OnceLock::new();
+        FORWARDER.get_or_init(|| {
+            let (forwarder, incoming) = Forwarder::with_backlog(FORWARD_BACKLOG);
+            let _ = std::thread::Builder::new()
+                .name("anarchon-stderr".into())
+                .spawn(move || {
+                    for line in incoming {
+                        // The daemon's stderr may be gone: nothing to do.
+                        let _ = writeln!(std::io::stderr().lock(), "{line}");
+                    }
+                });
+            forwarder
+        })
+    }
+
+    /// A forwarder holding at most `backlog` lines, and the end its writer
+    /// reads from.
+    fn with_backlog(backlog: usize) -> (Forwarder, std::sync::mpsc::Receiver<String>) {
+        let (lines, incoming) = std::sync::mpsc::sync_channel::<String>(backlog);
+        let forwarder = Forwarder {
+            lines,
+            dropped: std::sync::atomic::AtomicU64::new(0),
+        };
+        (forwarder, incoming)
+    }
+
+    /// Queues `line`, or drops and counts it when the backlog is full.
+    fn send(&self, line: String) {
+        if self.lines.try_send(line).is_err() {
+            let before = self.dropped.fetch_add(1, Ordering::Relaxed);
+            if before.is_power_of_two() || before == 0 {
+                tracing::warn!(
+                    dropped = before + 1,
+                    "the daemon's stderr is not read fast enough: commands' stderr lines are dropped (their tails are still kept)"
+                );
             }
         }
+    }
+}
+
+/// Splits a byte stream into lines of at most `max` bytes, reading in
+/// bounded chunks: a line longer than `max` keeps its first `max` bytes and
+/// is marked cut; the rest of it is skipped up to its newline.
+struct Lines<R> {
+    reader: R,
+    pending: Vec<u8>,
+    chunk: Box<[u8]>,
+    skipping: bool,
+    done: bool,
+    max: usize,
+}
+
+impl<R: AsyncRead + Unpin> Lines<R> {
+    fn new(reader: R, max: usize) -> Self {
+        Self {
+            reader,
+            pending: Vec::new(),
+            chunk: vec![0; 8192].into_boxed_slice(),
+            skipping: false,
+            done: false,
+            max,
+        }
+    }
+
+    /// The next line (without its newline) and whether it was cut; `None`
+    /// at the end of the stream.
+    async fn next(&mut self) -> Option<(String, bool)> {
+        use tokio::io::AsyncReadExt as _;
+        loop {
+            if let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=end).collect();
+                if std::mem::take(&mut self.skipping) {
+                    continue;
+                }
+                let text = String::from_utf8_lossy(&line[..line.len() - 1]).into_owned();
+                return Some((text, false));
+            }
+            if self.pending.len() >= self.max && !self.skipping {
+                let line: Vec<u8> = self.pending.drain(..self.max).collect();
+                self.pending.clear();
+                self.skipping = true;
+                return Some((String::from_utf8_lossy(&line).into_owned(), true));
+            }
+            if self.skipping {
+                self.pending.clear();
+            }
+            if self.done {
+                if self.pending.is_empty() || self.skipping {
+                    return None;
+                }
+                let rest = std::mem::take(&mut self.pending);
+                return Some((String::from_utf8_lossy(&rest).into_owned(), false));
+            }
+            match self.reader.read(&mut self.chunk).await {
+                Ok(0) | Err(_) => self.done = true,
+                Ok(n) => self.pending.extend_from_slice(&self.chunk[..n]),
+            }
+        }
+    }
+}
+
+/// Copies the child's stderr to ours, prefixed with the job, keeping a tail.
+async fn pass_through(stderr: impl AsyncRead + Unpin, job: String, tail: Arc<Mutex<Tail>>) {
+    pass_lines(stderr, &job, &tail, |line| Forwarder::get().send(line)).await;
+}
+
+/// [`pass_through`] with the forwarding given: each line (cut lines marked
+/// `…`) goes to `forward` and to the tail.
+async fn pass_lines(
+    stderr: impl AsyncRead + Unpin,
+    job: &str,
+    tail: &Mutex<Tail>,
+    forward: impl Fn(String),
+) {
+    let mut lines = Lines::new(stderr, MAX_FORWARDED_LINE);
+    while let Some((line, cut)) = lines.next().await {
+        let line = if cut { format!("{line}…") } else { line };
+        tail.lock().unwrap_or_else(|p| p.into_inner()).push(&line);
+        forward(format!("[{job}] {}", line.trim_end()));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A command that writes megabytes without a newline: the line is cut
+    /// at the limit, the rest skipped up to its newline, and the next line
+    /// comes through whole; nothing holds more than a line and a chunk.
+    #[tokio::test]
+    async fn a_line_without_end_is_cut_and_the_next_one_kept() {
+        use tokio::io::AsyncReadExt as _;
+        let endless = tokio::io::repeat(b'x').take(20 * 1024 * 1024);
+        let stream = endless.chain(&b"\nsecond line\nno newline at the end"[..]);
+        let mut lines = Lines::new(stream, 1024);
+        let (first, cut) = lines.next().await.expect("a first line");
+        assert!(cut);
+        assert_eq!(first.len(), 1024);
+        assert!(
+            lines.pending.capacity() <= 1024 + 8192 * 2,
+            "bounded buffer"
+        );
+        assert_eq!(lines.next().await, Some(("second line".to_owned(), false)));
+        assert_eq!(
+            lines.next().await,
+            Some(("no newline at the end".to_owned(), false))
+        );
+        assert_eq!(lines.next().await, None);
+    }
+
+    /// Nobody reads the daemon's stderr: lines beyond the backlog are
+    /// dropped and counted, and passing a command's stderr never waits for
+    /// that reader; the tail keeps the last lines.
+    #[tokio::test]
+    async fn a_stalled_daemon_stderr_drops_lines_and_never_blocks() {
+        let (forwarder, _unread) = Forwarder::with_backlog(4);
+        let output: Vec<u8> = (0..1000)
+            .flat_map(|i| format!("line {i}\n").into_bytes())
+            .collect();
+        let tail = Mutex::new(Tail::default());
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            pass_lines(&output[..], "job", &tail, |line| forwarder.send(line)),
+        )
+        .await
+        .expect("passing stderr does not wait for a reader");
+        assert_eq!(forwarder.dropped.load(Ordering::Relaxed), 996);
+        assert!(tail.lock().unwrap().joined().ends_with("line 999"));
+    }
 
     #[test]
     fn the_tail_is_stored_without_control_characters() {
