@@ -201,6 +201,7 @@ impl Crontab {
             path: path.to_path_buf(),
             source,
         })?;
+        refuse_writable_by_others(path)?;
         Self::parse(path, &text)
     }
 
@@ -308,6 +309,30 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
     let column = before.get(line_start..).map_or(0, |s| s.chars().count()) + 1;
     (line, column)
+}
+
+/// Refuses a crontab (after following symbolic links) that users other
+/// than its owner may write: they would decide what the daemon runs.
+fn refuse_writable_by_others(path: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(path)
+        .map_err(|source| Error::Read {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .permissions()
+        .mode();
+    let who = match (mode & 0o020 != 0, mode & 0o002 != 0) {
+        (false, false) => return Ok(()),
+        (true, false) => "group",
+        (false, true) => "others",
+        (true, true) => "group and others",
+    };
+    Err(Error::WritableByOthers {
+        path: path.to_path_buf(),
+        who,
+        mode: mode & 0o7777,
+    })
 }
 
 #[cfg(test)]

@@ -17,6 +17,17 @@ pub(crate) enum Error {
         source: std::io::Error,
     },
 
+    /// The crontab may be changed by users other than its owner.
+    #[error(
+        "{path:?} is writable by {who} (mode {mode:o}): anyone who can change it decides what this daemon runs; `chmod go-w` it, as cron requires of its crontabs"
+    )]
+    WritableByOthers {
+        path: PathBuf,
+        /// "group", "others" or "group and others".
+        who: &'static str,
+        mode: u32,
+    },
+
     /// The TOML is malformed, a key is unknown or a value has the wrong type.
     #[error("{path}:{line}:{column}: {message}", path = path.display())]
     Parse {
@@ -144,6 +155,7 @@ impl Error {
     pub(crate) fn is_configuration(&self) -> bool {
         match self {
             Error::Read { .. }
+            | Error::WritableByOthers { .. }
             | Error::Parse { .. }
             | Error::Job { .. }
             | Error::Config { .. }

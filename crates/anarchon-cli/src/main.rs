@@ -162,8 +162,14 @@ fn now() -> Timestamp {
 }
 
 /// The store URL: `--store`, else the crontab's, else the default.
+/// The environment variable that may hold the store URL, so that a URL
+/// with a password need not be on the command line (where `ps` shows it)
+/// nor in the crontab.
+const STORE_ENV: &str = "ANARCHON_STORE";
+
 fn store_url(flag: Option<String>, crontab: Option<&Crontab>) -> String {
-    flag.or_else(|| crontab.and_then(|c| c.store.clone()))
+    flag.or_else(|| std::env::var(STORE_ENV).ok().filter(|v| !v.is_empty()))
+        .or_else(|| crontab.and_then(|c| c.store.clone()))
         .unwrap_or_else(|| DEFAULT_STORE.to_owned())
 }
 

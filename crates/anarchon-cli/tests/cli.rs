@@ -460,3 +460,74 @@ fn a_closed_stdout_is_not_a_panic() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
 }
+
+/// A crontab others may write is refused, as cron refuses one: whoever can
+/// change it decides what the daemon runs. The owner's own file is fine.
+#[test]
+fn a_crontab_writable_by_others_is_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("anarchon.toml");
+    write(
+        &config,
+        "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"true\"\n",
+    );
+    for (mode, who) in [
+        (0o664, "group"),
+        (0o646, "others"),
+        (0o666, "group and others"),
+    ] {
+        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(mode)).unwrap();
+        let (code, _, stderr) = run_in(dir.path(), &["check", "--config", "anarchon.toml"]);
+        assert_eq!(code, 2, "mode {mode:o}: {stderr}");
+        assert!(
+            stderr.contains(&format!("writable by {who}")) && stderr.contains("chmod go-w"),
+            "mode {mode:o}: {stderr}"
+        );
+    }
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, stdout, stderr) = run_in(dir.path(), &["check", "--config", "anarchon.toml"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+}
+
+/// The store URL may come from `ANARCHON_STORE`, so a password need not be
+/// on the command line (where `ps` shows it); `--store` still wins.
+#[test]
+fn the_store_url_can_come_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("anarchon.toml"),
+        "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"true\"\n",
+    );
+    let check = |env: Option<&str>, flag: Option<&str>| {
+        let mut cmd = anarchon();
+        cmd.current_dir(dir.path())
+            .args(["check", "--config", "anarchon.toml"]);
+        if let Some(flag) = flag {
+            cmd.args(["--store", flag]);
+        }
+        match env {
+            Some(url) => cmd.env("ANARCHON_STORE", url),
+            None => cmd.env_remove("ANARCHON_STORE"),
+        };
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (code, said) = check(Some("redis://app:s3cret-from-env@127.0.0.1:6379"), None);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains("redis"),
+        "the environment's store is checked: {said}"
+    );
+    assert!(!said.contains("s3cret-from-env"), "{said}");
+    let (code, said) = check(
+        Some("redis://127.0.0.1:6379"),
+        Some("sqlite://from-flag.db"),
+    );
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("sqlite"), "--store wins: {said}");
+}
