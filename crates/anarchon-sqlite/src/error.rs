@@ -109,6 +109,16 @@ pub enum Error {
         supported: i64,
     },
 
+    /// The database file could not be created.
+    #[error("cannot create the database file {path:?}: {source}")]
+    CreateFile {
+        /// The database file.
+        path: PathBuf,
+        /// What the system said.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// Any other failure from SQLite or the connection pool.
     #[error("SQLite database {path:?}: {doing} failed: {source}")]
     Sqlite {

@@ -134,6 +134,7 @@ impl SqliteStore {
                 path,
             });
         }
+        create_private(&path)?;
         let connect = SqliteConnectOptions::new()
             .filename(&path)
             .create_if_missing(true)
@@ -658,6 +659,53 @@ fn is_busy(e: &sqlx::Error) -> bool {
 }
 
 /// An error while opening, with the file's name and the cases a user can fix.
+/// Creates the database file, readable and writable by its owner only
+/// (its records hold commands' stderr tails); SQLite gives its `-wal` and
+/// `-shm` files the same mode. An existing file is kept as it is, with a
+/// warning when others may write it; a symbolic link in the file's place
+/// is never created through.
+fn create_private(path: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let created = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path);
+    match created {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+                if std::fs::metadata(path).is_err() {
+                    return Err(Error::CreateFile {
+                        path: path.to_path_buf(),
+                        source: std::io::Error::other(
+                            "it is a symbolic link to nothing; the store does not create files through links",
+                        ),
+                    });
+                }
+                tracing::warn!(
+                    ?path,
+                    "the database path is a symbolic link: its target is used"
+                );
+            }
+            if let Ok(meta) = std::fs::metadata(path)
+                && meta.permissions().mode() & 0o022 != 0
+            {
+                tracing::warn!(
+                    ?path,
+                    mode = format!("{:o}", meta.permissions().mode() & 0o7777),
+                    "others may write the database file, and so decide which runs happen: chmod go-w it"
+                );
+            }
+            Ok(())
+        }
+        Err(source) => Err(Error::CreateFile {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
 fn open_error(options: &SqliteOptions, doing: &'static str, e: sqlx::Error) -> Error {
     let path = options.get_path().to_path_buf();
     match primary_code(&e) {

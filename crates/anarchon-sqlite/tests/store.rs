@@ -411,3 +411,40 @@ async fn one_jobs_unreadable_record_costs_its_batch_nothing() {
         );
     }
 }
+
+/// A new database file, and the `-wal` and `-shm` files SQLite makes beside
+/// it, are readable and writable by their owner only; a symbolic link to
+/// nothing is not created through.
+#[tokio::test]
+async fn a_new_database_is_private_to_its_owner() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let factory = SqliteFactory::new();
+    let store = SqliteStore::open(factory.options()).await.unwrap();
+    assert!(matches!(
+        store
+            .claim_lease(&claim("private", next_minute(), Token::generate()))
+            .await
+            .unwrap(),
+        ClaimOutcome::Won(_)
+    ));
+    let path = factory.path();
+    for suffix in ["", "-wal", "-shm"] {
+        let file = std::path::PathBuf::from(format!("{}{suffix}", path.display()));
+        let mode = std::fs::metadata(&file)
+            .unwrap_or_else(|e| panic!("{file:?}: {e}"))
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{file:?} has mode {:o}", mode & 0o777);
+    }
+    let dir = path.parent().unwrap();
+    let link = dir.join("link.db");
+    std::os::unix::fs::symlink(dir.join("nowhere.db"), &link).unwrap();
+    let err = SqliteStore::open(anarchon_sqlite::SqliteOptions::new(&link))
+        .await
+        .expect_err("a dangling link");
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert!(
+        !dir.join("nowhere.db").exists(),
+        "nothing was created through the link"
+    );
+}
