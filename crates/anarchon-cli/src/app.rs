@@ -49,6 +49,7 @@ pub(crate) fn build(
         let spec = Arc::new(Spec {
             command: job.command.clone(),
             env: job.env.clone(),
+            clean_env: job.clean_env,
             working_dir: job.working_dir.clone(),
             kill_grace: crontab.kill_grace,
         });

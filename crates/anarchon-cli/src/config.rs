@@ -55,6 +55,8 @@ struct JobSection {
     command: Command,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    #[serde(default)]
+    clean_env: bool,
     working_dir: Option<PathBuf>,
     overlap: Option<OverlapSetting>,
     max_attempts: Option<u32>,
@@ -188,6 +190,9 @@ pub(crate) struct Job {
     pub(crate) command: Command,
     /// Extra environment for the command.
     pub(crate) env: BTreeMap<String, String>,
+    /// Whether the command gets only `env` and the `ANARCHON_*` variables,
+    /// none of the daemon's own.
+    pub(crate) clean_env: bool,
     /// The command's working directory.
     pub(crate) working_dir: Option<PathBuf>,
     /// Job options (the run-time path of the core).
@@ -296,6 +301,7 @@ fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {
         schedule,
         command: s.command,
         env: s.env,
+        clean_env: s.clean_env,
         working_dir: s.working_dir,
         options,
     })

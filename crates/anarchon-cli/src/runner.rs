@@ -39,6 +39,8 @@ pub(crate) struct Spec {
     pub(crate) command: Command,
     /// Extra environment.
     pub(crate) env: BTreeMap<String, String>,
+    /// Start from an empty environment rather than the daemon's.
+    pub(crate) clean_env: bool,
     /// Working directory.
     pub(crate) working_dir: Option<PathBuf>,
     /// Between SIGTERM and SIGKILL.
@@ -188,6 +190,11 @@ pub(crate) async fn run(
         return Err("the command is empty".into());
     };
     let mut process = Process::new(program);
+    if spec.clean_env {
+        // Only what the crontab gives and the run's own variables: none of
+        // the daemon's (its store URL, credentials, tokens).
+        process.env_clear();
+    }
     process
         .args(args)
         .envs(&spec.env)

@@ -531,3 +531,68 @@ fn the_store_url_can_come_from_the_environment() {
     assert_eq!(code, Some(0), "{said}");
     assert!(said.contains("sqlite"), "--store wins: {said}");
 }
+
+/// `clean_env = true`: the command sees only the crontab's `env` and the
+/// run's `ANARCHON_*` variables, none of the daemon's own (where store
+/// credentials and tokens live); without it, the daemon's environment is
+/// inherited as before.
+#[test]
+fn a_clean_environment_holds_only_env_and_the_runs_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let config = d.join("anarchon.toml");
+    write(
+        &config,
+        &format!(
+            r#"
+store = "sqlite://{db}"
+
+[[job]]
+name = "clean"
+every = "1s"
+clean_env = true
+env = {{ EXTRA = "from-toml" }}
+command = ["/usr/bin/env"]
+
+[[job]]
+name = "inherited"
+every = "1s"
+command = "env > {dir}/inherited.env"
+"#,
+            db = d.join("cron.db").display(),
+            dir = d.display()
+        ),
+    );
+    let mut fleet = Fleet::default();
+    fleet.start_with_env(&config, d, &[("DAEMON_ONLY_SECRET", "do-not-pass")]);
+    let clean = wait_for(
+        Duration::from_secs(15),
+        "both jobs to run",
+        || {
+            let out = std::fs::read_to_string(&fleet.daemons[0].stdout).ok()?;
+            let inherited = std::fs::read_to_string(d.join("inherited.env")).ok()?;
+            (out.contains("ANARCHON_JOB=clean") && !inherited.is_empty())
+                .then_some((out, inherited))
+        },
+        || fleet.logs(),
+    );
+    fleet.daemons[0].signal(Signal::SIGTERM);
+    assert_eq!(fleet.daemons[0].wait(Duration::from_secs(10)), Some(0));
+    let (out, inherited) = clean;
+    let names: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| *n == "EXTRA" || n.starts_with("ANARCHON_")),
+        "only env and ANARCHON_*: {names:?}"
+    );
+    assert!(out.contains("EXTRA=from-toml"), "{out}");
+    assert!(!out.contains("do-not-pass"), "{out}");
+    assert!(
+        inherited.contains("DAEMON_ONLY_SECRET=do-not-pass"),
+        "without clean_env the daemon's environment is inherited: {inherited}"
+    );
+}

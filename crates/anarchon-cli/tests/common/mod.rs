@@ -68,10 +68,16 @@ impl Daemon {
 impl Fleet {
     /// Starts `anarchon run --config config`, logging into `dir`.
     pub fn start(&mut self, config: &Path, dir: &Path) -> usize {
+        self.start_with_env(config, dir, &[])
+    }
+
+    /// [`Self::start`], with `env` added to the daemon's environment.
+    pub fn start_with_env(&mut self, config: &Path, dir: &Path, env: &[(&str, &str)]) -> usize {
         let n = self.daemons.len();
         let stdout = dir.join(format!("daemon-{n}.out"));
         let stderr = dir.join(format!("daemon-{n}.err"));
         let child = anarchon()
+            .envs(env.iter().copied())
             .arg("run")
             .arg("--config")
             .arg(config)
