@@ -197,6 +197,14 @@ fn test_all(root: &Path, args: &[String]) -> Result<()> {
         ]),
     )?;
 
+    // Supply chain: licences, banned and duplicate crates, sources. These
+    // need no network; .ci/run installs cargo-deny when it is missing.
+    step(
+        "cargo deny (licenses, bans, sources)",
+        cargo(&["deny", "check", "licenses", "bans", "sources"]),
+    )?;
+    let advisories = advisories_checked()?;
+
     // A third-party backend uses the kit without the project's servers.
     step(
         "the testkit without its `servers` feature",
@@ -288,6 +296,10 @@ fn test_all(root: &Path, args: &[String]) -> Result<()> {
             "  {:<8} NOT TESTED (left out with --backends)",
             backend.name
         );
+    }
+    match &advisories {
+        Ok(()) => println!("  advisories checked (cargo deny check advisories)"),
+        Err(why) => println!("  advisories NOT CHECKED ({why})"),
     }
     println!("test-all passed in {:.0?}", started.elapsed());
     Ok(())
@@ -490,6 +502,29 @@ fn cargo(args: &[&str]) -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.args(args);
     cmd
+}
+
+/// `cargo deny check advisories`, which needs to fetch the RustSec
+/// database. A vulnerable dependency fails the run (the outer error); a
+/// database that cannot be fetched (no network beyond the registries) is
+/// reported as not checked (the inner one).
+fn advisories_checked() -> Result<Result<(), String>> {
+    println!("\n== cargo deny (advisories) ==");
+    let out = cargo(&["deny", "check", "advisories"])
+        .output()
+        .context("could not run cargo deny")?;
+    if out.status.success() {
+        return Ok(Ok(()));
+    }
+    let said = String::from_utf8_lossy(&out.stderr);
+    if said.contains("failed to fetch advisory database") {
+        let why = "the RustSec advisory database cannot be fetched from this machine; \
+                   run `cargo deny check advisories` where it can";
+        println!("{why}");
+        return Ok(Err(why.to_owned()));
+    }
+    eprintln!("{said}");
+    bail!("cargo deny check advisories failed ({})", out.status)
 }
 
 fn step(name: &str, mut cmd: Command) -> Result<()> {
