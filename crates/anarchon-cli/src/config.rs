@@ -61,6 +61,7 @@ struct JobSection {
     overlap: Option<OverlapSetting>,
     max_attempts: Option<u32>,
     catch_up: Option<Dur>,
+    catch_up_limit: Option<u32>,
     max_late: Option<Dur>,
     jitter: Option<Dur>,
     timeout: Option<Dur>,
@@ -295,6 +296,7 @@ fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {
     });
     options.max_attempts = s.max_attempts;
     options.catch_up = s.catch_up.map(|d| d.0);
+    options.catch_up_limit = s.catch_up_limit;
     Ok(Job {
         name,
         line,

@@ -596,3 +596,30 @@ command = "env > {dir}/inherited.env"
         "without clean_env the daemon's environment is inherited: {inherited}"
     );
 }
+
+/// `check` warns when a catch-up window holds more slots than are caught
+/// up, and says which run; a window within the limit gets no warning.
+#[test]
+fn check_warns_when_a_catch_up_window_holds_too_many_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("anarchon.toml"),
+        "[[job]]\nname = \"busy\"\nevery = \"1m\"\ncatch_up = \"1d\"\ncommand = \"true\"\n\n\
+         [[job]]\nname = \"calm\"\nevery = \"1m\"\ncatch_up = \"1h\"\ncatch_up_limit = 100\ncommand = \"true\"\n",
+    );
+    let (code, stdout, stderr) = run_in(dir.path(), &["check", "--config", "anarchon.toml"]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    let warnings: Vec<&str> = stdout.lines().filter(|l| l.contains("warning:")).collect();
+    assert_eq!(warnings.len(), 1, "{stdout}");
+    assert!(
+        warnings[0].contains("more than 10 slots") && warnings[0].contains("newest 10"),
+        "{stdout}"
+    );
+    let busy = stdout.find("busy").unwrap();
+    let calm = stdout.find("calm").unwrap();
+    let warning = stdout.find("warning:").unwrap();
+    assert!(
+        busy < warning && warning < calm,
+        "the warning follows its job: {stdout}"
+    );
+}

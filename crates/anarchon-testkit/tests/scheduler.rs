@@ -1789,3 +1789,46 @@ async fn a_handler_given_a_stop_grace_has_stopped_before_the_backup_starts() {
         runner_end - backup_start
     );
 }
+
+/// A day's catch-up of a per-minute job after an outage: only the newest
+/// `catch_up_limit` missed slots run, oldest first, not 1,440 at once.
+#[tokio::test(start_paused = true)]
+async fn catch_up_runs_only_the_newest_missed_slots_oldest_first() {
+    let (clock, store) = setup();
+    let runs = runs();
+    let started_at = clock.now();
+    let mut b = Scheduler::builder(store.clone())
+        .clock(clock.clone())
+        .instance_id(id("after-outage"));
+    let r = runs.clone();
+    b.job("minutely", every(60))
+        .unwrap()
+        .catch_up(Duration::from_secs(24 * 3600))
+        .catch_up_limit(5)
+        .run(move |ctx| {
+            let r = r.clone();
+            async move {
+                record(&r, &ctx);
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    sleep(30.0).await;
+    scheduler.shutdown().await;
+    let caught_up: Vec<Slot> = runs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.0)
+        .filter(|slot| slot.at() < started_at)
+        .collect();
+    let expected: Vec<Slot> = (1..=5)
+        .rev()
+        .map(|m| Slot::from_millis(started_at.as_millis() - m * 60_000))
+        .collect();
+    assert_eq!(
+        caught_up, expected,
+        "the newest five missed minutes, in the order they ran"
+    );
+}

@@ -92,6 +92,60 @@ fn enqueue(queue: &mut Queue, jobs: &[Arc<JobSpec>], index: usize, slot: Slot) {
     queue.insert((fire_at, index), slot);
 }
 
+/// How many slots `schedule` has after `after` and before `until`,
+/// counting no further than `cap`.
+fn slots_between(
+    schedule: &crate::schedule::Schedule,
+    after: Timestamp,
+    until: Timestamp,
+    cap: usize,
+) -> usize {
+    let mut n = 0;
+    let mut after = after;
+    while n < cap {
+        match schedule.next_after(after) {
+            Some(slot) if slot.at() < until => {
+                n += 1;
+                after = slot.at();
+            }
+            _ => break,
+        }
+    }
+    n
+}
+
+/// The first slot a catch-up job claims at `start`: the oldest missed slot
+/// inside its window, unless the window holds more than the job's limit,
+/// in which case the oldest of the newest `limit` (found by halving the
+/// window, so a dense schedule with a long window costs no more than a few
+/// dozen counts of `limit` slots).
+fn first_caught_up(job: &JobSpec, start: Timestamp, window: Duration) -> Option<Slot> {
+    let limit = job.catch_up_limit;
+    let oldest = start.saturating_sub(window);
+    if slots_between(&job.schedule, oldest, start, limit + 1) <= limit {
+        return job.schedule.next_after(oldest);
+    }
+    // Halve (too_many, few_enough]: more than `limit` slots lie after
+    // `too_many`, at most `limit` after `few_enough`. When they are 1 ms
+    // apart, exactly `limit` slots lie after `few_enough`.
+    let (mut too_many, mut few_enough) = (oldest.as_millis(), start.as_millis());
+    while few_enough - too_many > 1 {
+        let mid = too_many + (few_enough - too_many) / 2;
+        if slots_between(&job.schedule, Timestamp::from_millis(mid), start, limit + 1) > limit {
+            too_many = mid;
+        } else {
+            few_enough = mid;
+        }
+    }
+    tracing::warn!(
+        job = %job.name,
+        ?window,
+        limit,
+        "more than {limit} slots were missed inside the catch-up window: only the newest {limit} are caught up (catch_up_limit), the older ones are skipped"
+    );
+    job.schedule.next_after(Timestamp::from_millis(few_enough))
+}
+
 pub(crate) async fn drive(inner: Arc<Inner>) {
     let jobs = inner.jobs.clone();
     let mut queue = Queue::new();
@@ -99,11 +153,13 @@ pub(crate) async fn drive(inner: Arc<Inner>) {
     for (index, job) in jobs.iter().enumerate() {
         // Without catch-up the first slot is the next one; with it, the
         // oldest slot inside the window, so missed runs are claimed now.
-        let after = match job.catch_up {
-            Some(window) => start.saturating_sub(window),
-            None => Timestamp::from_millis(start.as_millis() - 1),
+        let first = match job.catch_up {
+            Some(window) => first_caught_up(job, start, window),
+            None => job
+                .schedule
+                .next_after(Timestamp::from_millis(start.as_millis() - 1)),
         };
-        if let Some(slot) = job.schedule.next_after(after) {
+        if let Some(slot) = first {
             enqueue(&mut queue, &jobs, index, slot);
         }
     }

@@ -54,6 +54,9 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_LATE: Duration = Duration::from_secs(60);
 /// How long shutdown waits for running handlers before handing their runs over.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How many missed slots of a job are caught up at start unless told
+/// otherwise.
+pub const DEFAULT_CATCH_UP_LIMIT: usize = 10;
 /// How long a lease store keeps run records unless told otherwise.
 pub const DEFAULT_HISTORY_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Clock skew between instances that claim-only stores must absorb: their
@@ -141,6 +144,8 @@ pub struct JobOptions {
     pub max_attempts: Option<u32>,
     /// Catch-up window (lease stores only).
     pub catch_up: Option<Duration>,
+    /// The most missed slots caught up at start (lease stores only).
+    pub catch_up_limit: Option<u32>,
 }
 
 /// A job once validated.
@@ -153,6 +158,8 @@ pub(crate) struct JobSpec {
     pub(crate) overlap: Overlap,
     pub(crate) max_attempts: MaxAttempts,
     pub(crate) catch_up: Option<Duration>,
+    /// At most this many missed slots are caught up at start.
+    pub(crate) catch_up_limit: usize,
     pub(crate) handler: Arc<dyn Handler>,
 }
 
@@ -477,6 +484,7 @@ where
         o.overlap = options.overlap.or(o.overlap);
         o.max_attempts = options.max_attempts.or(o.max_attempts);
         o.catch_up = options.catch_up.or(o.catch_up);
+        o.catch_up_limit = options.catch_up_limit.or(o.catch_up_limit);
         self
     }
 
@@ -520,6 +528,7 @@ where
                 (o.overlap.is_some(), "overlap"),
                 (o.max_attempts.is_some(), "max_attempts"),
                 (o.catch_up.is_some(), "catch_up"),
+                (o.catch_up_limit.is_some(), "catch_up_limit"),
             ] {
                 if set {
                     return Err(unsupported(option, info));
@@ -557,6 +566,16 @@ where
             .map(MaxAttempts::new)
             .transpose()?
             .unwrap_or_default();
+        let catch_up_limit = match o.catch_up_limit {
+            Some(0) => {
+                return Err(ConfigError::OutOfRange {
+                    option: "catch_up_limit",
+                    reason: "it must be at least 1 (leave catch_up out to catch nothing up)".into(),
+                });
+            }
+            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            None => DEFAULT_CATCH_UP_LIMIT,
+        };
         if !is_lease {
             let memory = match info.memory {
                 Memory::Window(w) => Some(w),
@@ -584,6 +603,7 @@ where
             overlap: o.overlap.unwrap_or_default(),
             max_attempts,
             catch_up,
+            catch_up_limit,
             handler,
         }));
         Ok(())
@@ -607,8 +627,19 @@ impl<S: LeaseStore + ?Sized> JobBuilder<'_, S> {
 
     /// Runs slots missed while no instance was up, if they are at most
     /// `window` old: at start, and whenever the timer finds it woke late.
+    /// At start, at most [`Self::catch_up_limit`] of them.
     pub fn catch_up(mut self, window: Duration) -> Self {
         self.options.catch_up = Some(window);
+        self
+    }
+
+    /// The most missed slots caught up when the scheduler starts (default
+    /// [`DEFAULT_CATCH_UP_LIMIT`]): the newest ones, run oldest first. A
+    /// per-minute job with a day's catch-up would otherwise start up to
+    /// 1,440 runs at once after an outage. Older missed slots are skipped
+    /// and logged.
+    pub fn catch_up_limit(mut self, n: u32) -> Self {
+        self.options.catch_up_limit = Some(n);
         self
     }
 }
