@@ -321,6 +321,20 @@ impl Backend {
             Backend::Sqlite(options) if !options.get_path().exists() => Err(Error::NoDatabase {
                 what: format!("no database at {:?}", options.get_path()),
             }),
+            // Read only: `history` creates, migrates and writes nothing.
+            Backend::Sqlite(options) => match SqliteStore::open_read_only(options.clone()).await {
+                Ok(store) => Ok(Opened::Sqlite(Arc::new(store))),
+                Err(anarchon::sqlite::Error::SchemaOutdated { found: 0, .. }) => {
+                    Err(Error::NoDatabase {
+                        what: format!(
+                            "no anarchon tables in {:?} (prefix {:?})",
+                            options.get_path(),
+                            options.get_table_prefix()
+                        ),
+                    })
+                }
+                Err(e) => Err(e.into()),
+            },
             Backend::Postgres { options, server } => {
                 let opened = PgStore::connect_with(options.clone().migrate(false)).await;
                 match opened {

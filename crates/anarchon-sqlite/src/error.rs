@@ -109,6 +109,22 @@ pub enum Error {
         supported: i64,
     },
 
+    /// The tables were made by an older release and a read-only store
+    /// cannot migrate them.
+    #[error(
+        "SQLite database {path:?} (prefix {prefix:?}) has schema version {found}, older than {latest}: open it once for writing (`anarchon run`, or SqliteStore::open) to migrate it"
+    )]
+    SchemaOutdated {
+        /// The database file.
+        path: PathBuf,
+        /// The table prefix.
+        prefix: String,
+        /// The version found (0: no tables).
+        found: i64,
+        /// The version this crate needs.
+        latest: i64,
+    },
+
     /// The database file could not be created.
     #[error("cannot create the database file {path:?}: {source}")]
     CreateFile {

@@ -163,6 +163,68 @@ impl SqliteStore {
         Ok(store)
     }
 
+    /// Opens an existing database for reading only: nothing is created,
+    /// migrated or switched to WAL mode, and no connection may write. For
+    /// `history` and other inspection; claims through it fail.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::open`] for the options and the file, and
+    /// [`Error::SchemaOutdated`] when the tables are missing or older than
+    /// this crate's schema, [`Error::SchemaTooNew`] when newer.
+    pub async fn open_read_only(options: SqliteOptions) -> Result<Self, Error> {
+        options.validate()?;
+        let sql = Sql::render(options.get_table_prefix())?;
+        let path = options.get_path().to_path_buf();
+        let connect = SqliteConnectOptions::new()
+            .filename(&path)
+            .read_only(true)
+            .create_if_missing(false)
+            .busy_timeout(options.get_busy_timeout());
+        let pool = SqlitePoolOptions::new()
+            .max_connections(options.get_max_connections())
+            .connect_with(connect)
+            .await
+            .map_err(|e| open_error(&options, "opening the file for reading", e))?;
+        let hand_overs = board_for(&path, options.get_table_prefix());
+        let store = Self {
+            pool,
+            sql: Arc::new(sql),
+            options: Arc::new(options),
+            hand_overs,
+        };
+        let fail = |doing: &'static str| {
+            let options = store.options.clone();
+            move |e| open_error(&options, doing, e)
+        };
+        let table = format!("{}_schema", store.options.get_table_prefix());
+        let exists: i64 = sqlx::query_scalar(store.sql.schema_exists.clone())
+            .bind(&table)
+            .fetch_one(&store.pool)
+            .await
+            .map_err(fail("reading the schema version"))?;
+        let found = if exists > 0 {
+            sqlx::query_scalar::<_, i64>(store.sql.schema_version.clone())
+                .fetch_optional(&store.pool)
+                .await
+                .map_err(fail("reading the schema version"))?
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        store.check_not_too_new(found)?;
+        let latest = Sql::latest_version();
+        if found < latest {
+            return Err(Error::SchemaOutdated {
+                path,
+                prefix: store.options.get_table_prefix().to_owned(),
+                found,
+                latest,
+            });
+        }
+        Ok(store)
+    }
+
     /// The options the store was opened with.
     pub fn options(&self) -> &SqliteOptions {
         &self.options

@@ -448,3 +448,57 @@ async fn a_new_database_is_private_to_its_owner() {
         "nothing was created through the link"
     );
 }
+
+/// `open_read_only` reads an existing database and changes nothing: the
+/// history is there, a claim is refused, and the file is byte for byte as
+/// it was; a database an older release made (or none) is not migrated.
+#[tokio::test]
+async fn a_read_only_store_reads_the_history_and_changes_nothing() {
+    let factory = SqliteFactory::new();
+    let writer = SqliteStore::open(factory.options()).await.unwrap();
+    let slot = next_minute();
+    let claim = claim("read-me", slot, Token::generate());
+    assert!(matches!(
+        writer.claim_lease(&claim).await.unwrap(),
+        ClaimOutcome::Won(_)
+    ));
+    writer
+        .finish(claim.run(), claim.claim.token, RunOutcome::Succeeded)
+        .await
+        .unwrap();
+    writer.close().await;
+    let path = factory.path();
+    let before = std::fs::read(&path).unwrap();
+
+    let reader = SqliteStore::open_read_only(factory.options())
+        .await
+        .unwrap();
+    let history = reader.history(&claim.run().job, 10).await.unwrap();
+    assert_eq!(history.len(), 1, "{history:?}");
+    assert!(
+        reader
+            .claim_lease(&self::claim("read-me", slot_after(slot), Token::generate()))
+            .await
+            .is_err(),
+        "a read-only store cannot claim"
+    );
+    reader.close().await;
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "the file did not change"
+    );
+
+    let empty = SqliteFactory::new();
+    std::fs::write(empty.path(), b"").unwrap();
+    let err = SqliteStore::open_read_only(empty.options())
+        .await
+        .expect_err("no tables");
+    assert!(
+        matches!(err, Error::SchemaOutdated { found: 0, .. }),
+        "{err}"
+    );
+}
+
+fn slot_after(slot: Slot) -> Slot {
+    Slot::from_millis(slot.as_millis() + 60_000)
+}
