@@ -72,6 +72,30 @@ impl HandOvers {
     }
 }
 
+/// The task a store runs to hear other processes' hand-overs (a
+/// subscription, a `LISTEN`): it lives as long as the store, and is
+/// stopped when the store is dropped.
+#[derive(Debug)]
+pub struct Listener(tokio::task::JoinHandle<()>);
+
+impl Listener {
+    /// Runs `listening` on the current tokio runtime until the listener is
+    /// dropped.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a tokio runtime.
+    pub fn spawn(listening: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
+        Self(tokio::spawn(listening))
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ pub mod url;
 
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::error::{BoxError, ConfigError, StoreError, StoreErrorKind};
-pub use crate::hand_over::HandOvers;
+pub use crate::hand_over::{HandOvers, Listener};
 pub use crate::ids::{Attempt, Fence, InstanceId, MaxAttempts, Token};
 pub use crate::memory::MemoryStore;
 pub use crate::name::JobName;

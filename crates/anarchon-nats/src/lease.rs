@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime};
 use anarchon_core::time::millis;
 use anarchon_core::{
     BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, HandOvers,
-    JobName, LeaseClaim, LeaseStore, Memory, RecordState, Renewal, RunKey, RunOutcome, RunRecord,
-    RunState, RunView, Slot, StoreError, StoreErrorKind, Timestamp, Token,
+    JobName, LeaseClaim, LeaseStore, Listener, Memory, RecordState, Renewal, RunKey, RunOutcome,
+    RunRecord, RunState, RunView, Slot, StoreError, StoreErrorKind, Timestamp, Token,
 };
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
@@ -180,16 +180,6 @@ pub struct NatsLeaseStore {
     _listener: Listener,
 }
 
-/// The task that forwards hand-over messages to the board; stopped when
-/// the store is dropped.
-struct Listener(tokio::task::JoinHandle<()>);
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The core NATS subject on which a bucket's hand-overs are announced.
 fn hand_over_subject(bucket: &str) -> String {
     format!("anarchon.hand-over.{bucket}")
@@ -297,7 +287,7 @@ impl NatsLeaseStore {
                 source: Box::new(e),
             })?;
         let board = hand_overs.clone();
-        let listener = Listener(tokio::spawn(async move {
+        let listener = Listener::spawn(async move {
             while let Some(message) = news.next().await {
                 let text = String::from_utf8_lossy(&message.payload);
                 let parsed = text.split_once(' ').and_then(|(job, slot)| {
@@ -313,7 +303,7 @@ impl NatsLeaseStore {
                     }
                 }
             }
-        }));
+        });
         Ok(Self {
             client,
             jetstream,

@@ -9,8 +9,9 @@ use std::time::Duration;
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
-    HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal,
-    RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
+    HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore, Listener, Memory, Overlap, RecordState,
+    Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token,
+    Win,
 };
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow, PgSslMode};
@@ -55,16 +56,6 @@ pub struct PgStore {
 /// payload is `table<TAB>job<TAB>slot`, so stores of other tables ignore
 /// what is not theirs.
 const HAND_OVER_CHANNEL: &str = "anarchon_hand_over";
-
-/// The task that forwards hand-over notifications to the board, on a
-/// connection of its own; stopped when the store is dropped.
-struct Listener(tokio::task::JoinHandle<()>);
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// Listens for the table's hand-overs until aborted, connecting again
 /// (after a pause) whenever the connection is lost.
@@ -264,11 +255,7 @@ impl PgStore {
             .min_connections(0)
             .connect_lazy_with((*pool.connect_options()).clone());
         let hand_overs = Arc::new(HandOvers::new());
-        let listener = Listener(tokio::spawn(listen(
-            listen_pool,
-            table.clone(),
-            hand_overs.clone(),
-        )));
+        let listener = Listener::spawn(listen(listen_pool, table.clone(), hand_overs.clone()));
         Self {
             hand_overs,
             _listener: listener,

@@ -8,8 +8,9 @@ use std::time::Duration;
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
-    HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal,
-    RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
+    HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore, Listener, Memory, Overlap, RecordState,
+    Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token,
+    Win,
 };
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
@@ -73,16 +74,6 @@ pub struct RedisLeaseStore {
     _listener: Listener,
 }
 
-/// The task that forwards hand-over messages to the board, on a pub/sub
-/// connection of its own; stopped when the store is dropped.
-struct Listener(tokio::task::JoinHandle<()>);
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Listens on `channel` until aborted, connecting again (after a pause)
 /// whenever the connection is lost.
 async fn listen(client: redis::Client, channel: String, board: Arc<HandOvers>) {
@@ -143,11 +134,11 @@ impl RedisLeaseStore {
             RedisStoreError::protocol("opening the hand-over subscription", e.to_string())
         })?;
         let hand_overs = Arc::new(HandOvers::new());
-        let listener = Listener(tokio::spawn(listen(
+        let listener = Listener::spawn(listen(
             client,
             hand_over_channel(&opts.prefix),
             hand_overs.clone(),
-        )));
+        ));
         Ok(Self {
             link,
             prefix: opts.prefix.clone(),
