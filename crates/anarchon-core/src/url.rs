@@ -114,10 +114,15 @@ pub fn redact(url: &str) -> String {
 /// be read as written.
 pub fn ambiguous_user_info(url: &str) -> Option<String> {
     let (scheme, info, _) = user_info(url)?;
-    let password = info.split_once(':')?.1;
-    let user = info.split_once(':')?.0;
-    (breaks_structure(password) || breaks_structure(user))
+    (info.contains(':') && cuts_the_secret(info))
         .then(|| unreadable_hint(scheme.unwrap_or("store")))
+}
+
+/// Whether a parser would cut the secret of user info `info` (a password
+/// after the first `:`, or the whole of a lone user info) in pieces.
+fn cuts_the_secret(info: &str) -> bool {
+    let (user, secret) = info.split_once(':').unwrap_or(("", info));
+    breaks_structure(secret) || breaks_structure(user)
 }
 
 fn unreadable_hint(scheme: &str) -> String {
@@ -137,12 +142,10 @@ pub fn unreadable_reason(url: &str, reason: &str) -> String {
     let Some((scheme, info, _)) = user_info(url) else {
         return reason.to_owned();
     };
-    let scheme = scheme.unwrap_or("store");
-    let secret = info.split_once(':').map_or(info, |(_, password)| password);
-    let user = info.split_once(':').map_or("", |(user, _)| user);
-    if breaks_structure(secret) || breaks_structure(user) {
-        return unreadable_hint(scheme);
+    if cuts_the_secret(info) {
+        return unreadable_hint(scheme.unwrap_or("store"));
     }
+    let secret = info.split_once(':').map_or(info, |(_, password)| password);
     let mut out = reason.to_owned();
     let decoded = percent_decode(secret);
     for s in [Some(secret.to_owned()), decoded].into_iter().flatten() {
