@@ -92,26 +92,11 @@ fn enqueue(queue: &mut Queue, jobs: &[Arc<JobSpec>], index: usize, slot: Slot) {
     queue.insert((fire_at, index), slot);
 }
 
-/// How many slots `schedule` has after `after` and before `until`,
-/// counting no further than `cap`.
-fn slots_between(
-    schedule: &crate::schedule::Schedule,
-    after: Timestamp,
-    until: Timestamp,
-    cap: usize,
-) -> usize {
-    let mut n = 0;
-    let mut after = after;
-    while n < cap {
-        match schedule.next_after(after) {
-            Some(slot) if slot.at() < until => {
-                n += 1;
-                after = slot.at();
-            }
-            _ => break,
-        }
-    }
-    n
+/// How many of `job`'s slots lie after `after` and before `start`, counting
+/// no further than `cap`.
+fn missed_after(job: &JobSpec, after: Timestamp, start: Timestamp, cap: usize) -> usize {
+    let before_start = Timestamp::from_millis(start.as_millis() - 1);
+    job.schedule.slots_between(after, before_start, cap).len()
 }
 
 /// The first slot a catch-up job claims at `start`: the oldest missed slot
@@ -122,7 +107,7 @@ fn slots_between(
 fn first_caught_up(job: &JobSpec, start: Timestamp, window: Duration) -> Option<Slot> {
     let limit = job.catch_up_limit;
     let oldest = start.saturating_sub(window);
-    if slots_between(&job.schedule, oldest, start, limit + 1) <= limit {
+    if missed_after(job, oldest, start, limit + 1) <= limit {
         return job.schedule.next_after(oldest);
     }
     // Halve (too_many, few_enough]: more than `limit` slots lie after
@@ -131,7 +116,7 @@ fn first_caught_up(job: &JobSpec, start: Timestamp, window: Duration) -> Option<
     let (mut too_many, mut few_enough) = (oldest.as_millis(), start.as_millis());
     while few_enough - too_many > 1 {
         let mid = too_many + (few_enough - too_many) / 2;
-        if slots_between(&job.schedule, Timestamp::from_millis(mid), start, limit + 1) > limit {
+        if missed_after(job, Timestamp::from_millis(mid), start, limit + 1) > limit {
             too_many = mid;
         } else {
             few_enough = mid;
