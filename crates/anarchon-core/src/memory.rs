@@ -30,8 +30,6 @@ use crate::store::{
 use crate::time::{Slot, Timestamp};
 
 const BACKEND: &str = "memory";
-/// The message of an answer lost on purpose (the step was done).
-const LOST_REPLY: &str = "reply lost for a test";
 
 /// A lease store in one process. Cheap to clone handles via `Arc`.
 ///
@@ -154,18 +152,9 @@ impl MemoryStore {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if lose {
-            return Err(StoreError::unavailable(BACKEND, LOST_REPLY));
+            return Err(StoreError::unavailable(BACKEND, "reply lost for a test"));
         }
         Ok(answer)
-    }
-
-    /// Tells waiting backups of a release or give-back the store did (also
-    /// when its answer is then lost for a test: the store did it).
-    fn announce_if_handed_over(&self, run: &RunKey, answer: &Result<Renewal, StoreError>) {
-        let lost = matches!(answer, Err(e) if e.message() == LOST_REPLY);
-        if matches!(answer, Ok(Renewal::Renewed)) || lost {
-            self.hand_overs.announce(run);
-        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -395,32 +384,31 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        let answer = self.step(|state, now| {
+        self.step(|state, now| {
             let rec = held(state, run, token);
             let ok = rec.is_some();
             if let Some(rec) = rec {
                 // Lease alive means `lease_until >= now`: one millisecond
                 // before now has run out.
                 rec.lease_until = Some(Timestamp::from_millis(now.as_millis() - 1));
+                // Told as part of the step: also when its answer is lost.
+                self.hand_overs.announce(run);
             }
             renewal(ok)
-        });
-        self.announce_if_handed_over(run, &answer);
-        answer
+        })
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        let answer = self.step(|state, now| {
+        self.step(|state, now| {
             let rec = held(state, run, token);
             let ok = rec.is_some();
             if let Some(rec) = rec {
                 rec.lease_until = Some(Timestamp::from_millis(now.as_millis() - 1));
                 rec.token = None;
+                self.hand_overs.announce(run);
             }
             renewal(ok)
-        });
-        self.announce_if_handed_over(run, &answer);
-        answer
+        })
     }
 
     async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
