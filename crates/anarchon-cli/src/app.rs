@@ -79,55 +79,16 @@ pub(crate) fn start(
         .map_err(|source| Error::config(Some(crontab.path.display().to_string()), None, source))
 }
 
-/// What `anarchon check` checks beyond the jobs: the scheduler-wide options
-/// as the core will check them at start, without starting anything.
-pub(crate) fn check_scheduler_options(
-    crontab: &Crontab,
-    store: &Arc<dyn ClaimStore>,
-) -> Result<(), Error> {
-    let fail = |source| Error::config(Some(crontab.path.display().to_string()), None, source);
-    let options = &crontab.scheduler;
-    let is_lease = store.clone().as_lease_store().is_some();
-    let name = store.info().name;
-    if !is_lease {
-        for (set, option) in [
-            (options.lease.is_some(), "lease"),
-            (options.heartbeat.is_some(), "heartbeat"),
-        ] {
-            if set {
-                return Err(fail(ConfigError::UnsupportedOption {
-                    option,
-                    backend: name,
-                }));
-            }
-        }
-    }
-    let lease = options.lease.unwrap_or(anarchon::scheduler::DEFAULT_LEASE);
-    let heartbeat = options
-        .heartbeat
-        .unwrap_or_else(|| anarchon::scheduler::DEFAULT_HEARTBEAT.min(lease / 3));
-    for (option, d) in [("lease", lease), ("heartbeat", heartbeat)] {
-        if d.is_zero() {
-            return Err(fail(ConfigError::ZeroDuration { option }));
-        }
-    }
-    if heartbeat >= lease {
-        return Err(fail(ConfigError::HeartbeatNotShorterThanLease {
-            heartbeat,
-            lease,
-        }));
-    }
-    if is_lease && heartbeat + crontab.kill_grace >= lease {
-        return Err(fail(ConfigError::StopGraceTooLong {
-            stop_grace: crontab.kill_grace,
-            heartbeat,
-            lease,
-        }));
-    }
-    if let Some(id) = &options.instance_id {
-        anarchon::InstanceId::new(id).map_err(fail)?;
-    }
-    Ok(())
+/// What `anarchon check` checks: every job and the scheduler-wide options,
+/// by the core's own checks, without starting anything.
+///
+/// # Errors
+///
+/// As [`start`].
+pub(crate) fn check(crontab: &Crontab, store: Arc<dyn ClaimStore>) -> Result<(), Error> {
+    build(crontab, store, &Arc::default())?
+        .check()
+        .map_err(|source| Error::config(Some(crontab.path.display().to_string()), None, source))
 }
 
 #[cfg(test)]
@@ -185,13 +146,14 @@ mod tests {
         for (line, option) in [
             ("lease = \"10s\"", "lease"),
             ("heartbeat = \"1s\"", "heartbeat"),
+            ("catch_up_concurrency = 2", "catch_up_concurrency"),
         ] {
             let tab = crontab(&format!(
                 "[scheduler]\n{line}\n[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"true\"\n"
             ));
             let err = start(&tab, claim_only(), &Arc::default()).unwrap_err();
             assert_eq!(unsupported(err), (None, option, "claim-only-test"));
-            let err = check_scheduler_options(&tab, &claim_only()).unwrap_err();
+            let err = check(&tab, claim_only()).unwrap_err();
             assert_eq!(unsupported(err), (None, option, "claim-only-test"));
         }
     }
@@ -201,7 +163,7 @@ mod tests {
         let tab = crontab(
             "[[job]]\nname = \"a\"\nevery = \"1h\"\ncommand = \"true\"\nmax_late = \"30s\"\njitter = \"5s\"\ntimeout = \"1m\"\n",
         );
-        check_scheduler_options(&tab, &claim_only()).unwrap();
+        check(&tab, claim_only()).unwrap();
         let scheduler = start(&tab, claim_only(), &Arc::default()).unwrap();
         assert_eq!(scheduler.backend().name, "claim-only-test");
         scheduler.shutdown().await;
@@ -233,7 +195,7 @@ mod tests {
             "[scheduler]\nlease = \"3s\"\nheartbeat = \"3s\"\n[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"true\"\n",
         );
         let lease: Arc<dyn ClaimStore> = Arc::new(anarchon::MemoryStore::new());
-        let by_check = check_scheduler_options(&tab, &lease).unwrap_err();
+        let by_check = check(&tab, lease.clone()).unwrap_err();
         let by_start = start(&tab, lease, &Arc::default()).unwrap_err();
         assert_eq!(by_check.to_string(), by_start.to_string());
         assert!(

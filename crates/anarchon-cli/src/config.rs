@@ -42,6 +42,7 @@ struct SchedulerSection {
     shutdown_grace: Option<Dur>,
     kill_grace: Option<Dur>,
     history_retention: Option<Dur>,
+    catch_up_concurrency: Option<u32>,
     instance_id: Option<String>,
 }
 
@@ -228,6 +229,7 @@ impl Crontab {
         scheduler.lease = file.scheduler.lease.map(|d| d.0);
         scheduler.heartbeat = file.scheduler.heartbeat.map(|d| d.0);
         scheduler.shutdown_grace = file.scheduler.shutdown_grace.map(|d| d.0);
+        scheduler.catch_up_concurrency = file.scheduler.catch_up_concurrency;
         scheduler.instance_id = file.scheduler.instance_id;
         let mut jobs = Vec::with_capacity(file.jobs.len());
         for section in file.jobs {

@@ -314,12 +314,9 @@ async fn history_of(
 }
 
 /// Checks the crontab against the backend's kind without opening it: the
-/// jobs through the core's builder, the scheduler options as the core will
-/// check them at start.
+/// jobs and the scheduler options through the core's own checks.
 fn validate(crontab: &Crontab, backend: &Backend) -> Result<(), Error> {
-    let stand_in = backend.stand_in();
-    app::build(crontab, stand_in.clone(), &Arc::default())?;
-    app::check_scheduler_options(crontab, &stand_in)
+    app::check(crontab, backend.stand_in())
 }
 
 fn check(path: &Path, store: Option<String>) -> anyhow::Result<()> {

@@ -727,7 +727,7 @@ fn is_busy(e: &sqlx::Error) -> bool {
 /// warning when others may write it; a symbolic link in the file's place
 /// is never created through.
 fn create_private(path: &Path) -> Result<(), Error> {
-    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    use std::os::unix::fs::OpenOptionsExt as _;
     let created = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -750,14 +750,10 @@ fn create_private(path: &Path) -> Result<(), Error> {
                     "the database path is a symbolic link: its target is used"
                 );
             }
-            if let Ok(meta) = std::fs::metadata(path)
-                && meta.permissions().mode() & 0o022 != 0
-            {
-                tracing::warn!(
-                    ?path,
-                    mode = format!("{:o}", meta.permissions().mode() & 0o7777),
-                    "others may write the database file, and so decide which runs happen: chmod go-w it"
-                );
+            if let Ok(meta) = std::fs::metadata(path) {
+                for reason in distrust(&meta, nix::unistd::geteuid().as_raw()) {
+                    tracing::warn!(?path, "{reason}");
+                }
             }
             Ok(())
         }
@@ -766,6 +762,29 @@ fn create_private(path: &Path) -> Result<(), Error> {
             source,
         }),
     }
+}
+
+/// Why a database file that this process (effective user `me`) did not
+/// make may be in someone else's hands: it belongs to another user, or
+/// others may write it. Whoever can write the file decides which runs
+/// happen and can read every command's stderr tail.
+fn distrust(meta: &std::fs::Metadata, me: u32) -> Vec<String> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let mut reasons = Vec::new();
+    if meta.uid() != me {
+        reasons.push(format!(
+            "the database file belongs to user {} while this process runs as user {me}: that user decides which runs happen; chown it to this user",
+            meta.uid()
+        ));
+    }
+    let mode = meta.permissions().mode();
+    if mode & 0o022 != 0 {
+        reasons.push(format!(
+            "others may write the database file (mode {:o}), and so decide which runs happen: chmod go-w it",
+            mode & 0o7777
+        ));
+    }
+    reasons
 }
 
 fn open_error(options: &SqliteOptions, doing: &'static str, e: sqlx::Error) -> Error {
@@ -989,6 +1008,35 @@ mod tests {
     use super::*;
     use anarchon_core::MaxAttempts;
     use sqlx::SqlSafeStr as _;
+
+    /// A file made by this process and kept to its owner raises nothing; the
+    /// same file judged by another user, or opened to group writes, raises
+    /// a warning that says what to do.
+    #[test]
+    fn a_database_in_other_hands_is_distrusted() {
+        use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cron.db");
+        std::fs::write(&path, b"").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let me = meta.uid();
+        assert_eq!(distrust(&meta, me), Vec::<String>::new());
+        let other = distrust(&meta, me + 1);
+        assert_eq!(other.len(), 1, "{other:?}");
+        assert!(
+            other[0].contains(&format!("belongs to user {me}")),
+            "{other:?}"
+        );
+        assert!(other[0].contains("chown"), "{other:?}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o620)).unwrap();
+        let open = distrust(&std::fs::metadata(&path).unwrap(), me);
+        assert_eq!(open.len(), 1, "{open:?}");
+        assert!(
+            open[0].contains("mode 620") && open[0].contains("chmod go-w"),
+            "{open:?}"
+        );
+    }
 
     #[tokio::test]
     async fn the_overlap_check_reads_only_the_live_runs_index() {

@@ -1832,3 +1832,130 @@ async fn catch_up_runs_only_the_newest_missed_slots_oldest_first() {
         "the newest five missed minutes, in the order they ran"
     );
 }
+
+/// Handlers that each hold on for ten seconds and count how many of them
+/// run at once; every start is recorded with its job and slot.
+type Starts = Arc<Mutex<Vec<(String, Slot)>>>;
+
+fn counted_job(
+    b: &mut anarchon_core::SchedulerBuilder<MemoryStore>,
+    name: &'static str,
+    starts: &Starts,
+    running: &Arc<std::sync::atomic::AtomicUsize>,
+    most: &Arc<std::sync::atomic::AtomicUsize>,
+    catch_up_limit: Option<u32>,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (starts, running, most) = (starts.clone(), running.clone(), most.clone());
+    let mut job = b.job(name, every(60)).unwrap();
+    if let Some(limit) = catch_up_limit {
+        job = job
+            .max_late(Duration::from_secs(30))
+            .catch_up(Duration::from_secs(3600))
+            .catch_up_limit(limit);
+    }
+    job.run(move |ctx| {
+        let (starts, running, most) = (starts.clone(), running.clone(), most.clone());
+        async move {
+            starts.lock().unwrap().push((name.to_string(), ctx.slot()));
+            let now = running.fetch_add(1, SeqCst) + 1;
+            most.fetch_max(now, SeqCst);
+            sleep(10.0).await;
+            running.fetch_sub(1, SeqCst);
+            Ok::<_, String>(())
+        }
+    })
+    .unwrap();
+}
+
+/// Three jobs each catch up four missed minutes at start, with room for
+/// two caught-up runs at once: never more than two run together, all
+/// twelve and then each job's slot due now run, the oldest first over all
+/// jobs; a job without catch-up runs its slot at once beside them.
+#[tokio::test(start_paused = true)]
+async fn caught_up_runs_over_all_jobs_take_turns_oldest_first() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let (clock, store) = setup();
+    let started_at = clock.now();
+    let starts: Starts = Arc::default();
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut b = Scheduler::builder(store.clone())
+        .clock(clock.clone())
+        .instance_id(id("after-outage"))
+        .catch_up_concurrency(2);
+    for name in ["a", "b", "c"] {
+        counted_job(&mut b, name, &starts, &running, &most, Some(4));
+    }
+    counted_job(&mut b, "on-time", &starts, &running, &most, None);
+    let scheduler = b.start().unwrap();
+    sleep(1.0).await;
+    let first_second: Vec<(String, Slot)> = starts.lock().unwrap().clone();
+    sleep(80.0).await;
+    scheduler.shutdown().await;
+    let now_slot = Slot::from_millis(started_at.as_millis());
+    assert!(
+        first_second.contains(&("on-time".to_string(), now_slot)),
+        "the job without catch-up did not wait: {first_second:?}"
+    );
+    let caught_up: Vec<(String, Slot)> = starts
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(name, slot)| name != "on-time" && *slot <= now_slot)
+        .cloned()
+        .collect();
+    let mut expected = Vec::new();
+    for minutes_ago in (0..=4).rev() {
+        for name in ["a", "b", "c"] {
+            let slot = Slot::from_millis(started_at.as_millis() - minutes_ago * 60_000);
+            expected.push((name.to_string(), slot));
+        }
+    }
+    assert_eq!(
+        caught_up, expected,
+        "four missed minutes and the current one of each job, oldest first, two at a time"
+    );
+    // The job without catch-up, plus two caught up.
+    assert_eq!(most.load(SeqCst), 3, "at most two caught-up runs at once");
+}
+
+/// An instance that falls two hours behind (a suspend, a clock step) with
+/// a day's catch-up claims only the newest `catch_up_limit` slots of the
+/// two hours, not 120.
+#[tokio::test(start_paused = true)]
+async fn a_fall_behind_catches_up_only_the_newest_slots() {
+    let (clock, store) = setup();
+    let starts: Starts = Arc::default();
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut b = Scheduler::builder(store.clone())
+        .clock(clock.clone())
+        .instance_id(id("suspended"));
+    counted_job(&mut b, "a", &starts, &running, &most, Some(3));
+    let scheduler = b.start().unwrap();
+    sleep(90.0).await;
+    let before = starts.lock().unwrap().len();
+    let woke_at = {
+        clock.step(true, Duration::from_secs(2 * 3600));
+        clock.now()
+    };
+    sleep(50.0).await;
+    scheduler.shutdown().await;
+    let after: Vec<Slot> = starts.lock().unwrap()[before..]
+        .iter()
+        .map(|s| s.1)
+        .filter(|slot| slot.at() < woke_at)
+        .collect();
+    let last_minute = woke_at.as_millis() - woke_at.as_millis().rem_euclid(60_000);
+    let expected: Vec<Slot> = (0..3)
+        .rev()
+        .map(|m| Slot::from_millis(last_minute - m * 60_000))
+        .filter(|slot| slot.at() < woke_at)
+        .collect();
+    assert_eq!(
+        before, 5,
+        "three caught up at start and two minutes on time ran"
+    );
+    assert_eq!(after, expected, "the newest three minutes before the wake");
+}

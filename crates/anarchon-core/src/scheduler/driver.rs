@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::metrics::Metrics;
@@ -76,93 +77,124 @@ pub(crate) fn jitter_offset(job: &JobSpec, slot: Slot) -> Duration {
     Duration::from_millis(hash % span)
 }
 
-/// The queue: (fire time, job index) → slot.
-type Queue = BTreeMap<(Timestamp, usize), Slot>;
+/// The queue: (fire time, job index) → (slot, whether the job's catch-up
+/// was already limited on the way to this slot).
+type Queue = BTreeMap<(Timestamp, usize), (Slot, bool)>;
 
 /// A slot to claim now, and when its handler may start.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(crate) struct Due {
     pub(crate) index: usize,
     pub(crate) slot: Slot,
     pub(crate) fire_at: Timestamp,
+    /// Whether the timer reached this slot after its fire time, with the
+    /// job's catch-up window still open: it runs only when a place among
+    /// the caught-up runs is free.
+    pub(crate) caught_up: bool,
+    /// For a caught-up slot, its place among the runs this instance catches
+    /// up at once; held until its handler ends.
+    pub(crate) permit: Option<OwnedSemaphorePermit>,
 }
 
-fn enqueue(queue: &mut Queue, jobs: &[Arc<JobSpec>], index: usize, slot: Slot) {
+fn enqueue(queue: &mut Queue, jobs: &[Arc<JobSpec>], index: usize, slot: Slot, limited: bool) {
     let fire_at = slot.at().saturating_add(jitter_offset(&jobs[index], slot));
-    queue.insert((fire_at, index), slot);
+    queue.insert((fire_at, index), (slot, limited));
 }
 
-/// How many of `job`'s slots lie after `after` and before `start`, counting
+/// How many of `job`'s slots lie after `after` and before `now`, counting
 /// no further than `cap`.
-fn missed_after(job: &JobSpec, after: Timestamp, start: Timestamp, cap: usize) -> usize {
-    let before_start = Timestamp::from_millis(start.as_millis() - 1);
-    job.schedule.slots_between(after, before_start, cap).len()
+fn missed_after(job: &JobSpec, after: Timestamp, now: Timestamp, cap: usize) -> usize {
+    let before_now = Timestamp::from_millis(now.as_millis() - 1);
+    job.schedule.slots_between(after, before_now, cap).len()
 }
 
-/// The first slot a catch-up job claims at `start`: the oldest missed slot
-/// inside its window, unless the window holds more than the job's limit,
-/// in which case the oldest of the newest `limit` (found by halving the
-/// window, so a dense schedule with a long window costs no more than a few
-/// dozen counts of `limit` slots).
-fn first_caught_up(job: &JobSpec, start: Timestamp, window: Duration) -> Option<Slot> {
+/// The first slot to catch up of those from `from` to `now`: `from` itself
+/// when at most the job's `catch_up_limit` slots lie in between, otherwise
+/// the oldest of the newest `limit` (found by halving the span, so a dense
+/// schedule with a long window costs no more than a few dozen counts of
+/// `limit` slots). The older ones are passed over, and the log says so.
+fn limit_catch_up(job: &JobSpec, from: Slot, now: Timestamp) -> Option<Slot> {
     let limit = job.catch_up_limit;
-    let oldest = start.saturating_sub(window);
-    if missed_after(job, oldest, start, limit + 1) <= limit {
-        return job.schedule.next_after(oldest);
+    let before_from = Timestamp::from_millis(from.as_millis() - 1);
+    if missed_after(job, before_from, now, limit + 1) <= limit {
+        return Some(from);
     }
     // Halve (too_many, few_enough]: more than `limit` slots lie after
     // `too_many`, at most `limit` after `few_enough`. When they are 1 ms
     // apart, exactly `limit` slots lie after `few_enough`.
-    let (mut too_many, mut few_enough) = (oldest.as_millis(), start.as_millis());
+    let (mut too_many, mut few_enough) = (before_from.as_millis(), now.as_millis());
     while few_enough - too_many > 1 {
         let mid = too_many + (few_enough - too_many) / 2;
-        if missed_after(job, Timestamp::from_millis(mid), start, limit + 1) > limit {
+        if missed_after(job, Timestamp::from_millis(mid), now, limit + 1) > limit {
             too_many = mid;
         } else {
             few_enough = mid;
         }
     }
+    let first = job.schedule.next_after(Timestamp::from_millis(few_enough));
     tracing::warn!(
         job = %job.name,
-        ?window,
+        from = %from,
+        to = ?first,
         limit,
-        "more than {limit} slots were missed inside the catch-up window: only the newest {limit} are caught up (catch_up_limit), the older ones are skipped"
+        "more than {limit} missed slots are inside the catch-up window: only the newest {limit} are caught up (catch_up_limit); the older ones are not claimed"
     );
-    job.schedule.next_after(Timestamp::from_millis(few_enough))
+    first
 }
 
 pub(crate) async fn drive(inner: Arc<Inner>) {
     let jobs = inner.jobs.clone();
     let mut queue = Queue::new();
+    // Caught-up slots waiting for a place to run: (slot, job index) → due,
+    // so the oldest, over all jobs, goes first. A job's later slots wait
+    // behind its caught-up ones, so each job's runs start in slot order.
+    let mut backlog: BTreeMap<(Slot, usize), Due> = BTreeMap::new();
+    let mut waiting = vec![0_usize; jobs.len()];
+    let permits = inner.catch_up_permits.clone();
     let start = inner.clock.now();
     for (index, job) in jobs.iter().enumerate() {
         // Without catch-up the first slot is the next one; with it, the
-        // oldest slot inside the window, so missed runs are claimed now.
-        let first = match job.catch_up {
-            Some(window) => first_caught_up(job, start, window),
-            None => job
-                .schedule
-                .next_after(Timestamp::from_millis(start.as_millis() - 1)),
+        // oldest slot inside the window, so missed runs are claimed now
+        // (no more than the job's limit: `take_due` sees to that).
+        let after = match job.catch_up {
+            Some(window) => start.saturating_sub(window),
+            None => Timestamp::from_millis(start.as_millis() - 1),
         };
-        if let Some(slot) = first {
-            enqueue(&mut queue, &jobs, index, slot);
+        if let Some(slot) = job.schedule.next_after(after) {
+            enqueue(&mut queue, &jobs, index, slot, false);
         }
     }
     if let StoreHandle::Lease(_) = inner.store {
         inner.tasks.spawn(collect_garbage(inner.clone()));
     }
     loop {
-        let Some((&(fire_at, _), _)) = queue.first_key_value() else {
-            inner.stop.cancelled().await;
-            return;
-        };
+        // Free places go to the oldest waiting caught-up slots.
+        let mut ready = Vec::new();
+        while let Some(entry) = backlog.first_entry() {
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                break;
+            };
+            let mut due = entry.remove();
+            waiting[due.index] -= 1;
+            due.permit = Some(permit);
+            ready.push(due);
+        }
+        if !ready.is_empty() {
+            inner.tasks.spawn(claim_batch(inner.clone(), ready));
+        }
         let now = inner.clock.now();
         let ahead = claim_ahead(&inner);
-        let claim_at = fire_at.saturating_sub(ahead);
-        if claim_at > now {
-            let nap = claim_at.since(now).min(MAX_NAP);
+        let nap = match queue.first_key_value() {
+            Some((&(fire_at, _), _)) => {
+                let claim_at = fire_at.saturating_sub(ahead);
+                (claim_at > now).then(|| claim_at.since(now).min(MAX_NAP))
+            }
+            None => Some(MAX_NAP),
+        };
+        if let Some(nap) = nap {
             tokio::select! {
                 () = tokio::time::sleep(nap) => continue,
+                _ = permits.acquire(), if !backlog.is_empty() => continue,
                 () = inner.stop.cancelled() => return,
             }
         }
@@ -171,8 +203,17 @@ pub(crate) async fn drive(inner: Arc<Inner>) {
         }
         let ask_store = matches!(inner.store, StoreHandle::Lease(_));
         let due = take_due(&mut queue, &jobs, now, ahead, ask_store, &inner.metrics);
-        if !due.is_empty() {
-            inner.tasks.spawn(claim_batch(inner.clone(), due));
+        let mut on_time = Vec::new();
+        for d in due {
+            if d.caught_up || waiting[d.index] > 0 {
+                waiting[d.index] += 1;
+                backlog.insert((d.slot, d.index), d);
+            } else {
+                on_time.push(d);
+            }
+        }
+        if !on_time.is_empty() {
+            inner.tasks.spawn(claim_batch(inner.clone(), on_time));
         }
     }
 }
@@ -185,7 +226,9 @@ const MISSED_REPORT_LIMIT: usize = 100;
 /// Pops every entry due for its claim at `now` (fire time within `ahead`),
 /// queues each job's next slot, and returns the slots to claim, oldest
 /// first. If a job fell far behind (a long suspend, a clock step) it jumps
-/// straight to its window instead of walking every slot in between.
+/// straight to its window instead of walking every slot in between, and a
+/// job with `catch_up` claims no more than its `catch_up_limit` of the
+/// slots it fell behind by.
 ///
 /// Slots older than their job's window by this instance's clock are not
 /// dropped here when `ask_store` (a lease store): they are claimed like any
@@ -207,8 +250,24 @@ fn take_due(
         if entry.key().0 > now.saturating_add(ahead) {
             break;
         }
-        let ((fire_at, index), slot) = entry.remove_entry();
+        let ((fire_at, index), (slot, mut limited)) = entry.remove_entry();
         let job = &jobs[index];
+        // Behind (at start, or after a suspend) but inside the window: a
+        // caught-up slot. (A slot past the window is reported to the store
+        // below, to be recorded missed.)
+        let caught_up =
+            job.catch_up.is_some() && fire_at < now && now.since(slot.at()) <= job.window();
+        if caught_up && !limited {
+            // Claim no more than the job's limit of the slots up to now,
+            // once per fall.
+            limited = true;
+            if let Some(from) = limit_catch_up(job, slot, now)
+                && from != slot
+            {
+                enqueue(queue, jobs, index, from, true);
+                continue;
+            }
+        }
         let window = job.window();
         let too_old = |s: Slot| now.since(s.at()) > window;
         if !too_old(slot) || ask_store {
@@ -216,6 +275,8 @@ fn take_due(
                 index,
                 slot,
                 fire_at,
+                caught_up,
+                permit: None,
             });
         } else {
             Metrics::add(&metrics.late);
@@ -238,6 +299,8 @@ fn take_due(
                     index,
                     slot: old,
                     fire_at: old.at(),
+                    caught_up: false,
+                    permit: None,
                 });
                 asked += 1;
                 walk = job.schedule.next_after(old.at());
@@ -245,9 +308,12 @@ fn take_due(
             tracing::warn!(job = %job.name, from = ?next, to = ?resume, asked, "the timer fell behind: slots older than the late window are passed over; the store records those asked about as missed");
             Metrics::add(&metrics.late);
             next = resume;
+            limited = false;
         }
         if let Some(next) = next {
-            enqueue(queue, jobs, index, next);
+            // The limit holds for this fall while the job is still behind.
+            let still_behind = limited && next.at() < now;
+            enqueue(queue, jobs, index, next, still_behind);
         }
     }
     due.sort_by_key(|d| d.slot);
@@ -336,11 +402,10 @@ where
 async fn claim_lease_batch(
     inner: &Arc<Inner>,
     store: &Arc<dyn LeaseStore>,
-    due: &[Due],
-    claims: Vec<LeaseClaim>,
+    pending: Vec<(Due, LeaseClaim)>,
     sent_at: Instant,
 ) {
-    let mut pending: Vec<(Due, LeaseClaim)> = due.iter().copied().zip(claims).collect();
+    let mut pending = pending;
     let mut backoff = FIRST_BACKOFF;
     for tries in 1..=STORE_TRIES {
         let batch: Vec<LeaseClaim> = pending.iter().map(|(_, c)| c.clone()).collect();
@@ -376,7 +441,15 @@ async fn claim_lease_batch(
             match answer {
                 Ok(outcome) => {
                     let job = inner.jobs[d.index].clone();
-                    handle_outcome(inner, job, claim, outcome, sent_at, Some(d.fire_at));
+                    handle_outcome(
+                        inner,
+                        job,
+                        claim,
+                        outcome,
+                        sent_at,
+                        Some(d.fire_at),
+                        d.permit,
+                    );
                 }
                 Err(error) if error.is_temporary() && !last => again.push((d, claim)),
                 Err(error) => {
@@ -426,12 +499,18 @@ async fn claim_batch(inner: Arc<Inner>, due: Vec<Due>) {
 async fn claim_due(inner: &Arc<Inner>, due: Vec<Due>, sent_at: Instant) {
     match &inner.store {
         StoreHandle::Lease(store) => {
-            for chunk in due.chunks(BATCH_LIMIT) {
-                let claims: Vec<LeaseClaim> = chunk
-                    .iter()
-                    .map(|d| lease_claim(inner, &inner.jobs[d.index], d.slot, Token::generate()))
+            let mut due = due.into_iter().peekable();
+            while due.peek().is_some() {
+                let chunk: Vec<(Due, LeaseClaim)> = due
+                    .by_ref()
+                    .take(BATCH_LIMIT)
+                    .map(|d| {
+                        let claim =
+                            lease_claim(inner, &inner.jobs[d.index], d.slot, Token::generate());
+                        (d, claim)
+                    })
                     .collect();
-                claim_lease_batch(inner, store, chunk, claims, sent_at).await;
+                claim_lease_batch(inner, store, chunk, sent_at).await;
             }
         }
         StoreHandle::Claim(store) => {
@@ -439,7 +518,7 @@ async fn claim_due(inner: &Arc<Inner>, due: Vec<Due>, sent_at: Instant) {
                 let job = inner.jobs[d.index].clone();
                 let store = store.clone();
                 let inner = inner.clone();
-                let Due { slot, fire_at, .. } = *d;
+                let (slot, fire_at) = (d.slot, d.fire_at);
                 async move {
                     let req = ClaimRequest {
                         run: RunKey::new(job.name.clone(), slot),
@@ -460,7 +539,15 @@ async fn claim_due(inner: &Arc<Inner>, due: Vec<Due>, sent_at: Instant) {
                     match answer {
                         Ok(outcome) => {
                             let claim = LeaseClaim::from_plain(&req);
-                            handle_outcome(&inner, job, claim, outcome, sent_at, Some(fire_at));
+                            handle_outcome(
+                                &inner,
+                                job,
+                                claim,
+                                outcome,
+                                sent_at,
+                                Some(fire_at),
+                                None,
+                            );
                         }
                         Err(error) => {
                             Metrics::add(&inner.metrics.store_errors);

@@ -57,6 +57,9 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// How many missed slots of a job are caught up at start unless told
 /// otherwise.
 pub const DEFAULT_CATCH_UP_LIMIT: usize = 10;
+/// How many caught-up runs one instance runs at once unless told
+/// otherwise, over all its jobs.
+pub const DEFAULT_CATCH_UP_CONCURRENCY: usize = 4;
 /// How long a lease store keeps run records unless told otherwise.
 pub const DEFAULT_HISTORY_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Clock skew between instances that claim-only stores must absorb: their
@@ -123,6 +126,9 @@ pub struct SchedulerOptions {
     /// How long a handler cancelled for lost contact may take to stop
     /// (lease stores only).
     pub stop_grace: Option<Duration>,
+    /// How many caught-up runs this instance runs at once (lease stores
+    /// only).
+    pub catch_up_concurrency: Option<u32>,
     /// This instance's id.
     pub instance_id: Option<String>,
 }
@@ -144,7 +150,7 @@ pub struct JobOptions {
     pub max_attempts: Option<u32>,
     /// Catch-up window (lease stores only).
     pub catch_up: Option<Duration>,
-    /// The most missed slots caught up at start (lease stores only).
+    /// The most missed slots caught up at a time (lease stores only).
     pub catch_up_limit: Option<u32>,
 }
 
@@ -158,7 +164,7 @@ pub(crate) struct JobSpec {
     pub(crate) overlap: Overlap,
     pub(crate) max_attempts: MaxAttempts,
     pub(crate) catch_up: Option<Duration>,
-    /// At most this many missed slots are caught up at start.
+    /// At most this many missed slots are caught up at a time.
     pub(crate) catch_up_limit: usize,
     pub(crate) handler: Arc<dyn Handler>,
 }
@@ -172,6 +178,14 @@ impl JobSpec {
     }
 }
 
+/// The scheduler-wide options once checked.
+struct Settled {
+    lease: Duration,
+    heartbeat: Duration,
+    stop_grace: Duration,
+    catch_up_concurrency: usize,
+}
+
 /// Builds a [`Scheduler`] over a store of type `S`.
 ///
 /// Created by [`Scheduler::builder`]. Setters never fail; what they are given
@@ -181,10 +195,13 @@ pub struct SchedulerBuilder<S: ClaimStore + ?Sized> {
     store: Arc<S>,
     clock: Arc<dyn Clock>,
     instance: Option<InstanceId>,
-    instance_error: Option<ConfigError>,
+    /// An instance id from configuration that was refused, kept to be
+    /// reported by `check` and `start`.
+    bad_instance_id: Option<String>,
     lease: Option<Duration>,
     heartbeat: Option<Duration>,
     stop_grace: Option<Duration>,
+    catch_up_concurrency: Option<u32>,
     shutdown_grace: Duration,
     history_retention: Duration,
     jobs: Vec<Arc<JobSpec>>,
@@ -208,10 +225,11 @@ where
             store,
             clock: Arc::new(SystemClock),
             instance: None,
-            instance_error: None,
+            bad_instance_id: None,
             lease: None,
             heartbeat: None,
             stop_grace: None,
+            catch_up_concurrency: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             history_retention: DEFAULT_HISTORY_RETENTION,
             jobs: Vec::new(),
@@ -262,10 +280,13 @@ where
         if let Some(grace) = options.stop_grace {
             self.stop_grace = Some(grace);
         }
+        if let Some(n) = options.catch_up_concurrency {
+            self.catch_up_concurrency = Some(n);
+        }
         if let Some(id) = &options.instance_id {
             match InstanceId::new(id) {
                 Ok(id) => self.instance = Some(id),
-                Err(e) => self.instance_error = Some(e),
+                Err(_) => self.bad_instance_id = Some(id.clone()),
             }
         }
         self
@@ -301,35 +322,48 @@ where
         self.store.info()
     }
 
-    /// Checks everything and starts the scheduler's tasks on the current
-    /// tokio runtime.
+    /// Checks the scheduler-wide options as [`Self::start`] will, without
+    /// starting anything: what a configuration checker calls. Jobs were
+    /// checked when they were added.
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`]: zero durations, `heartbeat >= lease`, lease-only
-    /// options on a claim-only store, an invalid instance id.
-    ///
-    /// # Panics
-    ///
-    /// When called outside a tokio runtime.
-    pub fn start(self) -> Result<Scheduler, ConfigError> {
-        if let Some(e) = self.instance_error {
-            return Err(e);
+    /// As [`Self::start`].
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.settle().map(drop)
+    }
+
+    /// The scheduler-wide options checked, with their defaults filled in.
+    fn settle(&self) -> Result<Settled, ConfigError> {
+        if let Some(id) = &self.bad_instance_id {
+            InstanceId::new(id)?;
         }
-        let handle = store_handle(&self.store);
         let info = self.store.info();
-        let is_lease = matches!(handle, StoreHandle::Lease(_));
+        let is_lease = matches!(store_handle(&self.store), StoreHandle::Lease(_));
         if !is_lease {
-            if self.lease.is_some() {
-                return Err(unsupported("lease", info));
-            }
-            if self.heartbeat.is_some() {
-                return Err(unsupported("heartbeat", info));
-            }
-            if self.stop_grace.is_some() {
-                return Err(unsupported("stop_grace", info));
+            for (set, option) in [
+                (self.lease.is_some(), "lease"),
+                (self.heartbeat.is_some(), "heartbeat"),
+                (self.stop_grace.is_some(), "stop_grace"),
+                (self.catch_up_concurrency.is_some(), "catch_up_concurrency"),
+            ] {
+                if set {
+                    return Err(unsupported(option, info));
+                }
             }
         }
+        let catch_up_concurrency = match self.catch_up_concurrency {
+            Some(0) => {
+                return Err(ConfigError::OutOfRange {
+                    option: "catch_up_concurrency",
+                    reason: "it must be at least 1 (leave catch_up out to catch nothing up)".into(),
+                });
+            }
+            Some(n) => usize::try_from(n)
+                .unwrap_or(usize::MAX)
+                .min(tokio::sync::Semaphore::MAX_PERMITS),
+            None => DEFAULT_CATCH_UP_CONCURRENCY,
+        };
         let lease = self.lease.unwrap_or(DEFAULT_LEASE);
         let heartbeat = self
             .heartbeat
@@ -347,6 +381,34 @@ where
                 lease,
             });
         }
+        Ok(Settled {
+            lease,
+            heartbeat,
+            stop_grace,
+            catch_up_concurrency,
+        })
+    }
+
+    /// Checks everything and starts the scheduler's tasks on the current
+    /// tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`]: zero durations, `heartbeat >= lease`, lease-only
+    /// options on a claim-only store, an invalid instance id.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a tokio runtime.
+    pub fn start(self) -> Result<Scheduler, ConfigError> {
+        let Settled {
+            lease,
+            heartbeat,
+            stop_grace,
+            catch_up_concurrency,
+        } = self.settle()?;
+        let handle = store_handle(&self.store);
+        let info = self.store.info();
         let instance = self.instance.unwrap_or_else(InstanceId::generate);
         let longest_window = self
             .jobs
@@ -366,6 +428,7 @@ where
                 .history_retention
                 .max(longest_window + Duration::from_secs(3600)),
             jobs: self.jobs,
+            catch_up_permits: Arc::new(tokio::sync::Semaphore::new(catch_up_concurrency)),
             metrics: Metrics::default(),
             stop: CancellationToken::new(),
             hand_over: CancellationToken::new(),
@@ -410,6 +473,21 @@ where
     /// SIGKILL sets it to its kill grace.
     pub fn stop_grace(mut self, grace: Duration) -> Self {
         self.stop_grace = Some(grace);
+        self
+    }
+
+    /// How many caught-up runs this instance runs at once, over all its
+    /// jobs (default [`DEFAULT_CATCH_UP_CONCURRENCY`]).
+    ///
+    /// A caught-up run is one whose slot is already older than its job's
+    /// `max_late` when it is claimed: only `catch_up` lets it run. Such
+    /// slots wait, oldest first across jobs, until one of these places is
+    /// free, and hold it until their handler ends; slots on time never
+    /// wait. A slot that waits past its catch-up window is recorded
+    /// missed by the store. The bound is per instance: a fleet of `k`
+    /// instances runs up to `k` times as many.
+    pub fn catch_up_concurrency(mut self, n: u32) -> Self {
+        self.catch_up_concurrency = Some(n);
         self
     }
 }
@@ -627,17 +705,18 @@ impl<S: LeaseStore + ?Sized> JobBuilder<'_, S> {
 
     /// Runs slots missed while no instance was up, if they are at most
     /// `window` old: at start, and whenever the timer finds it woke late.
-    /// At start, at most [`Self::catch_up_limit`] of them.
+    /// Each time, at most [`Self::catch_up_limit`] of them, and over all
+    /// jobs at most [`SchedulerBuilder::catch_up_concurrency`] at once.
     pub fn catch_up(mut self, window: Duration) -> Self {
         self.options.catch_up = Some(window);
         self
     }
 
-    /// The most missed slots caught up when the scheduler starts (default
-    /// [`DEFAULT_CATCH_UP_LIMIT`]): the newest ones, run oldest first. A
-    /// per-minute job with a day's catch-up would otherwise start up to
-    /// 1,440 runs at once after an outage. Older missed slots are skipped
-    /// and logged.
+    /// The most missed slots caught up when the scheduler starts, or when
+    /// its timer finds it fell behind (default [`DEFAULT_CATCH_UP_LIMIT`]):
+    /// the newest ones, run oldest first. A per-minute job with a day's
+    /// catch-up would otherwise queue up to 1,440 runs after an outage.
+    /// Older missed slots are not claimed; the log says how many.
     pub fn catch_up_limit(mut self, n: u32) -> Self {
         self.options.catch_up_limit = Some(n);
         self
@@ -655,6 +734,8 @@ pub(crate) struct Inner {
     pub(crate) stop_grace: Duration,
     pub(crate) keep: Duration,
     pub(crate) jobs: Vec<Arc<JobSpec>>,
+    /// One per caught-up run this instance may run at once.
+    pub(crate) catch_up_permits: Arc<tokio::sync::Semaphore>,
     pub(crate) metrics: Metrics,
     /// Stop firing and watching: the first step of shutdown.
     pub(crate) stop: CancellationToken,

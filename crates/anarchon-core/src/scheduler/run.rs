@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -27,7 +28,9 @@ const BACKUP_MARGIN: Duration = Duration::from_millis(5);
 /// Acts on the answer to a claim. `sent_at` is when the claim was first sent:
 /// the lease cannot have started before it. A won run's handler starts at
 /// `fire_at` (wall clock) if that is still ahead: claims are sent a little
-/// early so the store's round trip does not delay the handler.
+/// early so the store's round trip does not delay the handler. A caught-up
+/// slot's `permit` is held by its run until the handler ends, and freed at
+/// once by any other answer.
 pub(crate) fn handle_outcome(
     inner: &Arc<Inner>,
     job: Arc<JobSpec>,
@@ -35,6 +38,7 @@ pub(crate) fn handle_outcome(
     outcome: ClaimOutcome,
     sent_at: Instant,
     fire_at: Option<Timestamp>,
+    permit: Option<OwnedSemaphorePermit>,
 ) {
     let run = claim.claim.run;
     let m = &inner.metrics;
@@ -46,15 +50,11 @@ pub(crate) fn handle_outcome(
             }
             tracing::info!(job = %run.job, slot = %run.slot, attempt = win.attempt.get(), fence = ?win.fence.map(|f| f.get()), "claim won");
             let token = claim.claim.token;
-            inner.tasks.spawn(run_won(
-                inner.clone(),
-                job,
-                run,
-                token,
-                win,
-                sent_at,
-                fire_at,
-            ));
+            let running = run_won(inner.clone(), job, run, token, win, sent_at, fire_at);
+            inner.tasks.spawn(async move {
+                running.await;
+                drop(permit);
+            });
         }
         ClaimOutcome::Running {
             lease_until,
@@ -500,7 +500,7 @@ pub(crate) async fn backup(
                 if matches!(outcome, ClaimOutcome::Won(_)) {
                     tracing::info!(job = %run.job, slot = %run.slot, "the lease ran out; taking over");
                 }
-                handle_outcome(&inner, job, claim, outcome, sent_at, None);
+                handle_outcome(&inner, job, claim, outcome, sent_at, None, None);
                 return;
             }
             Err(error) => {
