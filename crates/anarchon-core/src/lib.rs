@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod clock;
+pub mod decide;
 pub mod error;
 pub mod hand_over;
 pub mod ids;

@@ -2,10 +2,10 @@
 //!
 //! It exists for two readers. Users get a store for tests and for a single
 //! process that wants the scheduler's features without a server. Backend
-//! authors get the reference: every rule of the lease flowchart is written
-//! out here once, in plain Rust, under one mutex — which is what makes each
-//! call atomic. A backend does the same steps with its store's atomic
-//! primitive (a Lua script, a transaction, a compare-and-swap).
+//! authors get the smallest example of applying the core's decisions
+//! ([`crate::decide`]) inside one atomic step — here a mutex. A backend
+//! does the same with its store's atomic primitive (a transaction, a
+//! compare-and-swap, a Lua script).
 //!
 //! The store's clock is a [`Clock`]; by default the system clock, in tests a
 //! controllable one shared with the scheduler.
@@ -18,14 +18,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::clock::{Clock, SystemClock};
+use crate::decide::{self, ClaimDecision, FinishDecision, LeaseRecord};
 use crate::error::StoreError;
 use crate::hand_over::HandOvers;
 use crate::ids::{Attempt, Fence, InstanceId, Token};
 use crate::name::JobName;
 use crate::store::{
     BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, LeaseClaim,
-    LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState,
-    RunView, Win,
+    LeaseStore, Memory, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView,
 };
 use crate::time::{Slot, Timestamp};
 
@@ -74,6 +74,17 @@ struct Record {
 }
 
 impl Record {
+    /// What the core's decisions read of the record.
+    fn lease_record(&self) -> LeaseRecord {
+        LeaseRecord {
+            state: self.state,
+            attempt: self.attempt,
+            holder: self.token,
+            fence: self.fence,
+            lease_until: self.lease_until,
+        }
+    }
+
     fn ended(state: RecordState, now: Timestamp) -> Self {
         Self {
             state,
@@ -164,103 +175,66 @@ impl MemoryStore {
     }
 }
 
-/// The lease flowchart. Every lease backend implements these steps.
+/// One claim: the core's decision ([`decide::claim_at`]) applied to the
+/// job's runs.
 fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcome {
     let run = req.run();
     let job = state.jobs.entry(run.job.clone()).or_default();
     job.window = job.window.max(req.claim.max_late);
-    let existing = job.runs.get(&run.slot).map(|r| r.state);
-    match existing {
-        // 1. No record, or only a `missed` one.
-        None | Some(RecordState::Missed) => {
-            if now.since(run.slot.at()) > req.claim.max_late {
-                if existing.is_none() {
-                    job.runs
-                        .insert(run.slot, Record::ended(RecordState::Missed, now));
-                }
-                return ClaimOutcome::Late;
-            }
-            if req.overlap == Overlap::Skip && another_run_is_live(job, run.slot, now) {
-                job.runs.insert(
-                    run.slot,
-                    Record::ended(RecordState::Finished(FinalState::Skipped), now),
-                );
-                return ClaimOutcome::Overlap;
-            }
-            job.last_fence += 1;
-            let fence = Fence::new(job.last_fence);
+    let record = job.runs.get(&run.slot).map(Record::lease_record);
+    let decision = decide::claim_at(record.as_ref(), now, req, || {
+        another_run_is_live(job, run.slot, now)
+    });
+    let fence = decision.needs_fence().then(|| {
+        job.last_fence += 1;
+        Fence::new(job.last_fence)
+    });
+    let lease_until = Some(now.saturating_add(req.lease));
+    match &decision {
+        ClaimDecision::Answer(_) => {}
+        ClaimDecision::RecordMissed => {
+            job.runs
+                .insert(run.slot, Record::ended(RecordState::Missed, now));
+        }
+        ClaimDecision::RecordSkipped => {
+            let skipped = RecordState::Finished(FinalState::Skipped);
+            job.runs.insert(run.slot, Record::ended(skipped, now));
+        }
+        ClaimDecision::Start => {
             job.runs.insert(
                 run.slot,
                 Record {
                     state: RecordState::Running,
                     attempt: Some(Attempt::FIRST),
                     token: Some(req.claim.token),
-                    fence: Some(fence),
+                    fence,
                     instance: Some(req.claim.instance.clone()),
                     started_at: Some(now),
                     finished_at: None,
-                    lease_until: Some(now.saturating_add(req.lease)),
+                    lease_until,
                     error: None,
                 },
             );
             job.running.insert(run.slot);
-            ClaimOutcome::Won(Win {
-                attempt: Attempt::FIRST,
-                fence: Some(fence),
-            })
         }
-        // 3. Finished.
-        Some(RecordState::Finished(state)) => ClaimOutcome::Done(state),
-        Some(RecordState::Running) => {
-            let JobRuns {
-                runs,
-                running,
-                last_fence,
-                ..
-            } = job;
-            let Some(rec) = runs.get_mut(&run.slot) else {
-                unreachable!("the record was read above under the same lock")
-            };
-            let attempt = rec.attempt.unwrap_or(Attempt::FIRST);
-            let lease_until = rec.lease_until.unwrap_or(now);
-            // 2. Our own claim, sent again.
-            if rec.token == Some(req.claim.token) {
-                return ClaimOutcome::Won(Win {
-                    attempt,
-                    fence: rec.fence,
-                });
-            }
-            // 4. Someone else's live lease.
-            if lease_until >= now {
-                return ClaimOutcome::Running {
-                    lease_until,
-                    store_now: now,
-                };
-            }
-            // 5. The lease ran out. A run given back before its handler
-            // started (no holder) runs the same attempt again.
-            let given_back = rec.token.is_none();
-            if given_back || req.max_attempts.allows_after(attempt) {
-                *last_fence += 1;
-                let fence = Fence::new(*last_fence);
-                let attempt = if given_back { attempt } else { attempt.next() };
-                rec.attempt = Some(attempt);
+        ClaimDecision::TakeOver { attempt } => {
+            if let Some(rec) = job.runs.get_mut(&run.slot) {
+                rec.attempt = Some(*attempt);
                 rec.token = Some(req.claim.token);
-                rec.fence = Some(fence);
+                rec.fence = fence;
                 rec.instance = Some(req.claim.instance.clone());
-                rec.lease_until = Some(now.saturating_add(req.lease));
-                ClaimOutcome::Won(Win {
-                    attempt,
-                    fence: Some(fence),
-                })
-            } else {
+                rec.lease_until = lease_until;
+            }
+        }
+        ClaimDecision::Interrupt => {
+            if let Some(rec) = job.runs.get_mut(&run.slot) {
                 rec.state = RecordState::Finished(FinalState::Interrupted);
                 rec.finished_at = Some(now);
-                running.remove(&run.slot);
-                ClaimOutcome::Done(FinalState::Interrupted)
             }
+            job.running.remove(&run.slot);
         }
     }
+    decision.outcome(fence)
 }
 
 fn another_run_is_live(job: &JobRuns, slot: Slot, now: Timestamp) -> bool {
@@ -274,22 +248,9 @@ fn another_run_is_live(job: &JobRuns, slot: Slot, now: Timestamp) -> bool {
     })
 }
 
-/// The record of `run` if `token` holds it.
-fn held<'a>(state: &'a mut State, run: &RunKey, token: Token) -> Option<&'a mut Record> {
-    state
-        .jobs
-        .get_mut(&run.job)?
-        .runs
-        .get_mut(&run.slot)
-        .filter(|r| r.state == RecordState::Running && r.token == Some(token))
-}
-
-fn renewal(held: bool) -> Renewal {
-    if held {
-        Renewal::Renewed
-    } else {
-        Renewal::Fenced
-    }
+/// The record of `run`, mutable.
+fn record_mut<'a>(state: &'a mut State, run: &RunKey) -> Option<&'a mut Record> {
+    state.jobs.get_mut(&run.job)?.runs.get_mut(&run.slot)
 }
 
 #[async_trait]
@@ -341,12 +302,13 @@ impl LeaseStore for MemoryStore {
         lease: Duration,
     ) -> Result<Renewal, StoreError> {
         self.step(|state, now| {
-            let rec = held(state, run, token);
-            let ok = rec.is_some();
-            if let Some(rec) = rec {
+            let rec = record_mut(state, run);
+            let answer =
+                decide::heartbeat(rec.as_deref().map(Record::lease_record).as_ref(), token);
+            if let (Renewal::Renewed, Some(rec)) = (answer, rec) {
                 rec.lease_until = Some(now.saturating_add(lease));
             }
-            renewal(ok)
+            answer
         })
     }
 
@@ -357,57 +319,53 @@ impl LeaseStore for MemoryStore {
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
         self.step(|state, now| {
-            let (done, error) = match outcome {
-                RunOutcome::Succeeded => (FinalState::Succeeded, None),
-                RunOutcome::Failed { error } => (FinalState::Failed, Some(error)),
-            };
-            let Some(rec) = held(state, run, token) else {
-                // The same finish sent again by the token that finished the
-                // run: it was recorded, and gets the same answer.
-                let finished_by_token = state
-                    .jobs
-                    .get(&run.job)
-                    .and_then(|j| j.runs.get(&run.slot))
-                    .is_some_and(|r| {
-                        r.token == Some(token) && r.state == RecordState::Finished(done)
-                    });
-                return renewal(finished_by_token);
-            };
-            rec.state = RecordState::Finished(done);
-            rec.finished_at = Some(now);
-            rec.error = error;
-            if let Some(job) = state.jobs.get_mut(&run.job) {
-                job.running.remove(&run.slot);
+            let rec = record_mut(state, run);
+            let decision = decide::finish(
+                rec.as_deref().map(Record::lease_record).as_ref(),
+                token,
+                &outcome,
+            );
+            if let (FinishDecision::Finish { state: done }, Some(rec)) = (decision, rec) {
+                rec.state = RecordState::Finished(done);
+                rec.finished_at = Some(now);
+                rec.error = match outcome {
+                    RunOutcome::Succeeded => None,
+                    RunOutcome::Failed { error } => Some(error),
+                };
+                if let Some(job) = state.jobs.get_mut(&run.job) {
+                    job.running.remove(&run.slot);
+                }
             }
-            Renewal::Renewed
+            decision.renewal()
         })
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         self.step(|state, now| {
-            let rec = held(state, run, token);
-            let ok = rec.is_some();
-            if let Some(rec) = rec {
+            let rec = record_mut(state, run);
+            let answer = decide::release(rec.as_deref().map(Record::lease_record).as_ref(), token);
+            if let (Renewal::Renewed, Some(rec)) = (answer, rec) {
                 // Lease alive means `lease_until >= now`: one millisecond
                 // before now has run out.
                 rec.lease_until = Some(Timestamp::from_millis(now.as_millis() - 1));
                 // Told as part of the step: also when its answer is lost.
                 self.hand_overs.announce(run);
             }
-            renewal(ok)
+            answer
         })
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         self.step(|state, now| {
-            let rec = held(state, run, token);
-            let ok = rec.is_some();
-            if let Some(rec) = rec {
+            let rec = record_mut(state, run);
+            let answer =
+                decide::give_back(rec.as_deref().map(Record::lease_record).as_ref(), token);
+            if let (Renewal::Renewed, Some(rec)) = (answer, rec) {
                 rec.lease_until = Some(Timestamp::from_millis(now.as_millis() - 1));
                 rec.token = None;
                 self.hand_overs.announce(run);
             }
-            renewal(ok)
+            answer
         })
     }
 

@@ -1,0 +1,478 @@
+//! The lease flowchart as pure functions: what a lease store must answer
+//! and write, given what it holds.
+//!
+//! Every lease store does the same few decisions; only how it reads and
+//! writes atomically differs (a mutex, a transaction, a compare-and-swap, a
+//! Lua script). The decisions live here once. A store reads the run's
+//! record into a [`LeaseRecord`], asks [`claim`] (or [`heartbeat`],
+//! [`finish`], [`release`], [`give_back`]) what to do, and applies the
+//! answer inside its atomic step. `MemoryStore`, SQLite and NATS KV call
+//! these functions; the Redis Lua script and the PostgreSQL function
+//! mirror them in their own languages, and differential tests hold each
+//! store to these functions' answers.
+//!
+//! [`claim`] takes the facts that are costly for some stores — the store's
+//! clock, whether another run of the job holds a live lease — as options,
+//! and says which one it needs when it was not given ([`Needs`]): a store
+//! that can answer without its clock does not read it. [`claim_at`] is the
+//! same decision for a store that has both facts at hand.
+
+use crate::ids::{Attempt, Fence, Token};
+use crate::store::{
+    ClaimOutcome, FinalState, LeaseClaim, Overlap, RecordState, Renewal, RunOutcome, Win,
+};
+use crate::time::Timestamp;
+
+/// What a lease store holds for one run, as far as its decisions go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The record's state.
+    pub state: RecordState,
+    /// The latest attempt (`None` for runs nobody ran).
+    pub attempt: Option<Attempt>,
+    /// The token of the claim that holds (or last held) the run; `None`
+    /// when nobody ran it, or when the run was given back.
+    pub holder: Option<Token>,
+    /// The fence of the latest attempt.
+    pub fence: Option<Fence>,
+    /// When the holder's lease ends, by the store's clock.
+    pub lease_until: Option<Timestamp>,
+}
+
+impl LeaseRecord {
+    /// Whether `token` holds the run now: it is running and `token` won it.
+    pub fn held_by(&self, token: Token) -> bool {
+        self.state == RecordState::Running && self.holder == Some(token)
+    }
+}
+
+/// A fact [`claim`] needs before it can decide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    /// The answer depends on the store's clock: read it and decide again
+    /// with `now`.
+    Now,
+    /// The claim's job skips overlapping runs: find out whether a run of
+    /// the job other than this one holds a lease alive at `now`
+    /// (`lease_until >= now`) and decide again with the answer.
+    OverlapCheck,
+}
+
+/// What a claim makes a lease store do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimDecision {
+    /// Write nothing; answer this.
+    Answer(ClaimOutcome),
+    /// No record: write one in state `missed` (finished now, nobody's);
+    /// answer [`ClaimOutcome::Late`].
+    RecordMissed,
+    /// Write a record in state `skipped` (finished now, nobody's) in place
+    /// of whatever was there; answer [`ClaimOutcome::Overlap`].
+    RecordSkipped,
+    /// Start the run: a new record in state `running`, attempt 1, held by
+    /// the claim's token and instance, a new fence from the job's counter,
+    /// started now, its lease ending the claim's lease after now. Answer
+    /// [`ClaimOutcome::Won`] with that attempt and fence.
+    Start,
+    /// Take the run over: the record keeps running with `attempt`, the
+    /// claim's token and instance, a new fence from the job's counter, and a
+    /// lease ending the claim's lease after now. Answer
+    /// [`ClaimOutcome::Won`] with that attempt and fence.
+    TakeOver {
+        /// The attempt the new holder runs: the next one, or the same one
+        /// when the run was given back before its handler started.
+        attempt: Attempt,
+    },
+    /// The lease ran out with no attempts left: the record ends
+    /// `interrupted`, finished now. Answer
+    /// [`ClaimOutcome::Done`]`(Interrupted)`.
+    Interrupt,
+}
+
+impl ClaimDecision {
+    /// The answer to send once the decision is applied; `fence` is the one
+    /// handed out for [`Self::Start`] and [`Self::TakeOver`].
+    pub fn outcome(self, fence: Option<Fence>) -> ClaimOutcome {
+        match self {
+            ClaimDecision::Answer(outcome) => outcome,
+            ClaimDecision::RecordMissed => ClaimOutcome::Late,
+            ClaimDecision::RecordSkipped => ClaimOutcome::Overlap,
+            ClaimDecision::Start => ClaimOutcome::Won(Win {
+                attempt: Attempt::FIRST,
+                fence,
+            }),
+            ClaimDecision::TakeOver { attempt } => ClaimOutcome::Won(Win { attempt, fence }),
+            ClaimDecision::Interrupt => ClaimOutcome::Done(FinalState::Interrupted),
+        }
+    }
+
+    /// Whether applying the decision hands out a new fence.
+    pub fn needs_fence(&self) -> bool {
+        matches!(self, ClaimDecision::Start | ClaimDecision::TakeOver { .. })
+    }
+}
+
+/// The lease flowchart for one claim.
+///
+/// `record` is the run's record as the store holds it (`None`: no
+/// record), `now` the store's clock if it was read, `another_run_live`
+/// whether another run of the job holds a live lease at `now`, if that was
+/// found out. In order:
+///
+/// 1. A finished run answers `Done` with how it ended.
+/// 2. A running run held by the claim's own token (the same claim sent
+///    again) answers `Won` with the record's attempt and fence, and changes
+///    nothing.
+/// 3. A running run whose lease is alive (`lease_until >= now`) answers
+///    `Running` with the lease's end and the store's `now`.
+/// 4. A running run whose lease ran out is taken over with the next
+///    attempt if the claim's `max_attempts` allows one — or with the same
+///    attempt if the run was given back (no holder) — and otherwise ends
+///    `interrupted`.
+/// 5. No record, or a `missed` one: a claim later than its `max_late`
+///    (`now - slot > max_late`) answers `Late` and records `missed` if there
+///    was no record; a claim with `Overlap::Skip` while another run of the
+///    job is live records `skipped`; otherwise the run starts.
+pub fn claim(
+    record: Option<&LeaseRecord>,
+    now: Option<Timestamp>,
+    another_run_live: Option<bool>,
+    req: &LeaseClaim,
+) -> Result<ClaimDecision, Needs> {
+    match record.map(|r| (r, r.state)) {
+        Some((_, RecordState::Finished(state))) => {
+            Ok(ClaimDecision::Answer(ClaimOutcome::Done(state)))
+        }
+        Some((rec, RecordState::Running)) => {
+            let attempt = rec.attempt.unwrap_or(Attempt::FIRST);
+            if rec.holder == Some(req.claim.token) {
+                return Ok(ClaimDecision::Answer(ClaimOutcome::Won(Win {
+                    attempt,
+                    fence: rec.fence,
+                })));
+            }
+            let now = now.ok_or(Needs::Now)?;
+            let lease_until = rec.lease_until.unwrap_or(now);
+            if lease_until >= now {
+                return Ok(ClaimDecision::Answer(ClaimOutcome::Running {
+                    lease_until,
+                    store_now: now,
+                }));
+            }
+            let given_back = rec.holder.is_none();
+            Ok(if given_back {
+                ClaimDecision::TakeOver { attempt }
+            } else if req.max_attempts.allows_after(attempt) {
+                ClaimDecision::TakeOver {
+                    attempt: attempt.next(),
+                }
+            } else {
+                ClaimDecision::Interrupt
+            })
+        }
+        None | Some((_, RecordState::Missed)) => {
+            let now = now.ok_or(Needs::Now)?;
+            if now.since(req.run().slot.at()) > req.claim.max_late {
+                return Ok(if record.is_none() {
+                    ClaimDecision::RecordMissed
+                } else {
+                    ClaimDecision::Answer(ClaimOutcome::Late)
+                });
+            }
+            if req.overlap == Overlap::Skip && another_run_live.ok_or(Needs::OverlapCheck)? {
+                return Ok(ClaimDecision::RecordSkipped);
+            }
+            Ok(ClaimDecision::Start)
+        }
+    }
+}
+
+/// [`claim`] for a store that has its clock and can tell at once whether
+/// another run of the job is live (asked only when the answer depends on
+/// it).
+pub fn claim_at(
+    record: Option<&LeaseRecord>,
+    now: Timestamp,
+    req: &LeaseClaim,
+    another_run_live: impl FnOnce() -> bool,
+) -> ClaimDecision {
+    match claim(record, Some(now), None, req) {
+        Ok(decision) => decision,
+        Err(_) => claim(record, Some(now), Some(another_run_live()), req)
+            .unwrap_or(ClaimDecision::Answer(ClaimOutcome::Unknown)),
+    }
+}
+
+/// A heartbeat by `token`: `Renewed` (the store sets the lease to end the
+/// heartbeat's lease after its `now`) if `token` holds the run, otherwise
+/// `Fenced` and nothing changes.
+pub fn heartbeat(record: Option<&LeaseRecord>, token: Token) -> Renewal {
+    renewal(record.is_some_and(|r| r.held_by(token)))
+}
+
+/// What a finish makes a lease store do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishDecision {
+    /// The record ends in `state`, finished now, with the outcome's error
+    /// (if any); it keeps its holder. Answer `Renewed`.
+    Finish {
+        /// The state it ends in.
+        state: FinalState,
+    },
+    /// The same finish sent again by the token that finished the run:
+    /// change nothing; answer `Renewed`.
+    AlreadyFinished,
+    /// `token` does not hold the run: change nothing; answer `Fenced`.
+    Fenced,
+}
+
+impl FinishDecision {
+    /// The answer to send.
+    pub fn renewal(&self) -> Renewal {
+        match self {
+            FinishDecision::Finish { .. } | FinishDecision::AlreadyFinished => Renewal::Renewed,
+            FinishDecision::Fenced => Renewal::Fenced,
+        }
+    }
+}
+
+/// A finish by `token` with `outcome`.
+pub fn finish(record: Option<&LeaseRecord>, token: Token, outcome: &RunOutcome) -> FinishDecision {
+    let state = match outcome {
+        RunOutcome::Succeeded => FinalState::Succeeded,
+        RunOutcome::Failed { .. } => FinalState::Failed,
+    };
+    match record {
+        Some(r) if r.held_by(token) => FinishDecision::Finish { state },
+        Some(r) if r.holder == Some(token) && r.state == RecordState::Finished(state) => {
+            FinishDecision::AlreadyFinished
+        }
+        _ => FinishDecision::Fenced,
+    }
+}
+
+/// A release by `token`: `Renewed` (the store ends the lease — sets it to
+/// one millisecond before its `now` — and keeps the holder, so the next
+/// takeover runs the next attempt) if `token` holds the run, otherwise
+/// `Fenced` and nothing changes.
+pub fn release(record: Option<&LeaseRecord>, token: Token) -> Renewal {
+    renewal(record.is_some_and(|r| r.held_by(token)))
+}
+
+/// A give-back by `token`: `Renewed` (the store ends the lease as for
+/// [`release`] and clears the holder, so the next takeover runs the same
+/// attempt) if `token` holds the run, otherwise `Fenced` and nothing
+/// changes.
+pub fn give_back(record: Option<&LeaseRecord>, token: Token) -> Renewal {
+    renewal(record.is_some_and(|r| r.held_by(token)))
+}
+
+fn renewal(held: bool) -> Renewal {
+    if held {
+        Renewal::Renewed
+    } else {
+        Renewal::Fenced
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ids::{InstanceId, MaxAttempts};
+    use crate::name::JobName;
+    use crate::store::{ClaimRequest, RunKey};
+    use crate::time::Slot;
+
+    const NOW: i64 = 1_000_000_000;
+
+    fn req(token: Token, slot_age_ms: i64, overlap: Overlap, max_attempts: u32) -> LeaseClaim {
+        LeaseClaim {
+            claim: ClaimRequest {
+                run: RunKey::new(
+                    JobName::new("j").unwrap(),
+                    Slot::from_millis(NOW - slot_age_ms),
+                ),
+                token,
+                instance: InstanceId::new("i").unwrap(),
+                max_late: Duration::from_secs(60),
+            },
+            lease: Duration::from_secs(30),
+            overlap,
+            max_attempts: MaxAttempts::new(max_attempts).unwrap(),
+        }
+    }
+
+    fn running(holder: Option<Token>, attempt: u32, lease_left_ms: i64) -> LeaseRecord {
+        LeaseRecord {
+            state: RecordState::Running,
+            attempt: Attempt::new(attempt),
+            holder,
+            fence: Some(Fence::new(7)),
+            lease_until: Some(Timestamp::from_millis(NOW + lease_left_ms)),
+        }
+    }
+
+    fn ended(state: RecordState, holder: Option<Token>) -> LeaseRecord {
+        LeaseRecord {
+            state,
+            attempt: None,
+            holder,
+            fence: None,
+            lease_until: None,
+        }
+    }
+
+    const NOW_TS: Option<Timestamp> = Some(Timestamp::from_millis(NOW));
+
+    #[test]
+    fn a_fresh_slot_starts_a_late_one_is_missed_once() {
+        let t = Token::generate();
+        let fresh = req(t, 1_000, Overlap::Allow, 3);
+        assert_eq!(claim(None, None, None, &fresh), Err(Needs::Now));
+        assert_eq!(claim(None, NOW_TS, None, &fresh), Ok(ClaimDecision::Start));
+        let late = req(t, 61_000, Overlap::Allow, 3);
+        assert_eq!(
+            claim(None, NOW_TS, None, &late),
+            Ok(ClaimDecision::RecordMissed)
+        );
+        let missed = ended(RecordState::Missed, None);
+        assert_eq!(
+            claim(Some(&missed), NOW_TS, None, &late),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Late))
+        );
+        // A later claim with a longer window may still run a missed slot.
+        assert_eq!(
+            claim(Some(&missed), NOW_TS, None, &fresh),
+            Ok(ClaimDecision::Start)
+        );
+        // Exactly max_late late is still in time.
+        let edge = req(t, 60_000, Overlap::Allow, 3);
+        assert_eq!(claim(None, NOW_TS, None, &edge), Ok(ClaimDecision::Start));
+    }
+
+    #[test]
+    fn skip_asks_about_other_runs_and_records_skipped() {
+        let skip = req(Token::generate(), 0, Overlap::Skip, 3);
+        assert_eq!(claim(None, NOW_TS, None, &skip), Err(Needs::OverlapCheck));
+        assert_eq!(
+            claim(None, NOW_TS, Some(true), &skip),
+            Ok(ClaimDecision::RecordSkipped)
+        );
+        assert_eq!(
+            claim(None, NOW_TS, Some(false), &skip),
+            Ok(ClaimDecision::Start)
+        );
+        let now = Timestamp::from_millis(NOW);
+        assert_eq!(
+            claim_at(None, now, &skip, || true),
+            ClaimDecision::RecordSkipped
+        );
+        // Overlap::Allow never asks.
+        let allow = req(Token::generate(), 0, Overlap::Allow, 3);
+        assert_eq!(
+            claim_at(None, now, &allow, || panic!("asked")),
+            ClaimDecision::Start
+        );
+        // A late claim is late before it is an overlap.
+        let late = req(Token::generate(), 61_000, Overlap::Skip, 3);
+        assert_eq!(
+            claim(None, NOW_TS, Some(true), &late),
+            Ok(ClaimDecision::RecordMissed)
+        );
+    }
+
+    #[test]
+    fn finished_runs_and_own_claims_need_no_clock() {
+        let t = Token::generate();
+        let r = req(t, 0, Overlap::Allow, 3);
+        for state in [
+            FinalState::Succeeded,
+            FinalState::Failed,
+            FinalState::Interrupted,
+            FinalState::Skipped,
+        ] {
+            let rec = ended(RecordState::Finished(state), Some(t));
+            assert_eq!(
+                claim(Some(&rec), None, None, &r),
+                Ok(ClaimDecision::Answer(ClaimOutcome::Done(state)))
+            );
+        }
+        let own = running(Some(t), 2, -5_000);
+        assert_eq!(
+            claim(Some(&own), None, None, &r),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Won(Win {
+                attempt: Attempt::new(2).unwrap(),
+                fence: Some(Fence::new(7)),
+            })))
+        );
+    }
+
+    #[test]
+    fn a_live_lease_is_running_until_it_ends() {
+        let r = req(Token::generate(), 0, Overlap::Allow, 3);
+        let other = running(Some(Token::generate()), 1, 0);
+        assert_eq!(claim(Some(&other), None, None, &r), Err(Needs::Now));
+        // lease_until == now is still alive.
+        assert_eq!(
+            claim(Some(&other), NOW_TS, None, &r),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Running {
+                lease_until: Timestamp::from_millis(NOW),
+                store_now: Timestamp::from_millis(NOW),
+            }))
+        );
+    }
+
+    #[test]
+    fn a_run_out_lease_is_taken_over_given_back_or_interrupted() {
+        let r = req(Token::generate(), 0, Overlap::Allow, 2);
+        let first = running(Some(Token::generate()), 1, -1);
+        assert_eq!(
+            claim(Some(&first), NOW_TS, None, &r),
+            Ok(ClaimDecision::TakeOver {
+                attempt: Attempt::new(2).unwrap()
+            })
+        );
+        let last = running(Some(Token::generate()), 2, -1);
+        assert_eq!(
+            claim(Some(&last), NOW_TS, None, &r),
+            Ok(ClaimDecision::Interrupt)
+        );
+        let given_back = running(None, 2, -1);
+        assert_eq!(
+            claim(Some(&given_back), NOW_TS, None, &r),
+            Ok(ClaimDecision::TakeOver {
+                attempt: Attempt::new(2).unwrap()
+            })
+        );
+    }
+
+    #[test]
+    fn only_the_holder_renews_finishes_releases_or_gives_back() {
+        let t = Token::generate();
+        let held = running(Some(t), 1, 1_000);
+        let stranger = Token::generate();
+        for decide in [heartbeat, release, give_back] {
+            assert_eq!(decide(Some(&held), t), Renewal::Renewed);
+            assert_eq!(decide(Some(&held), stranger), Renewal::Fenced);
+            assert_eq!(decide(None, t), Renewal::Fenced);
+            let done = ended(RecordState::Finished(FinalState::Succeeded), Some(t));
+            assert_eq!(decide(Some(&done), t), Renewal::Fenced);
+        }
+        let ok = RunOutcome::Succeeded;
+        assert_eq!(
+            finish(Some(&held), t, &ok),
+            FinishDecision::Finish {
+                state: FinalState::Succeeded
+            }
+        );
+        assert_eq!(finish(Some(&held), stranger, &ok), FinishDecision::Fenced);
+        let done = ended(RecordState::Finished(FinalState::Succeeded), Some(t));
+        assert_eq!(finish(Some(&done), t, &ok), FinishDecision::AlreadyFinished);
+        let failed = RunOutcome::Failed { error: "x".into() };
+        assert_eq!(finish(Some(&done), t, &failed), FinishDecision::Fenced);
+        assert_eq!(finish(Some(&done), stranger, &ok), FinishDecision::Fenced);
+        assert_eq!(finish(None, t, &ok), FinishDecision::Fenced);
+    }
+}
