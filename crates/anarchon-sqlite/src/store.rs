@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anarchon_core::HandOvers;
+use anarchon_core::decide::{self, ClaimDecision, LeaseRecord};
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
-    InstanceId, JobName, LeaseClaim, LeaseStore, Memory, Overlap, RecordState, Renewal, RunKey,
-    RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
+    InstanceId, JobName, LeaseClaim, LeaseStore, Memory, RecordState, Renewal, RunKey, RunOutcome,
+    RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token,
 };
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteRow};
@@ -386,97 +387,75 @@ impl SqliteStore {
             .await
             .map_err(|e| self.err("reading the run", e))?;
         let now = *batch_now.get_or_insert(Timestamp::from_millis(row.now));
-        let existing = parse_state(row.state.as_deref())?;
-        match existing {
-            // 1. No record, or only a `missed` one.
-            None | Some(RecordState::Missed) => {
-                if now.since(run.slot.at()) > req.claim.max_late {
-                    if existing.is_none() {
-                        self.write_run(conn, run, Written::ended(RecordState::Missed, now))
-                            .await?;
-                    }
-                    return Ok(ClaimOutcome::Late);
-                }
-                if req.overlap == Overlap::Skip && self.another_run_is_live(conn, run, now).await? {
-                    let skipped = RecordState::Finished(FinalState::Skipped);
-                    self.write_run(conn, run, Written::ended(skipped, now))
-                        .await?;
-                    return Ok(ClaimOutcome::Overlap);
-                }
-                let fence = self.next_fence(conn, &run.job).await?;
+        let record = row.lease_record()?;
+        let decision = match decide::claim(record.as_ref(), Some(now), None, req) {
+            Ok(decision) => decision,
+            Err(_) => {
+                let live = self.another_run_is_live(conn, run, now).await?;
+                decide::claim(record.as_ref(), Some(now), Some(live), req).map_err(|needs| {
+                    StoreError::protocol(BACKEND, format!("the claim still needs {needs:?}"))
+                })?
+            }
+        };
+        let fence = if decision.needs_fence() {
+            Some(self.next_fence(conn, &run.job).await?)
+        } else {
+            None
+        };
+        let lease_until = now.saturating_add(req.lease);
+        match &decision {
+            ClaimDecision::Answer(_) => {}
+            ClaimDecision::RecordMissed => {
+                self.write_run(conn, run, Written::ended(RecordState::Missed, now))
+                    .await?;
+            }
+            ClaimDecision::RecordSkipped => {
+                let skipped = RecordState::Finished(FinalState::Skipped);
+                self.write_run(conn, run, Written::ended(skipped, now))
+                    .await?;
+            }
+            ClaimDecision::Start => {
                 let written = Written {
                     state: RecordState::Running,
                     attempt: Some(Attempt::FIRST),
                     token: Some(req.claim.token),
-                    fence: Some(fence),
+                    fence,
                     instance: Some(&req.claim.instance),
                     started_at: Some(now),
                     finished_at: None,
-                    lease_until: Some(now.saturating_add(req.lease)),
+                    lease_until: Some(lease_until),
                 };
                 self.write_run(conn, run, written).await?;
-                Ok(ClaimOutcome::Won(Win {
-                    attempt: Attempt::FIRST,
-                    fence: Some(fence),
-                }))
             }
-            // 3. Finished.
-            Some(RecordState::Finished(state)) => Ok(ClaimOutcome::Done(state)),
-            Some(RecordState::Running) => {
-                let attempt = match row.attempt {
-                    None => Attempt::FIRST,
-                    Some(n) => parse_attempt(n)?,
-                };
-                let lease_until = row.lease_until.map_or(now, Timestamp::from_millis);
-                // 2. Our own claim, sent again.
-                if row.token.as_deref() == Some(req.claim.token.to_string().as_str()) {
-                    let fence = row.fence.map(parse_fence).transpose()?;
-                    return Ok(ClaimOutcome::Won(Win { attempt, fence }));
-                }
-                // 4. Someone else's live lease.
-                if lease_until >= now {
-                    return Ok(ClaimOutcome::Running {
-                        lease_until,
-                        store_now: now,
-                    });
-                }
-                // 5. The lease ran out. A run given back before its
-                // handler started (no holder) runs the same attempt again.
-                let given_back = row.token.is_none();
-                if given_back || req.max_attempts.allows_after(attempt) {
-                    let fence = self.next_fence(conn, &run.job).await?;
-                    let attempt = if given_back { attempt } else { attempt.next() };
-                    let changed = sqlx::query(self.sql.take_over.clone())
-                        .bind(job)
-                        .bind(slot)
-                        .bind(i64::from(attempt.get()))
-                        .bind(req.claim.token.to_string())
-                        .bind(fence_value(fence)?)
-                        .bind(req.claim.instance.as_str())
-                        .bind(now.saturating_add(req.lease).as_millis())
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(|e| self.err("taking the run over", e))?
-                        .rows_affected();
-                    expect_one_row("taking the run over", changed)?;
-                    Ok(ClaimOutcome::Won(Win {
-                        attempt,
-                        fence: Some(fence),
-                    }))
-                } else {
-                    let changed = sqlx::query(self.sql.interrupt.clone())
-                        .bind(job)
-                        .bind(slot)
-                        .bind(now.as_millis())
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(|e| self.err("marking the run interrupted", e))?
-                        .rows_affected();
-                    expect_one_row("marking the run interrupted", changed)?;
-                    Ok(ClaimOutcome::Done(FinalState::Interrupted))
-                }
+            ClaimDecision::TakeOver { attempt } => {
+                let fence = fence.map(fence_value).transpose()?;
+                let changed = sqlx::query(self.sql.take_over.clone())
+                    .bind(job)
+                    .bind(slot)
+                    .bind(i64::from(attempt.get()))
+                    .bind(req.claim.token.to_string())
+                    .bind(fence)
+                    .bind(req.claim.instance.as_str())
+                    .bind(lease_until.as_millis())
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err("taking the run over", e))?
+                    .rows_affected();
+                expect_one_row("taking the run over", changed)?;
+            }
+            ClaimDecision::Interrupt => {
+                let changed = sqlx::query(self.sql.interrupt.clone())
+                    .bind(job)
+                    .bind(slot)
+                    .bind(now.as_millis())
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err("marking the run interrupted", e))?
+                    .rows_affected();
+                expect_one_row("marking the run interrupted", changed)?;
             }
         }
+        Ok(decision.outcome(fence))
     }
 
     async fn savepoint(
@@ -598,6 +577,27 @@ struct ClaimRow {
     token: Option<String>,
     fence: Option<i64>,
     lease_until: Option<i64>,
+}
+
+impl ClaimRow {
+    /// The run's record as the core's decisions read it; `None` when the
+    /// run has no record.
+    fn lease_record(&self) -> Result<Option<LeaseRecord>, StoreError> {
+        let Some(state) = parse_state(self.state.as_deref())? else {
+            return Ok(None);
+        };
+        Ok(Some(LeaseRecord {
+            state,
+            attempt: self.attempt.map(parse_attempt).transpose()?,
+            holder: self
+                .token
+                .as_deref()
+                .map(|t| Token::parse(t).ok_or_else(|| bad_value("token", t)))
+                .transpose()?,
+            fence: self.fence.map(parse_fence).transpose()?,
+            lease_until: self.lease_until.map(Timestamp::from_millis),
+        }))
+    }
 }
 
 impl<'r> FromRow<'r, SqliteRow> for ClaimRow {
@@ -1006,7 +1006,7 @@ impl SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use anarchon_core::MaxAttempts;
+    use anarchon_core::{MaxAttempts, Overlap};
     use sqlx::SqlSafeStr as _;
 
     /// A file made by this process and kept to its owner raises nothing; the
