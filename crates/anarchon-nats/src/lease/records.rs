@@ -1,9 +1,9 @@
 //! What the lease store keeps in its bucket, and the lease flowchart on it.
 //!
-//! Nothing here talks to the server: [`decide`] is the flowchart of
-//! `MemoryStore` as a pure function over a job's document, a server time and
-//! a claim. The store reads, calls it, and writes the result back with one
-//! compare-and-swap.
+//! Nothing here talks to the server: [`decide`] applies the core's lease
+//! decision ([`anarchon_core::decide::claim`]) to a job's document at a
+//! server time. The store reads, calls it, and writes the result back with
+//! one compare-and-swap.
 //!
 //! # Times
 //!
@@ -19,10 +19,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use anarchon_core::decide::{self, ClaimDecision, LeaseRecord};
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Attempt, ClaimOutcome, Fence, FinalState, InstanceId, LeaseClaim, Overlap, RecordState, RunKey,
-    RunRecord, Timestamp, Token, Win,
+    Attempt, ClaimOutcome, Fence, FinalState, InstanceId, LeaseClaim, RecordState, RunKey,
+    RunRecord, Timestamp, Token,
 };
 use serde::{Deserialize, Serialize};
 
@@ -345,19 +346,82 @@ pub(crate) enum Effect {
 /// without asking the server for its time.
 pub(crate) fn needs_time(doc: &JobDoc, outside: Option<Outside>, req: &LeaseClaim) -> bool {
     let slot = req.run().slot.as_millis();
-    if doc.ended.contains_key(&slot) {
-        return false;
-    }
-    if let Some(live) = doc.live.get(&slot) {
-        return !live.held_by(req.claim.token);
-    }
-    !matches!(outside, Some(Outside::Ended(_)))
+    let outside = outside.unwrap_or(Outside::NoneOrMissed);
+    doc.lease_record(slot, outside, None).is_ok_and(|record| {
+        decide::claim(record.as_ref(), None, None, req) == Err(decide::Needs::Now)
+    })
 }
 
-/// The lease flowchart (as `MemoryStore` runs it) for one claim, on the
-/// job's document as read, at the server time `now`. Changes `doc` as the
-/// answer requires and says what to write. `None` when the answer needs
-/// the time and `now` is `None`.
+impl JobDoc {
+    /// The record of `slot` as the core's decisions read it, from the
+    /// document or, for a slot not in it, from what its run key says. A
+    /// lease end still relative to a write this process is making resolves
+    /// against `now`, and is unknown without it (the decision asks for the
+    /// time before it reads a lease end).
+    fn lease_record(
+        &self,
+        slot: i64,
+        outside: Outside,
+        now: Option<i64>,
+    ) -> Result<Option<LeaseRecord>, String> {
+        if let Some(ended) = self.ended.get(&slot) {
+            let state = ended.record_state()?;
+            if !matches!(state, RecordState::Finished(_)) {
+                return Err(format!(
+                    "an ended run of the job document has the state {}",
+                    state.as_str()
+                ));
+            }
+            return Ok(Some(LeaseRecord {
+                state,
+                attempt: ended.attempt.map(attempt).transpose()?,
+                holder: ended.token.as_deref().and_then(Token::parse),
+                fence: ended.fence.map(Fence::new),
+                lease_until: None,
+            }));
+        }
+        if let Some(live) = self.live.get(&slot) {
+            let holder = if live.token.is_empty() {
+                None
+            } else {
+                Some(Token::parse(&live.token).ok_or_else(|| {
+                    format!(
+                        "a live run has the token {:?}, which is not a token",
+                        live.token
+                    )
+                })?)
+            };
+            let lease_until = match live.lease_until {
+                Stamp::At(at) => Some(at),
+                Stamp::Written { w } => now.map(|now| now.saturating_add(w)),
+            };
+            return Ok(Some(LeaseRecord {
+                state: RecordState::Running,
+                attempt: Some(attempt(live.attempt)?),
+                holder,
+                fence: Some(Fence::new(live.fence)),
+                lease_until: lease_until.map(Timestamp::from_millis),
+            }));
+        }
+        let ended = |state| LeaseRecord {
+            state,
+            attempt: None,
+            holder: None,
+            fence: None,
+            lease_until: None,
+        };
+        Ok(match outside {
+            Outside::NoneOrMissed | Outside::Absent => None,
+            Outside::Missed => Some(ended(RecordState::Missed)),
+            Outside::Ended(state) => Some(ended(RecordState::Finished(state))),
+        })
+    }
+}
+
+/// One claim on the job's document as read, at the server time `now`: the
+/// core's decision ([`decide::claim`]) applied to the document. Changes
+/// `doc` as the answer requires and says what else to write. `None` when
+/// the answer needs the time and `now` is `None`.
 ///
 /// `outside` is what the run key says when the slot is not in `doc`.
 pub(crate) fn decide(
@@ -367,124 +431,81 @@ pub(crate) fn decide(
     req: &LeaseClaim,
 ) -> Option<Result<(ClaimOutcome, Effect), String>> {
     let slot = req.run().slot.as_millis();
-    // 3. Finished, and not yet moved to its run key.
-    if let Some(ended) = doc.ended.get(&slot) {
-        return Some(match ended.record_state() {
-            Ok(RecordState::Finished(state)) => Ok((ClaimOutcome::Done(state), Effect::None)),
-            Ok(other) => Err(format!(
-                "an ended run of the job document has the state {}",
-                other.as_str()
-            )),
-            Err(e) => Err(e),
-        });
-    }
-    if let Some(live) = doc.live.get(&slot) {
-        let attempt = match Attempt::new(live.attempt) {
-            Some(a) => a,
-            None => return Some(Err("a live run has attempt 0".into())),
-        };
-        // 2. Our own claim, sent again.
-        if live.held_by(req.claim.token) {
-            let win = Win {
-                attempt,
-                fence: Some(Fence::new(live.fence)),
-            };
-            return Some(Ok((ClaimOutcome::Won(win), Effect::None)));
+    let record = match doc.lease_record(slot, outside, now) {
+        Ok(record) => record,
+        Err(e) => return Some(Err(e)),
+    };
+    let at = now.map(Timestamp::from_millis);
+    let decision = match decide::claim(record.as_ref(), at, None, req) {
+        Ok(decision) => decision,
+        Err(decide::Needs::Now) => return None,
+        Err(decide::Needs::OverlapCheck) => {
+            let live = doc.another_run_is_live(slot, now?);
+            decide::claim(record.as_ref(), at, Some(live), req).ok()?
         }
-        let now = now?;
-        let lease_until = live.lease_until.at_or(now);
-        // 4. Someone else's live lease.
-        if lease_until >= now {
-            return Some(Ok((
-                ClaimOutcome::Running {
-                    lease_until: Timestamp::from_millis(lease_until),
-                    store_now: Timestamp::from_millis(now),
+    };
+    let fence = if decision.needs_fence() {
+        match doc.next_fence() {
+            Ok(fence) => Some(fence),
+            Err(e) => return Some(Err(e)),
+        }
+    } else {
+        None
+    };
+    let effect = match &decision {
+        ClaimDecision::Answer(_) => Effect::None,
+        ClaimDecision::RecordMissed => Effect::CreateMissed,
+        ClaimDecision::RecordSkipped => {
+            let skipped = RunDoc::nobody(RecordState::Finished(FinalState::Skipped));
+            doc.ended.insert(slot, skipped);
+            doc.raise_high(slot);
+            Effect::Job
+        }
+        ClaimDecision::Start => {
+            doc.live.insert(
+                slot,
+                LiveRun {
+                    token: req.claim.token.to_string(),
+                    attempt: Attempt::FIRST.get(),
+                    fence: fence.unwrap_or_default(),
+                    instance: req.claim.instance.as_str().to_owned(),
+                    started: Stamp::NOW,
+                    lease_until: Stamp::after_write(req.lease),
                 },
-                Effect::None,
-            )));
+            );
+            doc.raise_high(slot);
+            Effect::Job
         }
-        // 5. The lease ran out. A run given back before its handler
-        // started (no holder) runs the same attempt again.
-        let given_back = live.token.is_empty();
-        if given_back || req.max_attempts.allows_after(attempt) {
-            let fence = match doc.next_fence() {
-                Ok(fence) => fence,
-                Err(e) => return Some(Err(e)),
-            };
-            let attempt = if given_back { attempt } else { attempt.next() };
+        ClaimDecision::TakeOver { attempt } => {
             let Some(live) = doc.live.get_mut(&slot) else {
                 return Some(Err("the live run vanished from the document".into()));
             };
             live.attempt = attempt.get();
             live.token = req.claim.token.to_string();
-            live.fence = fence;
+            live.fence = fence.unwrap_or_default();
             live.instance = req.claim.instance.as_str().to_owned();
             live.lease_until = Stamp::after_write(req.lease);
-            let win = Win {
-                attempt,
-                fence: Some(Fence::new(fence)),
-            };
-            return Some(Ok((ClaimOutcome::Won(win), Effect::Job)));
+            Effect::Job
         }
-        let Some(live) = doc.live.remove(&slot) else {
-            return Some(Err("the live run vanished from the document".into()));
-        };
-        let mut ended = RunDoc::from_live(&live, FinalState::Interrupted, None);
-        ended.lease_until = Some(Stamp::At(lease_until));
-        doc.ended.insert(slot, ended);
-        return Some(Ok((
-            ClaimOutcome::Done(FinalState::Interrupted),
-            Effect::Job,
-        )));
-    }
-    // 1. No record, or only a `missed` one (or an ended one under its key).
-    if let Outside::Ended(state) = outside {
-        return Some(Ok((ClaimOutcome::Done(state), Effect::None)));
-    }
-    let now = now?;
-    let late = Timestamp::from_millis(now).since(req.run().slot.at()) > req.claim.max_late;
-    if late {
-        let effect = match outside {
-            Outside::Missed => Effect::None,
-            _ => Effect::CreateMissed,
-        };
-        return Some(Ok((ClaimOutcome::Late, effect)));
-    }
-    if req.overlap == Overlap::Skip && doc.another_run_is_live(slot, now) {
-        doc.ended.insert(
-            slot,
-            RunDoc::nobody(RecordState::Finished(FinalState::Skipped)),
-        );
-        doc.raise_high(slot);
-        return Some(Ok((ClaimOutcome::Overlap, Effect::Job)));
-    }
-    let fence = match doc.next_fence() {
-        Ok(fence) => fence,
-        Err(e) => return Some(Err(e)),
+        ClaimDecision::Interrupt => {
+            let Some(live) = doc.live.remove(&slot) else {
+                return Some(Err("the live run vanished from the document".into()));
+            };
+            let mut ended = RunDoc::from_live(&live, FinalState::Interrupted, None);
+            ended.lease_until = record
+                .and_then(|r| r.lease_until)
+                .map(|until| Stamp::At(until.as_millis()));
+            doc.ended.insert(slot, ended);
+            Effect::Job
+        }
     };
-    doc.live.insert(
-        slot,
-        LiveRun {
-            token: req.claim.token.to_string(),
-            attempt: Attempt::FIRST.get(),
-            fence,
-            instance: req.claim.instance.as_str().to_owned(),
-            started: Stamp::NOW,
-            lease_until: Stamp::after_write(req.lease),
-        },
-    );
-    doc.raise_high(slot);
-    let win = Win {
-        attempt: Attempt::FIRST,
-        fence: Some(Fence::new(fence)),
-    };
-    Some(Ok((ClaimOutcome::Won(win), Effect::Job)))
+    Some(Ok((decision.outcome(fence.map(Fence::new)), effect)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use anarchon_core::{ClaimRequest, JobName, MaxAttempts, Slot};
+    use anarchon_core::{ClaimRequest, JobName, MaxAttempts, Overlap, Slot, Win};
 
     const LEASE: Duration = Duration::from_millis(300);
 
