@@ -24,8 +24,8 @@ use crate::hand_over::HandOvers;
 use crate::ids::{Attempt, Fence, InstanceId, Token};
 use crate::name::JobName;
 use crate::store::{
-    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, LeaseClaim,
-    LeaseStore, Memory, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView,
+    ClaimAnswers, ClaimOutcome, FinalState, LeaseClaim, LeaseStore, RecordState, Renewal, RunKey,
+    RunOutcome, RunRecord, RunState, RunView,
 };
 use crate::time::{Slot, Timestamp};
 
@@ -253,23 +253,7 @@ fn record_mut<'a>(state: &'a mut State, run: &RunKey) -> Option<&'a mut Record> 
     state.jobs.get_mut(&run.job)?.runs.get_mut(&run.slot)
 }
 
-#[async_trait]
-impl ClaimStore for MemoryStore {
-    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claim_lease(&LeaseClaim::from_plain(req)).await
-    }
-
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: BACKEND,
-            memory: Memory::UntilCollected,
-        }
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        Some(self)
-    }
-}
+crate::claims_through_leases!(MemoryStore, BACKEND);
 
 #[async_trait]
 impl LeaseStore for MemoryStore {

@@ -523,3 +523,54 @@ pub trait LeaseStore: ClaimStore {
     /// A [`StoreError`].
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError>;
 }
+
+/// Implements [`ClaimStore`] for a lease store type: a plain claim is a
+/// lease claim on [`LeaseClaim::from_plain`] terms, the store remembers runs
+/// until they are collected, and `as_lease_store` hands the store itself.
+/// Every lease store needs exactly this; the macro keeps it written once.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use anarchon_core::*;
+/// # struct MyStore(MemoryStore);
+/// # #[async_trait]
+/// # impl LeaseStore for MyStore {
+/// #     async fn claim_lease(&self, r: &LeaseClaim) -> Result<ClaimOutcome, StoreError> { self.0.claim_lease(r).await }
+/// #     async fn peek(&self, r: &RunKey) -> Result<RunView, StoreError> { self.0.peek(r).await }
+/// #     async fn heartbeat(&self, r: &RunKey, t: Token, l: Duration) -> Result<Renewal, StoreError> { self.0.heartbeat(r, t, l).await }
+/// #     async fn finish(&self, r: &RunKey, t: Token, o: RunOutcome) -> Result<Renewal, StoreError> { self.0.finish(r, t, o).await }
+/// #     async fn release(&self, r: &RunKey, t: Token) -> Result<Renewal, StoreError> { self.0.release(r, t).await }
+/// #     async fn give_back(&self, r: &RunKey, t: Token) -> Result<Renewal, StoreError> { self.0.give_back(r, t).await }
+/// #     async fn wait_for_hand_over(&self, r: &RunKey, d: Duration) -> bool { self.0.wait_for_hand_over(r, d).await }
+/// #     async fn history(&self, j: &JobName, n: usize) -> Result<Vec<RunRecord>, StoreError> { self.0.history(j, n).await }
+/// #     async fn collect_garbage(&self, k: Duration) -> Result<u64, StoreError> { self.0.collect_garbage(k).await }
+/// # }
+/// anarchon_core::claims_through_leases!(MyStore, "my-store");
+/// ```
+#[macro_export]
+macro_rules! claims_through_leases {
+    ($store:ty, $name:expr) => {
+        #[$crate::async_trait]
+        impl $crate::ClaimStore for $store {
+            async fn claim(
+                &self,
+                req: &$crate::ClaimRequest,
+            ) -> ::std::result::Result<$crate::ClaimOutcome, $crate::StoreError> {
+                $crate::LeaseStore::claim_lease(self, &$crate::LeaseClaim::from_plain(req)).await
+            }
+
+            fn info(&self) -> $crate::BackendInfo {
+                $crate::BackendInfo {
+                    name: $name,
+                    memory: $crate::Memory::UntilCollected,
+                }
+            }
+
+            fn as_lease_store(
+                self: ::std::sync::Arc<Self>,
+            ) -> ::std::option::Option<::std::sync::Arc<dyn $crate::LeaseStore>> {
+                ::std::option::Option::Some(self)
+            }
+        }
+    };
+}

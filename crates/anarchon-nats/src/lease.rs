@@ -12,9 +12,9 @@ use std::time::{Duration, SystemTime};
 
 use anarchon_core::time::millis;
 use anarchon_core::{
-    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, HandOvers,
-    JobName, LeaseClaim, LeaseStore, Listener, Memory, RecordState, Renewal, RunKey, RunOutcome,
-    RunRecord, RunState, RunView, Slot, StoreError, StoreErrorKind, Timestamp, Token,
+    ClaimAnswers, ClaimOutcome, FinalState, HandOvers, JobName, LeaseClaim, LeaseStore, Listener,
+    RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError,
+    StoreErrorKind, Timestamp, Token,
 };
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
@@ -959,23 +959,7 @@ impl NatsLeaseStore {
     }
 }
 
-#[async_trait]
-impl ClaimStore for NatsLeaseStore {
-    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claim_lease(&LeaseClaim::from_plain(req)).await
-    }
-
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: LEASE_BACKEND,
-            memory: Memory::UntilCollected,
-        }
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        Some(self)
-    }
-}
+anarchon_core::claims_through_leases!(NatsLeaseStore, LEASE_BACKEND);
 
 #[async_trait]
 impl LeaseStore for NatsLeaseStore {

@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
-    HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore, Listener, Memory, Overlap, RecordState,
-    Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token,
-    Win,
+    Attempt, ClaimAnswers, ClaimOutcome, Fence, FinalState, HandOvers, InstanceId, JobName,
+    LeaseClaim, LeaseStore, Listener, Overlap, RecordState, Renewal, RunKey, RunOutcome, RunRecord,
+    RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
 };
 use async_trait::async_trait;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow, PgSslMode};
@@ -717,23 +716,7 @@ fn record_state(text: &str) -> Result<RecordState, String> {
     RecordState::parse(text).ok_or_else(|| format!("unknown run state {text:?}"))
 }
 
-#[async_trait]
-impl ClaimStore for PgStore {
-    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claim_lease(&LeaseClaim::from_plain(req)).await
-    }
-
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: BACKEND,
-            memory: Memory::UntilCollected,
-        }
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        Some(self)
-    }
-}
+anarchon_core::claims_through_leases!(PgStore, BACKEND);
 
 #[async_trait]
 impl LeaseStore for PgStore {

@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
-    HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore, Listener, Memory, Overlap, RecordState,
-    Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token,
-    Win,
+    Attempt, ClaimAnswers, ClaimOutcome, Fence, FinalState, HandOvers, InstanceId, JobName,
+    LeaseClaim, LeaseStore, Listener, Overlap, RecordState, Renewal, RunKey, RunOutcome, RunRecord,
+    RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
 };
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
@@ -499,23 +498,7 @@ fn parse_record(job: &JobName, fields: &[Value]) -> Result<RunRecord, RedisStore
     })
 }
 
-#[async_trait]
-impl ClaimStore for RedisLeaseStore {
-    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claim_lease(&LeaseClaim::from_plain(req)).await
-    }
-
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: BACKEND,
-            memory: Memory::UntilCollected,
-        }
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        Some(self)
-    }
-}
+anarchon_core::claims_through_leases!(RedisLeaseStore, BACKEND);
 
 #[async_trait]
 impl LeaseStore for RedisLeaseStore {

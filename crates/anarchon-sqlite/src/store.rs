@@ -9,9 +9,9 @@ use anarchon_core::HandOvers;
 use anarchon_core::decide::{self, ClaimDecision, LeaseRecord};
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, FinalState,
-    InstanceId, JobName, LeaseClaim, LeaseStore, Memory, RecordState, Renewal, RunKey, RunOutcome,
-    RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token,
+    Attempt, ClaimAnswers, ClaimOutcome, Fence, FinalState, InstanceId, JobName, LeaseClaim,
+    LeaseStore, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot,
+    StoreError, Timestamp, Token,
 };
 use async_trait::async_trait;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteRow};
@@ -815,23 +815,7 @@ fn open_error(options: &SqliteOptions, doing: &'static str, e: sqlx::Error) -> E
     }
 }
 
-#[async_trait]
-impl ClaimStore for SqliteStore {
-    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claim_lease(&LeaseClaim::from_plain(req)).await
-    }
-
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: BACKEND,
-            memory: Memory::UntilCollected,
-        }
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        Some(self)
-    }
-}
+anarchon_core::claims_through_leases!(SqliteStore, BACKEND);
 
 #[async_trait]
 impl LeaseStore for SqliteStore {
@@ -1006,7 +990,7 @@ impl SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use anarchon_core::{MaxAttempts, Overlap};
+    use anarchon_core::{ClaimRequest, MaxAttempts, Overlap};
     use sqlx::SqlSafeStr as _;
 
     /// A file made by this process and kept to its owner raises nothing; the
