@@ -8,10 +8,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::calls::{CALL_TIMEOUT, MAX_CLAIM_AHEAD, STORE_TRIES, lease_claim, with_retries, within};
 use super::context::{CancelReason, RunContext};
-use super::driver::{
-    CALL_TIMEOUT, MAX_CLAIM_AHEAD, STORE_TRIES, lease_claim, with_retries, within,
-};
 use super::lease_clock::LeaseClock;
 use super::metrics::Metrics;
 use super::{Inner, JobSpec, StoreHandle};
