@@ -67,6 +67,11 @@
 //! impls. A type is either a store written out in full or a layer, never
 //! both.
 //!
+//! The layer traits are not re-exported at the crate root: their methods
+//! share the store traits' names, so a glob import of the crate would make
+//! a call such as `claim` ambiguous on every layered type. Import them from
+//! here where a wrapper is written.
+//!
 //! # Adding a store method
 //!
 //! A method added to [`ClaimStore`] or [`LeaseStore`] is added here once:

@@ -19,7 +19,6 @@ pub use crate::clock::{Clock, SystemClock};
 pub use crate::error::{BoxError, ConfigError, StoreError, StoreErrorKind};
 pub use crate::hand_over::{HandOvers, Listener};
 pub use crate::ids::{Attempt, Fence, InstanceId, MaxAttempts, Token};
-pub use crate::layer::{ClaimLayer, LeaseLayer};
 pub use crate::memory::MemoryStore;
 pub use crate::name::JobName;
 pub use crate::schedule::Schedule;
