@@ -114,3 +114,59 @@ pub(crate) fn lease_claim(inner: &Inner, job: &JobSpec, slot: Slot, token: Token
         max_attempts: job.max_attempts,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_does_not_answer_in_time_is_a_temporary_error() {
+        let started = Instant::now();
+        let answer: Result<(), StoreError> =
+            within(Duration::from_secs(3), std::future::pending()).await;
+        assert!(answer.unwrap_err().is_temporary());
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn temporary_errors_are_tried_store_tries_times_in_all() {
+        let tries = AtomicU32::new(0);
+        let answer: Result<(), StoreError> = with_retries("call", || {
+            tries.fetch_add(1, Ordering::Relaxed);
+            async { Err(StoreError::unavailable("test", "down")) }
+        })
+        .await;
+        assert!(answer.is_err());
+        assert_eq!(tries.load(Ordering::Relaxed), STORE_TRIES);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_error_that_is_not_temporary_is_not_tried_again() {
+        let tries = AtomicU32::new(0);
+        let answer: Result<(), StoreError> = with_retries("call", || {
+            tries.fetch_add(1, Ordering::Relaxed);
+            async { Err(StoreError::protocol("test", "nonsense")) }
+        })
+        .await;
+        assert!(answer.is_err());
+        assert_eq!(tries.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_try_is_sent_at_or_after_the_deadline() {
+        let tries = AtomicU32::new(0);
+        let deadline = Instant::now() + Duration::from_millis(120);
+        let answer: Result<(), StoreError> = with_retries_until("claim", Some(deadline), || {
+            tries.fetch_add(1, Ordering::Relaxed);
+            async { Err(StoreError::unavailable("test", "down")) }
+        })
+        .await;
+        assert!(answer.unwrap_err().is_temporary());
+        // Tries at 0, 50 and 150 ms would be sent without a deadline; the
+        // third falls after it.
+        assert_eq!(tries.load(Ordering::Relaxed), 2);
+        assert!(Instant::now() >= deadline);
+    }
+}
