@@ -4,9 +4,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use anarchon_core::layer::{ClaimLayer, LeaseLayer};
 use anarchon_core::{
-    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseClaim,
-    LeaseStore, MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
+    ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseClaim, LeaseStore,
+    MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
 };
 
 use anyhow::{Context, Result};
@@ -60,14 +61,18 @@ fn counted(inner: Arc<dyn ClaimStore>, calls: Arc<AtomicU64>) -> Arc<dyn ClaimSt
 }
 
 #[async_trait]
-impl ClaimStore for CountedClaims {
+impl ClaimLayer for CountedClaims {
+    type Inner = dyn ClaimStore;
+
+    fn inner(&self) -> &dyn ClaimStore {
+        &*self.inner
+    }
+
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.inner.claim(req).await
     }
-    fn info(&self) -> BackendInfo {
-        self.inner.info()
-    }
+
     fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
         None
     }
@@ -79,22 +84,20 @@ impl Counted {
     }
 }
 
+/// Every call that reaches the store is counted; waiting for hand-over
+/// news is not a round trip, and `info` is local: those two forward.
 #[async_trait]
-impl ClaimStore for Counted {
+impl LeaseLayer for Counted {
+    type Inner = dyn LeaseStore;
+
+    fn inner(&self) -> &dyn LeaseStore {
+        &*self.inner
+    }
+
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         self.tick();
         self.inner.claim(req).await
     }
-    fn info(&self) -> BackendInfo {
-        self.inner.info()
-    }
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        Some(self)
-    }
-}
-
-#[async_trait]
-impl LeaseStore for Counted {
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
         self.tick();
         self.inner.claim_lease(req).await
@@ -132,9 +135,6 @@ impl LeaseStore for Counted {
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         self.tick();
         self.inner.give_back(run, token).await
-    }
-    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
-        self.inner.wait_for_hand_over(run, timeout).await
     }
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         self.tick();

@@ -5,6 +5,7 @@ pub mod decide;
 pub mod error;
 pub mod hand_over;
 pub mod ids;
+pub mod layer;
 pub mod memory;
 pub mod name;
 pub mod schedule;

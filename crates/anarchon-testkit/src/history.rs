@@ -29,9 +29,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anarchon_core::layer::LeaseLayer;
 use anarchon_core::{
-    Attempt, BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, JobName,
-    LeaseClaim, LeaseStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
+    Attempt, ClaimAnswers, ClaimOutcome, ClaimRequest, LeaseClaim, LeaseStore, Renewal, RunKey,
+    RunOutcome, StoreError, Token,
 };
 use async_trait::async_trait;
 use tokio::time::Instant;
@@ -258,23 +259,21 @@ fn failed(e: &StoreError) -> Answer {
     Answer::Failed(e.to_string())
 }
 
+/// The run-level calls are recorded; `peek`, `wait_for_hand_over`,
+/// `history`, `collect_garbage` and `info` forward unrecorded.
 #[async_trait]
-impl<S: LeaseStore + ?Sized> ClaimStore for Recorder<S> {
+impl<S: LeaseStore + ?Sized> LeaseLayer for Recorder<S> {
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// A plain claim is recorded as the lease claim a lease store makes of it.
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claim_lease(&LeaseClaim::from_plain(req)).await
+        LeaseLayer::claim_lease(self, &LeaseClaim::from_plain(req)).await
     }
 
-    fn info(&self) -> BackendInfo {
-        self.inner.info()
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        Some(self)
-    }
-}
-
-#[async_trait]
-impl<S: LeaseStore + ?Sized> LeaseStore for Recorder<S> {
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
         let i = self.history.begin(
             self.instance,
@@ -324,10 +323,6 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Recorder<S> {
             );
         }
         answer
-    }
-
-    async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {
-        self.inner.peek(run).await
     }
 
     async fn heartbeat(
@@ -398,18 +393,6 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Recorder<S> {
             },
         );
         answer
-    }
-
-    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
-        self.inner.wait_for_hand_over(run, timeout).await
-    }
-
-    async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        self.inner.history(job, limit).await
-    }
-
-    async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
-        self.inner.collect_garbage(keep).await
     }
 }
 

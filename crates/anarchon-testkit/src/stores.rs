@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anarchon_core::layer::LeaseLayer;
 use anarchon_core::{
     BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Fence, JobName, LeaseClaim,
     LeaseStore, Memory, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token, Win,
@@ -234,23 +235,19 @@ impl<S: ?Sized> fmt::Debug for Faulty<S> {
     }
 }
 
+/// Every call the switches touch is written out; the rest forward.
 #[async_trait]
-impl<S: LeaseStore + ?Sized> ClaimStore for Faulty<S> {
+impl<S: LeaseStore + ?Sized> LeaseLayer for Faulty<S> {
+    type Inner = S;
+
+    fn inner(&self) -> &S {
+        &self.inner
+    }
+
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         self.claim_call(self.inner.claim(req)).await
     }
 
-    fn info(&self) -> BackendInfo {
-        self.inner.info()
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        Some(self)
-    }
-}
-
-#[async_trait]
-impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
         self.claim_call(self.inner.claim_lease(req)).await
     }
@@ -313,11 +310,9 @@ impl<S: LeaseStore + ?Sized> LeaseStore for Faulty<S> {
         self.reply(self.inner.give_back(run, token).await)
     }
 
-    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
-        // News travels beside the store's answers: a store switched off
-        // gives none, but news of hand-overs made before still arrives.
-        self.inner.wait_for_hand_over(run, timeout).await
-    }
+    // `wait_for_hand_over` forwards: news travels beside the store's
+    // answers, so a store switched off gives none, but news of hand-overs
+    // made before still arrives.
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         self.check()?;

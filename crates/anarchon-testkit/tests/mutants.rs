@@ -14,10 +14,10 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anarchon_core::layer::LeaseLayer;
 use anarchon_core::{
-    BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, Clock, Fence, JobName,
-    LeaseClaim, LeaseStore, MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView,
-    StoreError, Timestamp, Token,
+    ClaimAnswers, ClaimOutcome, ClaimRequest, Clock, Fence, JobName, LeaseClaim, LeaseStore,
+    MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Timestamp, Token,
 };
 use anarchon_testkit::{StoreFactory, TestClock, lease};
 use async_trait::async_trait;
@@ -143,22 +143,17 @@ impl Mutant {
 }
 
 #[async_trait]
-impl ClaimStore for Mutant {
+impl LeaseLayer for Mutant {
+    type Inner = MemoryStore;
+
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claim_lease(&LeaseClaim::from_plain(req)).await
+        LeaseLayer::claim_lease(self, &LeaseClaim::from_plain(req)).await
     }
 
-    fn info(&self) -> BackendInfo {
-        self.inner.info()
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        Some(self)
-    }
-}
-
-#[async_trait]
-impl LeaseStore for Mutant {
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
         if self.mutation == Mutation::CheckThenAct {
             let free = matches!(
@@ -243,10 +238,6 @@ impl LeaseStore for Mutant {
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         self.on_clock(self.inner.give_back(run, token)).await
-    }
-
-    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
-        self.inner.wait_for_hand_over(run, timeout).await
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {

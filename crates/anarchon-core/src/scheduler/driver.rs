@@ -8,10 +8,13 @@ use futures::future::join_all;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
+use super::calls::{
+    CALL_TIMEOUT, FIRST_BACKOFF, MAX_CLAIM_AHEAD, MIN_CLAIM_AHEAD, STORE_TRIES, lease_claim,
+    with_retries_until, within,
+};
 use super::metrics::Metrics;
 use super::run::handle_outcome;
 use super::{Inner, JobSpec, StoreHandle};
-use crate::error::StoreError;
 use crate::ids::Token;
 use crate::store::{ClaimRequest, LeaseClaim, LeaseStore, Renewal, RunKey};
 use crate::time::{Slot, Timestamp, millis};
@@ -19,15 +22,6 @@ use crate::time::{Slot, Timestamp, millis};
 /// The longest the timer sleeps before it looks at the wall clock again, so
 /// a clock step or a suspend is noticed within this long.
 const MAX_NAP: Duration = Duration::from_secs(1);
-/// The least head start a slot's claim gets before its fire time. The
-/// handler still starts at the fire time: claiming ahead takes the store's
-/// round trip (and, for a batch of a thousand jobs, its length) out of the
-/// lateness. The head start grows to twice the last batch's claim time when
-/// that is longer, up to [`MAX_CLAIM_AHEAD`].
-pub(crate) const MIN_CLAIM_AHEAD: Duration = Duration::from_millis(100);
-/// The most head start a claim gets.
-pub(crate) const MAX_CLAIM_AHEAD: Duration = Duration::from_secs(2);
-
 /// The head start claims get now.
 pub(crate) fn claim_ahead(inner: &Inner) -> Duration {
     Duration::from_millis(
@@ -50,10 +44,6 @@ fn learn_claim_time(inner: &Inner, took: Duration) {
 }
 /// The most claims sent in one `claim_many` call.
 const BATCH_LIMIT: usize = 1000;
-/// How many times a claim is sent in all when the store is unavailable.
-pub(crate) const STORE_TRIES: u32 = 4;
-/// The first pause between tries; it doubles each time.
-const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// How often lease stores are asked to forget old runs.
 const GC_EVERY: Duration = Duration::from_secs(3600);
 
@@ -320,76 +310,6 @@ fn take_due(
     due
 }
 
-/// How long one store call may take before the scheduler gives up on its
-/// answer and treats it as lost (the request may still have been done; the
-/// retry with the same token finds out).
-pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `op`, or a temporary error if it has not answered within `limit`.
-pub(crate) async fn within<T, Fut>(limit: Duration, op: Fut) -> Result<T, StoreError>
-where
-    Fut: std::future::Future<Output = Result<T, StoreError>>,
-{
-    match tokio::time::timeout(limit, op).await {
-        Ok(answer) => answer,
-        Err(_) => Err(StoreError::unavailable(
-            "scheduler",
-            format!("the store did not answer within {limit:?}"),
-        )),
-    }
-}
-
-/// Sends `op` until it succeeds, fails for good, or [`STORE_TRIES`] runs out.
-/// Every try sends the same request, so a lost reply is answered on the retry.
-pub(crate) async fn with_retries<T, F, Fut>(what: &str, op: F) -> Result<T, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, StoreError>>,
-{
-    with_retries_until(what, None, op).await
-}
-
-/// [`with_retries`], but no try is sent, nor waited for, at or after
-/// `deadline`: for claims a store only remembers for a while, every try
-/// must reach it while it still remembers the run.
-pub(crate) async fn with_retries_until<T, F, Fut>(
-    what: &str,
-    deadline: Option<Instant>,
-    mut op: F,
-) -> Result<T, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, StoreError>>,
-{
-    let mut backoff = FIRST_BACKOFF;
-    let mut tries = 1;
-    loop {
-        let limit = match deadline {
-            None => CALL_TIMEOUT,
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(StoreError::unavailable(
-                        "scheduler",
-                        format!("{what} not sent again: past the slot's late window"),
-                    ));
-                }
-                left.min(CALL_TIMEOUT)
-            }
-        };
-        match within(limit, op()).await {
-            Ok(v) => return Ok(v),
-            Err(e) if e.is_temporary() && tries < STORE_TRIES => {
-                tracing::debug!(error = %e, tries, "{what} failed; trying again with the same token");
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
-                tries += 1;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// Claims one batch on a lease store and acts on each answer.
 ///
 /// While the store gives no answer at all, the whole batch is sent again
@@ -558,20 +478,6 @@ async fn claim_due(inner: &Arc<Inner>, due: Vec<Due>, sent_at: Instant) {
             });
             join_all(claims).await;
         }
-    }
-}
-
-pub(crate) fn lease_claim(inner: &Inner, job: &JobSpec, slot: Slot, token: Token) -> LeaseClaim {
-    LeaseClaim {
-        claim: ClaimRequest {
-            run: RunKey::new(job.name.clone(), slot),
-            token,
-            instance: inner.instance.clone(),
-            max_late: job.window(),
-        },
-        lease: inner.lease,
-        overlap: job.overlap,
-        max_attempts: job.max_attempts,
     }
 }
 

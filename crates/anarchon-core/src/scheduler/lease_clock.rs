@@ -9,10 +9,18 @@
 //! one was sent — from the claim's first send for the first renewal, even
 //! when the handler starts later (a claim sent ahead of its slot, or won on
 //! a retry).
+//!
+//! [`LeaseClock::heartbeat_ended`] turns each heartbeat's answer into a
+//! [`Renew`], and [`Holding`] is what a running handler's lease has come
+//! to: still renewed, or ended (fenced, or contact lost) with the reason
+//! its handler is cancelled. The store calls themselves are made in `run`.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use super::context::CancelReason;
+use crate::store::Renewal;
 
 /// When a runner renews and when it must give the run up.
 #[derive(Clone, Copy, Debug)]
@@ -91,6 +99,92 @@ impl LeaseClock {
     pub(crate) fn failed(&mut self, now: Instant) {
         self.next_try = now + self.every;
     }
+
+    /// Notes how a heartbeat sent at `sent` ended at `now`: answered
+    /// (`Some`), or not (`None`: an error, or no answer in time).
+    pub(crate) fn heartbeat_ended(
+        &mut self,
+        sent: Instant,
+        now: Instant,
+        answer: Option<Renewal>,
+    ) -> Renew {
+        match answer {
+            Some(Renewal::Renewed) => {
+                self.renewed(sent);
+                Renew::Held
+            }
+            Some(Renewal::Fenced) => Renew::Fenced,
+            None => {
+                self.failed(now);
+                if self.expired(now) {
+                    Renew::Expired
+                } else {
+                    Renew::Failed
+                }
+            }
+        }
+    }
+}
+
+/// How a renewal went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Renew {
+    /// The token still holds the run; the lease was extended.
+    Held,
+    /// Another token holds the run now.
+    Fenced,
+    /// The store did not answer, and lease is still surely left.
+    Failed,
+    /// The store did not answer and the lease may have run out.
+    Expired,
+}
+
+/// What a running handler's lease has come to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Holding {
+    /// Heartbeats go out on schedule.
+    Renewing,
+    /// There is no lease to renew: a claim-only store.
+    Unleased,
+    /// The store said another token holds the run.
+    Fenced,
+    /// No renewal for a whole lease: the runner gave the run up.
+    LostContact,
+}
+
+impl Holding {
+    /// A handler starting on a lease store (`leased`) or a claim-only one.
+    pub(crate) fn start(leased: bool) -> Self {
+        if leased {
+            Holding::Renewing
+        } else {
+            Holding::Unleased
+        }
+    }
+
+    /// Whether heartbeats still go out.
+    pub(crate) fn renewing(self) -> bool {
+        self == Holding::Renewing
+    }
+
+    /// Notes a renewal made while the handler runs. When it ends the
+    /// renewing, the reason the handler is cancelled for.
+    pub(crate) fn after(&mut self, renew: Renew) -> Option<CancelReason> {
+        if !self.renewing() {
+            return None;
+        }
+        match renew {
+            Renew::Held | Renew::Failed => None,
+            Renew::Fenced => {
+                *self = Holding::Fenced;
+                Some(CancelReason::Fenced)
+            }
+            Renew::Expired => {
+                *self = Holding::LostContact;
+                Some(CancelReason::LostContact)
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -141,6 +235,75 @@ mod tests {
             "never after the deadline"
         );
         assert_eq!(clock.deadline(), start + LEASE, "a failure extends nothing");
+    }
+
+    #[test]
+    fn a_heartbeat_answer_moves_the_clock_as_its_send_allows() {
+        let start = Instant::now();
+        let mut clock = LeaseClock::new(start, LEASE, EVERY);
+        let sent = start + Duration::from_millis(200);
+        let answered = sent + Duration::from_millis(50);
+        assert_eq!(
+            clock.heartbeat_ended(sent, answered, Some(Renewal::Renewed)),
+            Renew::Held
+        );
+        assert_eq!(clock.deadline(), sent + LEASE, "counted from the send");
+        assert_eq!(clock.next_renewal(), sent + EVERY);
+
+        // Fenced changes nothing on the clock.
+        let before = (clock.deadline(), clock.next_renewal());
+        assert_eq!(
+            clock.heartbeat_ended(answered, answered, Some(Renewal::Fenced)),
+            Renew::Fenced
+        );
+        assert_eq!((clock.deadline(), clock.next_renewal()), before);
+    }
+
+    #[test]
+    fn an_unanswered_heartbeat_fails_until_the_lease_may_have_run_out() {
+        let start = Instant::now();
+        let mut clock = LeaseClock::new(start, LEASE, EVERY);
+        let now = start + Duration::from_millis(300);
+        assert_eq!(clock.heartbeat_ended(start, now, None), Renew::Failed);
+        assert_eq!(
+            clock.next_renewal(),
+            now + EVERY,
+            "tried again a heartbeat later"
+        );
+        assert_eq!(clock.deadline(), start + LEASE, "a failure extends nothing");
+        let late = start + LEASE;
+        assert_eq!(clock.heartbeat_ended(now, late, None), Renew::Expired);
+    }
+
+    #[test]
+    fn a_lease_is_renewed_until_fenced_or_out_of_contact() {
+        let mut holding = Holding::start(true);
+        assert!(holding.renewing());
+        assert_eq!(holding.after(Renew::Held), None);
+        assert_eq!(holding.after(Renew::Failed), None);
+        assert_eq!(holding, Holding::Renewing);
+        assert_eq!(holding.after(Renew::Fenced), Some(CancelReason::Fenced));
+        assert_eq!(holding, Holding::Fenced);
+        assert!(!holding.renewing());
+        // Ended stays ended, with its first reason.
+        assert_eq!(holding.after(Renew::Expired), None);
+        assert_eq!(holding, Holding::Fenced);
+
+        let mut holding = Holding::start(true);
+        assert_eq!(
+            holding.after(Renew::Expired),
+            Some(CancelReason::LostContact)
+        );
+        assert_eq!(holding, Holding::LostContact);
+        assert!(!holding.renewing());
+    }
+
+    #[test]
+    fn a_claim_only_run_has_no_lease_to_renew() {
+        let mut holding = Holding::start(false);
+        assert!(!holding.renewing());
+        assert_eq!(holding.after(Renew::Fenced), None);
+        assert_eq!(holding, Holding::Unleased);
     }
 
     #[test]

@@ -21,6 +21,7 @@
 //! [`SchedulerBuilder::options`], which return
 //! [`ConfigError::UnsupportedOption`] for a claim-only store.
 
+mod calls;
 mod context;
 mod driver;
 mod lease_clock;
@@ -434,7 +435,7 @@ where
             hand_over: CancellationToken::new(),
             tasks: TaskTracker::new(),
             claim_ahead_ms: std::sync::atomic::AtomicU64::new(
-                driver::MIN_CLAIM_AHEAD.as_millis() as u64
+                calls::MIN_CLAIM_AHEAD.as_millis() as u64
             ),
         });
         let driver = tokio::spawn(driver::drive(inner.clone()));

@@ -8,11 +8,9 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::calls::{CALL_TIMEOUT, MAX_CLAIM_AHEAD, STORE_TRIES, lease_claim, with_retries, within};
 use super::context::{CancelReason, RunContext};
-use super::driver::{
-    CALL_TIMEOUT, MAX_CLAIM_AHEAD, STORE_TRIES, lease_claim, with_retries, within,
-};
-use super::lease_clock::LeaseClock;
+use super::lease_clock::{Holding, LeaseClock, Renew};
 use super::metrics::Metrics;
 use super::{Inner, JobSpec, StoreHandle};
 use crate::ids::Token;
@@ -160,36 +158,27 @@ pub(crate) async fn run_won(
     );
     let mut handler = tokio::spawn(job.handler.call(ctx.clone()).instrument(span.clone()));
 
-    let mut renewing = lease_store.is_some();
-    let mut fenced = false;
-    let mut lost_contact = false;
+    let mut holding = Holding::start(lease_store.is_some());
     let deadline = job.timeout.map(|t| Instant::now() + t);
     let mut timed_out = false;
 
     let result = loop {
         tokio::select! {
             joined = &mut handler => break joined,
-            () = tokio::time::sleep_until(lease_clock.next_renewal()), if renewing => {
+            () = tokio::time::sleep_until(lease_clock.next_renewal()), if holding.renewing() => {
                 let Some(store) = &lease_store else { continue };
                 let left = lease_clock.left(Instant::now());
-                match renew(store.as_ref(), &run, token, &mut lease_clock, &span, left).await {
-                    Renew::Held | Renew::Failed => {}
-                    Renew::Fenced => {
-                        Metrics::add(&inner.metrics.fenced);
+                let renewal = renew(store.as_ref(), &run, token, &mut lease_clock, &span, left).await;
+                if let Some(reason) = holding.after(renewal) {
+                    Metrics::add(&inner.metrics.fenced);
+                    if holding == Holding::Fenced {
                         span.in_scope(|| tracing::warn!("fenced: another instance holds this run now; cancelling the handler"));
-                        ctx.cancel(CancelReason::Fenced);
-                        fenced = true;
-                        renewing = false;
-                    }
-                    Renew::Expired => {
+                    } else {
                         // The lease may have run out on the store's clock:
                         // stop before a backup can start.
-                        Metrics::add(&inner.metrics.fenced);
                         span.in_scope(|| tracing::error!(?lease, "no renewal for a whole lease; cancelling the handler"));
-                        ctx.cancel(CancelReason::LostContact);
-                        lost_contact = true;
-                        renewing = false;
                     }
+                    ctx.cancel(reason);
                 }
             }
             () = sleep_until_opt(deadline), if deadline.is_some() && !timed_out => {
@@ -227,8 +216,8 @@ pub(crate) async fn run_won(
         },
     };
     span.in_scope(|| tracing::info!(?outcome, "handler finished"));
-    if let (Some(store), true, false) =
-        (&lease_store, lost_contact, outcome == RunOutcome::Succeeded)
+    if let (Some(store), Holding::LostContact, false) =
+        (&lease_store, holding, outcome == RunOutcome::Succeeded)
     {
         // This runner gave the run up when it could no longer renew, and
         // the handler did not complete: it hands the run to a backup (if
@@ -245,7 +234,7 @@ pub(crate) async fn run_won(
         RunOutcome::Succeeded => Metrics::add(&inner.metrics.succeeded),
         RunOutcome::Failed { .. } => Metrics::add(&inner.metrics.failed),
     }
-    if let (Some(store), false) = (&lease_store, fenced) {
+    if let (Some(store), false) = (&lease_store, holding == Holding::Fenced) {
         let tries = std::sync::atomic::AtomicU32::new(0);
         let answer = with_retries("finish", || {
             tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -301,18 +290,6 @@ async fn finished_by(
     })
 }
 
-/// How a renewal went.
-enum Renew {
-    /// The token still holds the run; the lease was extended.
-    Held,
-    /// Another token holds the run now.
-    Fenced,
-    /// The store did not answer, and lease is still surely left.
-    Failed,
-    /// The store did not answer and the lease may have run out.
-    Expired,
-}
-
 /// Sends one heartbeat, waiting at most `limit`, and notes the result.
 /// While a handler runs, `limit` is the lease surely left: a heartbeat that
 /// hangs must not hold the runner past its lease. Before the handler
@@ -330,23 +307,10 @@ async fn renew(
     let answer = within(left, store.heartbeat(run, token, clock.lease()))
         .instrument(span.clone())
         .await;
-    match answer {
-        Ok(Renewal::Renewed) => {
-            clock.renewed(sent);
-            Renew::Held
-        }
-        Ok(Renewal::Fenced) => Renew::Fenced,
-        Err(error) => {
-            span.in_scope(|| tracing::warn!(%error, "heartbeat failed"));
-            let now = Instant::now();
-            clock.failed(now);
-            if clock.expired(now) {
-                Renew::Expired
-            } else {
-                Renew::Failed
-            }
-        }
+    if let Err(error) = &answer {
+        span.in_scope(|| tracing::warn!(%error, "heartbeat failed"));
     }
+    clock.heartbeat_ended(sent, Instant::now(), answer.ok())
 }
 
 /// Renews a lease whose handler has not started yet; `false` when it must

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anarchon_core::layer::LeaseLayer;
 use anarchon_core::{
     Attempt, CancelReason, ClaimStore, Clock, ConfigError, FinalState, InstanceId, JobName,
     JobOptions, LeaseStore, Memory, MemoryStore, Overlap, RecordState, RunContext, Schedule,
@@ -1471,26 +1472,20 @@ impl OneJobUnreadable {
 }
 
 #[anarchon_core::async_trait]
-impl ClaimStore for OneJobUnreadable {
+impl LeaseLayer for OneJobUnreadable {
+    type Inner = MemoryStore;
+
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+
     async fn claim(
         &self,
         req: &anarchon_core::ClaimRequest,
     ) -> Result<anarchon_core::ClaimOutcome, anarchon_core::StoreError> {
-        self.claim_lease(&anarchon_core::LeaseClaim::from_plain(req))
-            .await
+        LeaseLayer::claim_lease(self, &anarchon_core::LeaseClaim::from_plain(req)).await
     }
 
-    fn info(&self) -> anarchon_core::BackendInfo {
-        self.inner.info()
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        Some(self)
-    }
-}
-
-#[anarchon_core::async_trait]
-impl LeaseStore for OneJobUnreadable {
     async fn claim_lease(
         &self,
         req: &anarchon_core::LeaseClaim,
@@ -1518,63 +1513,6 @@ impl LeaseStore for OneJobUnreadable {
                 }
             })
             .collect())
-    }
-
-    async fn peek(
-        &self,
-        run: &anarchon_core::RunKey,
-    ) -> Result<anarchon_core::RunView, anarchon_core::StoreError> {
-        self.inner.peek(run).await
-    }
-
-    async fn heartbeat(
-        &self,
-        run: &anarchon_core::RunKey,
-        token: anarchon_core::Token,
-        lease: Duration,
-    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
-        self.inner.heartbeat(run, token, lease).await
-    }
-
-    async fn finish(
-        &self,
-        run: &anarchon_core::RunKey,
-        token: anarchon_core::Token,
-        outcome: anarchon_core::RunOutcome,
-    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
-        self.inner.finish(run, token, outcome).await
-    }
-
-    async fn give_back(
-        &self,
-        run: &anarchon_core::RunKey,
-        token: anarchon_core::Token,
-    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
-        self.inner.give_back(run, token).await
-    }
-
-    async fn wait_for_hand_over(&self, run: &anarchon_core::RunKey, timeout: Duration) -> bool {
-        self.inner.wait_for_hand_over(run, timeout).await
-    }
-
-    async fn release(
-        &self,
-        run: &anarchon_core::RunKey,
-        token: anarchon_core::Token,
-    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
-        self.inner.release(run, token).await
-    }
-
-    async fn history(
-        &self,
-        job: &JobName,
-        limit: usize,
-    ) -> Result<Vec<anarchon_core::RunRecord>, anarchon_core::StoreError> {
-        self.inner.history(job, limit).await
-    }
-
-    async fn collect_garbage(&self, keep: Duration) -> Result<u64, anarchon_core::StoreError> {
-        self.inner.collect_garbage(keep).await
     }
 }
 
