@@ -8,7 +8,7 @@ use lapin::uri::AMQPUri;
 
 use crate::error::Error;
 use crate::names;
-use anarchon_core::url::percent_decode;
+use anarchon_core::url::{percent_decode, redact};
 
 /// The queue-name prefix unless told otherwise: gate queues are named
 /// `anarchon.<job>.slot.<slot>`.
@@ -364,11 +364,6 @@ fn authority(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     &rest[..end]
-}
-
-/// `url` with the password of its user info replaced by `***`.
-pub(crate) fn redact(url: &str) -> String {
-    anarchon_core::url::redact(url)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::Error;
-use anarchon_core::url::percent_decode;
+use anarchon_core::url::{percent_decode, redact};
 
 /// How long one store call may wait for the server unless told otherwise.
 /// Kept below the scheduler's own 10 s limit per store call.
@@ -307,13 +307,6 @@ impl fmt::Debug for NatsOptions {
 
 /// The schemes that ask for TLS.
 const TLS_SCHEMES: [&str; 2] = ["tls", "nats+tls"];
-
-/// `url` with the password (or a token) in its user info replaced by
-/// `***`, and the value of every query parameter whose name speaks of a
-/// secret (`pass`, `token`, `secret`, `key`, `cred`, `jwt`, `seed`).
-pub(crate) fn redact(url: &str) -> String {
-    anarchon_core::url::redact(url)
-}
 
 /// Checks a name prefix: segments of `[A-Za-z0-9_-]` joined by `.`.
 pub(crate) fn validate_prefix(prefix: &str) -> Result<(), Error> {
