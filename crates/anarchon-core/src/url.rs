@@ -317,6 +317,35 @@ mod tests {
     }
 
     #[test]
+    fn every_store_scheme_is_redacted() {
+        for (url, want) in [
+            (
+                "postgres://app:s3cret@db:5432/cron",
+                "postgres://app:***@db:5432/cron",
+            ),
+            ("redis://:pw@h:6379", "redis://:***@h:6379"),
+            ("redis://pw@h:6379", "redis://***@h:6379"),
+            ("nats://tok3n@h:4222", "nats://***@h:4222"),
+            ("nats-kv://tok3n@h:4222", "nats-kv://***@h:4222"),
+            ("tls://tok3n@h:4222", "tls://***@h:4222"),
+            ("nats-kv+tls://tok3n@h:4222", "nats-kv+tls://***@h:4222"),
+            ("amqp://guest@h/%2f?x=1", "amqp://guest@h/%2f?x=1"),
+            (
+                "postgres://h/db?user=u&password=hunter2&sslmode=require",
+                "postgres://h/db?user=u&password=***&sslmode=require",
+            ),
+            (
+                "rediss://u:pw@h:6380/0?strategy=lease#insecure",
+                "rediss://u:***@h:6380/0?strategy=lease#insecure",
+            ),
+            ("sqlite://anarchon.db", "sqlite://anarchon.db"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact(url), want, "{url}");
+        }
+    }
+
+    #[test]
     fn a_broken_password_drops_the_parsers_reason() {
         let url = "postgres://app:pa/ss@db:5432/cron";
         let said = unreadable_reason(url, "the port \"pa\" is not a number");
