@@ -366,9 +366,12 @@ impl PgOptions {
     /// parameter, e.g. a Unix socket directory, before the URL's host; port
     /// 5432 unless the URL has one), for messages. Never the password.
     pub fn server(&self) -> String {
-        let query = Query::split(&self.url);
+        // Read from the redacted URL: a password that breaks the URL's
+        // structure cannot then be taken for a host or a port.
+        let redacted = redact(&self.url);
+        let query = Query::split(&redacted);
         let Ok(auth) = Authority::of(query.base) else {
-            return redact(query.base);
+            return query.base.to_owned();
         };
         let mut host = auth.host;
         let mut database = auth.path.trim_start_matches('/');

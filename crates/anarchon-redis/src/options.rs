@@ -415,14 +415,17 @@ impl RedisOptions {
     /// `host:port/db` as the URL names them (port 6379 and database 0
     /// unless it says otherwise), for messages. Never the password.
     pub fn server(&self) -> String {
-        let query = Query::split(&self.url);
+        // Read from the redacted URL: a password that breaks the URL's
+        // structure cannot then be taken for a host or a port.
+        let redacted = redact(&self.url);
+        let query = Query::split(&redacted);
         match Authority::of(query.base) {
             Ok(auth) => {
                 let db = auth.path.trim_start_matches('/');
                 let db = if db.is_empty() { "0" } else { db };
                 format!("{}:{}/{db}", auth.host, auth.port.unwrap_or(6379))
             }
-            Err(_) => redact(query.base),
+            Err(_) => query.base.to_owned(),
         }
     }
 
@@ -588,6 +591,17 @@ mod tests {
         assert_eq!(options.connect_timeout, Duration::from_millis(500));
         assert_eq!(options.eviction, EvictionCheck::Refuse);
         assert_eq!(options.url, "redis://h:7000?protocol=resp3");
+        for url in [
+            "redis://:pa?ssw@h",
+            "redis://:12#ssw@h",
+            "redis://u:pa/ssw@h",
+        ] {
+            let server = RedisOptions::new(url).server();
+            assert!(
+                !server.contains("pa") && !server.contains("12") && !server.contains("ssw"),
+                "{url}: {server}"
+            );
+        }
     }
 
     #[test]

@@ -375,7 +375,7 @@ impl StoreUrl {
             #[cfg(feature = "amqp")]
             Backend::Amqp(ref options) => format!(
                 "RabbitMQ {} (queue prefix {}, slot TTL {}, {kind})",
-                server_of(&options.redacted_url()),
+                options.server(),
                 options.get_prefix(),
                 humantime::format_duration(options.get_slot_ttl())
             ),
@@ -385,7 +385,7 @@ impl StoreUrl {
                 ref claims,
             } => format!(
                 "NATS JetStream {} (stream {}, subjects {}, duplicate window {}, {kind})",
-                server_of(&connection.redacted_url()),
+                connection.server(),
                 claims.stream_name(),
                 claims.subject_filter(),
                 humantime::format_duration(claims.get_duplicate_window())
@@ -396,7 +396,7 @@ impl StoreUrl {
                 ref leases,
             } => format!(
                 "NATS JetStream KV {} (bucket {}, {kind})",
-                server_of(&connection.redacted_url()),
+                connection.server(),
                 leases.get_bucket()
             ),
         }
@@ -534,16 +534,6 @@ impl StoreUrl {
             _ => self.open().await,
         }
     }
-}
-
-/// `host:port/path` of a redacted URL, for messages.
-#[cfg(any(feature = "amqp", feature = "nats"))]
-fn server_of(redacted: &str) -> String {
-    let rest = redacted.split_once("://").map_or(redacted, |(_, r)| r);
-    let rest = rest.split(['?', '#']).next().unwrap_or(rest);
-    rest.rsplit_once('@')
-        .map_or(rest, |(_, host)| host)
-        .to_owned()
 }
 
 /// An open store, of either kind.
