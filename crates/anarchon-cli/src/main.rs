@@ -40,7 +40,7 @@ enum Cmd {
         config: PathBuf,
         /// The store URL; overrides the crontab's `store` (default
         /// sqlite://anarchon.db). Schemes: sqlite, postgres, redis, amqp,
-        /// nats.
+        /// nats, nats-kv (an unknown one is refused with the full list).
         #[arg(long, value_name = "URL")]
         store: Option<String>,
     },

@@ -310,6 +310,10 @@ async fn what_a_url_tells_matches_the_store_opened_from_it() {
             &nats,
             &format!("prefix={prefix}&duplicate_window_ms=90000&storage=memory"),
         ),
+        with_params(
+            &nats.replacen("nats://", "nats-kv://", 1),
+            &format!("bucket={prefix}&storage=memory"),
+        ),
     ];
     let mut seen = Vec::new();
     for url in &urls {
@@ -328,6 +332,13 @@ async fn what_a_url_tells_matches_the_store_opened_from_it() {
             let client = async_nats::connect(nats.as_str()).await.unwrap();
             async_nats::jetstream::new(client)
                 .delete_stream(format!("{prefix}-claims"))
+                .await
+                .unwrap();
+        }
+        if matches!(backend.backend, Backend::NatsKv { .. }) && opened.is_ok() {
+            let client = async_nats::connect(nats.as_str()).await.unwrap();
+            async_nats::jetstream::new(client)
+                .delete_key_value(&prefix)
                 .await
                 .unwrap();
         }
@@ -357,7 +368,8 @@ async fn what_a_url_tells_matches_the_store_opened_from_it() {
             "redis-stream-id",
             "redis-script",
             "rabbitmq",
-            "nats"
+            "nats",
+            "nats-kv"
         ]
     );
 }
