@@ -39,7 +39,7 @@ fn sqlite_urls_are_read_without_opening() {
     assert!(backend.describe().contains("never.db"));
     assert!(backend.is_lease());
     assert_eq!(backend.backend(), "sqlite");
-    assert!(backend.is_lease());
+    assert_eq!(backend.kind(), StoreKind::Lease);
     assert!(!path.exists(), "parsing a URL must not create the file");
 }
 
@@ -65,7 +65,7 @@ fn postgres_urls_keep_the_clients_parameters_and_strip_ours() {
         assert_eq!(server, "db.internal:6543/cron");
         assert!(backend.is_lease());
         assert_eq!(backend.backend(), "postgres");
-        assert!(backend.is_lease());
+        assert_eq!(backend.kind(), StoreKind::Lease);
         let described = backend.describe();
         assert!(described.contains("table cron_runs"), "{described}");
         assert!(!described.contains("s3cret"), "{described}");
@@ -129,7 +129,7 @@ fn redis_urls_choose_a_strategy() {
     let lease = StoreUrl::parse("redis://:s3cret@127.0.0.1:6379/2?prefix=team.a").unwrap();
     assert!(lease.is_lease());
     assert_eq!(lease.backend(), "redis-lease");
-    assert!(lease.is_lease());
+    assert_eq!(lease.kind(), StoreKind::Lease);
     let described = lease.describe();
     assert!(described.contains("127.0.0.1:6379/2"), "{described}");
     assert!(described.contains("key prefix team.a"), "{described}");
