@@ -18,7 +18,6 @@ const STORE_PARAMETERS: &str = "strategy, prefix, window_ms, duration_ms, timeou
 /// How a store opened from a URL claims runs: the URL's `strategy`
 /// parameter, with the memory of the claim-only ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Strategy {
     /// `lease` (the default): a lease store, [`RedisLeaseStore`](crate::RedisLeaseStore).
     Lease,

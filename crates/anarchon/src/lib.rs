@@ -37,7 +37,6 @@
 //! match opened.store() {
 //!     Store::Lease(_) => println!("a lease store: backups take over a run whose runner died"),
 //!     Store::ClaimOnly(_) => println!("claim-only: one winner per run, nothing more"),
-//!     _ => {}
 //! }
 //! let scheduler = builder.start()?;
 //! // ... serve until asked to stop ...

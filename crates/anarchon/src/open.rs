@@ -437,8 +437,7 @@ impl StoreUrl {
                     Strategy::Script(window) => Opened::claim_only(Arc::new(
                         anarchon_redis::RedisScriptStore::connect(options, window).await?,
                     )),
-                    // `Lease`, and what a newer anarchon-redis adds.
-                    _ => Opened::lease(
+                    Strategy::Lease => Opened::lease(
                         Arc::new(anarchon_redis::RedisLeaseStore::connect(options).await?),
                         Handle::None,
                     ),
@@ -538,7 +537,6 @@ impl StoreUrl {
 
 /// An open store, of either kind.
 #[derive(Clone)]
-#[non_exhaustive]
 pub enum Store {
     /// A lease store.
     Lease(Arc<dyn LeaseStore>),
