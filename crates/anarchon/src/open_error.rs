@@ -134,11 +134,17 @@ impl OpenError {
     /// [`StoreUrl::parse`](crate::StoreUrl::parse) finds without
     /// connecting.
     pub fn is_url(&self) -> bool {
-        matches!(
-            self,
+        match self {
             OpenError::UnknownScheme { .. }
-                | OpenError::FeatureDisabled { .. }
-                | OpenError::InvalidUrl { .. }
-        )
+            | OpenError::FeatureDisabled { .. }
+            | OpenError::InvalidUrl { .. } => true,
+            // The SQLite crate's own words for a URL it refuses.
+            #[cfg(feature = "sqlite")]
+            OpenError::Sqlite(
+                anarchon_sqlite::Error::InvalidUrl { .. }
+                | anarchon_sqlite::Error::InvalidOption { .. },
+            ) => true,
+            _ => false,
+        }
     }
 }

@@ -41,6 +41,15 @@ fn sqlite_urls_are_read_without_opening() {
     assert_eq!(backend.backend(), "sqlite");
     assert_eq!(backend.kind(), StoreKind::Lease);
     assert!(!path.exists(), "parsing a URL must not create the file");
+    for bad in [
+        "sqlite://cron.db?bogus=1",
+        "sqlite://cron.db?max_connections=0",
+        "sqlite://",
+        "sqlite://:memory:",
+    ] {
+        let err = StoreUrl::parse(bad).unwrap_err();
+        assert!(err.is_url() && !err.is_temporary(), "{bad}: {err}");
+    }
 }
 
 #[test]
