@@ -176,15 +176,15 @@ fn store_url(flag: Option<String>, crontab: Option<&Crontab>) -> String {
 async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
     let crontab = Crontab::load(path)?;
     let url = store_url(store, Some(&crontab));
-    let backend = StoreUrl::parse(&url).map_err(Error::from)?;
+    let parsed = StoreUrl::parse(&url).map_err(Error::from)?;
     // Everything the core would refuse — lease-only options on a
     // claim-only store included — is found before the store is opened (or
     // a SQLite file created, or a server contacted).
-    validate(&crontab, &backend)?;
+    validate(&crontab, &parsed)?;
     if crontab.jobs.is_empty() {
         tracing::warn!(config = %path.display(), "the crontab has no [[job]]: nothing to run");
     }
-    let opened = backend
+    let opened = parsed
         .open()
         .await
         .map_err(Error::from)
@@ -199,14 +199,14 @@ async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
     };
     tracing::info!(
         store = %redact(&url),
-        backend = backend.backend(),
+        backend = parsed.backend(),
         instance = %scheduler.instance_id(),
         jobs = crontab.jobs.len(),
         "anarchon running; Ctrl-C, SIGTERM or SIGHUP stops it and hands running jobs over"
     );
-    if !backend.is_lease() {
+    if !parsed.is_lease() {
         tracing::info!(
-            backend = backend.backend(),
+            backend = parsed.backend(),
             "claim-only store: each run goes to the first instance to claim it; no backups, no takeover, no history"
         );
     }
@@ -245,29 +245,29 @@ async fn history(
 ) -> anyhow::Result<()> {
     let crontab = config.map(Crontab::load).transpose()?;
     let url = store_url(store, crontab.as_ref());
-    let backend = StoreUrl::parse(&url).map_err(Error::from)?;
+    let parsed = StoreUrl::parse(&url).map_err(Error::from)?;
     let job = job
         .map(|name| JobName::new(&name).map_err(|source| Error::config(None, None, source)))
         .transpose()?;
-    if !backend.is_lease() {
+    if !parsed.is_lease() {
         return Err(Error::NoHistory {
-            backend: backend.backend(),
+            backend: parsed.backend(),
         }
         .into());
     }
     // Only some stores (SQLite) can list the jobs they have runs of:
     // elsewhere the jobs come from the command line or the crontab, found
     // out before connecting.
-    if job.is_none() && crontab.is_none() && !backend.lists_jobs() {
+    if job.is_none() && crontab.is_none() && !parsed.lists_jobs() {
         return Err(Error::JobsUnknown {
-            backend: backend.backend(),
+            backend: parsed.backend(),
         }
         .into());
     }
-    let opened = backend::open_for_history(&backend)
+    let opened = backend::open_for_history(&parsed)
         .await
         .with_context(|| format!("cannot read the store {}", redact(&url)))?;
-    let result = history_of(&opened, &backend, job, crontab.as_ref(), limit).await;
+    let result = history_of(&opened, &parsed, job, crontab.as_ref(), limit).await;
     opened.close().await;
     write_out(&result?)
 }
@@ -275,14 +275,14 @@ async fn history(
 /// The history table (or "no runs recorded") of an open lease store.
 async fn history_of(
     opened: &Opened,
-    backend: &StoreUrl,
+    parsed: &StoreUrl,
     job: Option<JobName>,
     crontab: Option<&Crontab>,
     limit: usize,
 ) -> Result<String, Error> {
     let Some(store) = opened.lease_store() else {
         return Err(Error::NoHistory {
-            backend: backend.backend(),
+            backend: parsed.backend(),
         });
     };
     let jobs = if let Some(name) = job {
@@ -300,7 +300,7 @@ async fn history_of(
             })?
     } else {
         return Err(Error::JobsUnknown {
-            backend: backend.backend(),
+            backend: parsed.backend(),
         });
     };
     let runs = show::history(store.as_ref(), &jobs, limit).await?;
@@ -317,21 +317,21 @@ async fn history_of(
 
 /// Checks the crontab against the backend's kind without opening it: the
 /// jobs and the scheduler options through the core's own checks.
-fn validate(crontab: &Crontab, backend: &StoreUrl) -> Result<(), Error> {
-    app::check(crontab, backend::stand_in(backend))
+fn validate(crontab: &Crontab, parsed: &StoreUrl) -> Result<(), Error> {
+    app::check(crontab, backend::stand_in(parsed))
 }
 
 fn check(path: &Path, store: Option<String>) -> anyhow::Result<()> {
     let crontab = Crontab::load(path)?;
     let url = store_url(store, Some(&crontab));
-    let backend = StoreUrl::parse(&url).map_err(Error::from)?;
-    validate(&crontab, &backend)?;
+    let parsed = StoreUrl::parse(&url).map_err(Error::from)?;
+    validate(&crontab, &parsed)?;
     let mut text = format!(
         "{}: {} job(s) OK; store {} = {}\n",
         path.display(),
         crontab.jobs.len(),
         redact(&url),
-        backend.describe()
+        parsed.describe()
     );
     let now = now();
     for job in &crontab.jobs {
