@@ -8,7 +8,7 @@ use lapin::uri::AMQPUri;
 
 use crate::error::Error;
 use crate::names;
-use anarchon_core::url::percent_decode;
+use anarchon_core::url::{percent_decode, redact};
 
 /// The queue-name prefix unless told otherwise: gate queues are named
 /// `anarchon.<job>.slot.<slot>`.
@@ -210,6 +210,12 @@ impl AmqpOptions {
         redact(&self.url)
     }
 
+    /// `host:port/vhost` as the URL writes them, for messages: the URL
+    /// without its scheme, user info and query. Never the password.
+    pub fn server(&self) -> String {
+        server_of(&redact(&self.url))
+    }
+
     /// The queue-name prefix.
     pub fn get_prefix(&self) -> &str {
         &self.prefix
@@ -359,16 +365,22 @@ impl fmt::Debug for AmqpOptions {
     }
 }
 
+/// The part of a redacted `url` after the scheme and the user info, up to
+/// the query: `host:port/path`.
+pub(crate) fn server_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.split(['?', '#']).next().unwrap_or(rest);
+    // Up to the last `@`, as `redact` reads it: a password may hold `/`.
+    rest.rsplit_once('@')
+        .map_or(rest, |(_, host)| host)
+        .to_owned()
+}
+
 /// The part of a URL between `://` and the path.
 fn authority(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     &rest[..end]
-}
-
-/// `url` with the password of its user info replaced by `***`.
-pub(crate) fn redact(url: &str) -> String {
-    anarchon_core::url::redact(url)
 }
 
 #[cfg(test)]
@@ -501,5 +513,13 @@ mod tests {
         assert!(base().max_channels(0).validate().is_err());
         assert!(base().prefix("amq.x").validate().is_err());
         assert!(base().validate().is_ok());
+    }
+
+    #[test]
+    fn the_server_is_named_without_the_user_info() {
+        let options = AmqpOptions::new("amqp://u:pa@ss@rabbit:5672/%2f?heartbeat=10");
+        assert_eq!(options.server(), "rabbit:5672/%2f");
+        assert_eq!(AmqpOptions::new("amqp://u:pa?ss@h/%2f").server(), "h/%2f");
+        assert_eq!(AmqpOptions::new("amqps://h").server(), "h");
     }
 }

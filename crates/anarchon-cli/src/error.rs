@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anarchon::ConfigError;
+use anarchon::{ConfigError, OpenError};
 
 /// Something the user has to fix before anything runs.
 #[derive(Debug, thiserror::Error)]
@@ -61,42 +61,10 @@ pub(crate) enum Error {
         source: Box<ConfigError>,
     },
 
-    /// The store URL names no backend this build has.
-    #[error("unsupported store URL {url}: {reason}")]
-    StoreUrl {
-        /// Redacted.
-        url: String,
-        reason: String,
-    },
-
-    /// The store URL names a known backend but is malformed, or one of its
-    /// parameters is unknown or out of range.
-    #[error("invalid store URL {url}: {reason}")]
-    InvalidStoreUrl {
-        /// Redacted.
-        url: String,
-        reason: String,
-    },
-
-    /// The SQLite store could not be opened.
+    /// The store URL cannot be read, or the store cannot be opened (the
+    /// library's error, which never shows the password).
     #[error(transparent)]
-    Sqlite(#[from] anarchon::sqlite::Error),
-
-    /// The PostgreSQL store could not be opened.
-    #[error(transparent)]
-    Postgres(#[from] anarchon::pg::PgError),
-
-    /// The Redis store could not be opened.
-    #[error(transparent)]
-    Redis(#[from] anarchon::redis::RedisStoreError),
-
-    /// The RabbitMQ store could not be opened.
-    #[error(transparent)]
-    Amqp(#[from] anarchon::amqp::Error),
-
-    /// The NATS store could not be opened.
-    #[error(transparent)]
-    Nats(#[from] anarchon::nats::Error),
+    Open(#[from] anarchon::OpenError),
 
     /// A store call failed.
     #[error(transparent)]
@@ -159,15 +127,12 @@ impl Error {
             | Error::Parse { .. }
             | Error::Job { .. }
             | Error::Config { .. }
-            | Error::StoreUrl { .. }
-            | Error::InvalidStoreUrl { .. }
             | Error::NoHistory { .. }
             | Error::JobsUnknown { .. } => true,
-            Error::Sqlite(e) => !e.is_temporary(),
-            Error::Postgres(e) => !e.is_temporary(),
-            Error::Redis(e) => !e.is_temporary(),
-            Error::Amqp(e) => !e.is_temporary(),
-            Error::Nats(e) => !e.is_temporary(),
+            Error::Open(e) => match e {
+                OpenError::Store(_) | OpenError::Missing { .. } => false,
+                e => !e.is_temporary(),
+            },
             Error::Store(_) | Error::NoDatabase { .. } | Error::SchemaOutdated { .. } => false,
         }
     }

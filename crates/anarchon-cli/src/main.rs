@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anarchon::{JobName, Schedule, Timestamp};
+use anarchon::url::redact;
+use anarchon::{JobName, Opened, Schedule, StoreUrl, Timestamp};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
-use crate::backend::{Backend, Opened, redact};
 use crate::config::{Crontab, DEFAULT_STORE};
 use crate::error::Error;
 use crate::runner::Orphans;
@@ -40,7 +40,7 @@ enum Cmd {
         config: PathBuf,
         /// The store URL; overrides the crontab's `store` (default
         /// sqlite://anarchon.db). Schemes: sqlite, postgres, redis, amqp,
-        /// nats.
+        /// nats, nats-kv (an unknown one is refused with the full list).
         #[arg(long, value_name = "URL")]
         store: Option<String>,
     },
@@ -176,17 +176,18 @@ fn store_url(flag: Option<String>, crontab: Option<&Crontab>) -> String {
 async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
     let crontab = Crontab::load(path)?;
     let url = store_url(store, Some(&crontab));
-    let backend = Backend::parse(&url)?;
+    let parsed = StoreUrl::parse(&url).map_err(Error::from)?;
     // Everything the core would refuse — lease-only options on a
     // claim-only store included — is found before the store is opened (or
     // a SQLite file created, or a server contacted).
-    validate(&crontab, &backend)?;
+    validate(&crontab, &parsed)?;
     if crontab.jobs.is_empty() {
         tracing::warn!(config = %path.display(), "the crontab has no [[job]]: nothing to run");
     }
-    let opened = backend
+    let opened = parsed
         .open()
         .await
+        .map_err(Error::from)
         .with_context(|| format!("cannot open the store {}", redact(&url)))?;
     let orphans = Arc::new(Orphans::default());
     let scheduler = match app::start(&crontab, opened.claim_store(), &orphans) {
@@ -198,14 +199,14 @@ async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
     };
     tracing::info!(
         store = %redact(&url),
-        backend = backend.name(),
+        backend = parsed.backend(),
         instance = %scheduler.instance_id(),
         jobs = crontab.jobs.len(),
         "anarchon running; Ctrl-C, SIGTERM or SIGHUP stops it and hands running jobs over"
     );
-    if !backend.is_lease() {
+    if !parsed.is_lease() {
         tracing::info!(
-            backend = backend.name(),
+            backend = parsed.backend(),
             "claim-only store: each run goes to the first instance to claim it; no backups, no takeover, no history"
         );
     }
@@ -244,29 +245,29 @@ async fn history(
 ) -> anyhow::Result<()> {
     let crontab = config.map(Crontab::load).transpose()?;
     let url = store_url(store, crontab.as_ref());
-    let backend = Backend::parse(&url)?;
+    let parsed = StoreUrl::parse(&url).map_err(Error::from)?;
     let job = job
         .map(|name| JobName::new(&name).map_err(|source| Error::config(None, None, source)))
         .transpose()?;
-    if !backend.is_lease() {
+    if !parsed.is_lease() {
         return Err(Error::NoHistory {
-            backend: backend.name(),
+            backend: parsed.backend(),
         }
         .into());
     }
-    // Only SQLite can list the jobs it has runs of: elsewhere the jobs come
-    // from the command line or the crontab, found out before connecting.
-    if job.is_none() && crontab.is_none() && !matches!(backend, Backend::Sqlite(_)) {
+    // Only some stores (SQLite) can list the jobs they have runs of:
+    // elsewhere the jobs come from the command line or the crontab, found
+    // out before connecting.
+    if job.is_none() && crontab.is_none() && !parsed.lists_jobs() {
         return Err(Error::JobsUnknown {
-            backend: backend.name(),
+            backend: parsed.backend(),
         }
         .into());
     }
-    let opened = backend
-        .open_for_history()
+    let opened = backend::open_for_history(&parsed)
         .await
         .with_context(|| format!("cannot read the store {}", redact(&url)))?;
-    let result = history_of(&opened, &backend, job, crontab.as_ref(), limit).await;
+    let result = history_of(&opened, &parsed, job, crontab.as_ref(), limit).await;
     opened.close().await;
     write_out(&result?)
 }
@@ -274,32 +275,33 @@ async fn history(
 /// The history table (or "no runs recorded") of an open lease store.
 async fn history_of(
     opened: &Opened,
-    backend: &Backend,
+    parsed: &StoreUrl,
     job: Option<JobName>,
     crontab: Option<&Crontab>,
     limit: usize,
 ) -> Result<String, Error> {
     let Some(store) = opened.lease_store() else {
         return Err(Error::NoHistory {
-            backend: backend.name(),
+            backend: parsed.backend(),
         });
     };
-    let jobs = match (job, opened, crontab) {
-        (Some(name), _, _) => vec![name],
-        (None, Opened::Sqlite(sqlite), _) => sqlite.jobs().await?,
-        (None, _, Some(crontab)) => crontab
+    let jobs = if let Some(name) = job {
+        vec![name]
+    } else if let Some(jobs) = opened.jobs().await? {
+        jobs
+    } else if let Some(crontab) = crontab {
+        crontab
             .jobs
             .iter()
             .map(|j| JobName::new(&j.name))
             .collect::<Result<_, _>>()
             .map_err(|source| {
                 Error::config(Some(crontab.path.display().to_string()), None, source)
-            })?,
-        (None, _, None) => {
-            return Err(Error::JobsUnknown {
-                backend: backend.name(),
-            });
-        }
+            })?
+    } else {
+        return Err(Error::JobsUnknown {
+            backend: parsed.backend(),
+        });
     };
     let runs = show::history(store.as_ref(), &jobs, limit).await?;
     Ok(if runs.is_empty() {
@@ -315,21 +317,21 @@ async fn history_of(
 
 /// Checks the crontab against the backend's kind without opening it: the
 /// jobs and the scheduler options through the core's own checks.
-fn validate(crontab: &Crontab, backend: &Backend) -> Result<(), Error> {
-    app::check(crontab, backend.stand_in())
+fn validate(crontab: &Crontab, parsed: &StoreUrl) -> Result<(), Error> {
+    app::check(crontab, backend::stand_in(parsed))
 }
 
 fn check(path: &Path, store: Option<String>) -> anyhow::Result<()> {
     let crontab = Crontab::load(path)?;
     let url = store_url(store, Some(&crontab));
-    let backend = Backend::parse(&url)?;
-    validate(&crontab, &backend)?;
+    let parsed = StoreUrl::parse(&url).map_err(Error::from)?;
+    validate(&crontab, &parsed)?;
     let mut text = format!(
         "{}: {} job(s) OK; store {} = {}\n",
         path.display(),
         crontab.jobs.len(),
         redact(&url),
-        backend.describe()
+        parsed.describe()
     );
     let now = now();
     for job in &crontab.jobs {

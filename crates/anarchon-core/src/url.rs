@@ -156,6 +156,148 @@ pub fn unreadable_reason(url: &str, reason: &str) -> String {
     out
 }
 
+/// A store URL taken apart at its query, for a backend that reads some
+/// parameters itself and passes the others on to its client: the part
+/// before `?`, the `key=value` pairs as written (not decoded), and a
+/// `#fragment`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Query<'a> {
+    /// Everything before `?` (or before `#` when there is no query).
+    pub base: &'a str,
+    /// The query's pairs in order; a pair without `=` has an empty value.
+    pub pairs: Vec<(&'a str, &'a str)>,
+    /// What follows `#`, if anything.
+    pub fragment: Option<&'a str>,
+}
+
+impl<'a> Query<'a> {
+    /// Splits `url`.
+    pub fn split(url: &'a str) -> Self {
+        let (rest, fragment) = match url.split_once('#') {
+            Some((rest, fragment)) => (rest, Some(fragment)),
+            None => (url, None),
+        };
+        let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let pairs = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| p.split_once('=').unwrap_or((p, "")))
+            .collect();
+        Self {
+            base,
+            pairs,
+            fragment,
+        }
+    }
+
+    /// The URL again with only the `kept` pairs (and the fragment).
+    pub fn rebuild(&self, kept: &[(&str, &str)]) -> String {
+        let mut url = self.base.to_owned();
+        for (i, (key, value)) in kept.iter().enumerate() {
+            url.push(if i == 0 { '?' } else { '&' });
+            url.push_str(key);
+            url.push('=');
+            url.push_str(value);
+        }
+        if let Some(fragment) = self.fragment {
+            url.push('#');
+            url.push_str(fragment);
+        }
+        url
+    }
+}
+
+/// The host, port and path of a URL's base (the part before `?`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Authority<'a> {
+    /// The host as written; a bracketed IPv6 address keeps its brackets.
+    /// Empty when the URL names none.
+    pub host: &'a str,
+    /// The port, if the URL has one.
+    pub port: Option<u16>,
+    /// The path, from its `/` on (empty when there is none).
+    pub path: &'a str,
+}
+
+impl<'a> Authority<'a> {
+    /// Reads `scheme://[userinfo@]host[:port][/path]`. The user info (up
+    /// to the last `@` before the path) is skipped and never appears in an
+    /// error.
+    ///
+    /// # Errors
+    ///
+    /// What is wrong, in words: no `scheme://`, an unclosed IPv6 address,
+    /// a port that is not a number from 0 to 65535, a host with `?`, `#`
+    /// or a space.
+    pub fn of(base: &'a str) -> Result<Self, String> {
+        let rest = base
+            .split_once("://")
+            .map(|(_, rest)| rest)
+            .ok_or("it must start with scheme://")?;
+        let end = rest.find('/').unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(end);
+        let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let (host, port) = if let Some(v6) = host_port.strip_prefix('[') {
+            let (_, after) = v6
+                .split_once(']')
+                .ok_or("an IPv6 address is missing its closing ']'")?;
+            let host = &host_port[..host_port.len() - after.len()];
+            match after {
+                "" => (host, None),
+                _ => (
+                    host,
+                    Some(
+                        after
+                            .strip_prefix(':')
+                            .ok_or("junk after the IPv6 address")?,
+                    ),
+                ),
+            }
+        } else {
+            match host_port.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (host_port, None),
+            }
+        };
+        let port = match port {
+            None | Some("") => None,
+            Some(port) => Some(
+                port.parse::<u16>()
+                    .map_err(|_| format!("the port {port:?} is not a number from 0 to 65535"))?,
+            ),
+        };
+        if host.contains(['?', '#', ' ']) {
+            return Err(format!("the host {host:?} is not a host name"));
+        }
+        Ok(Self { host, port, path })
+    }
+}
+
+/// A whole number of milliseconds, for query parameter `key`.
+///
+/// # Errors
+///
+/// A message naming `key` and the value when it is not a whole number.
+pub fn millis(key: &str, value: &str) -> Result<std::time::Duration, String> {
+    value
+        .parse::<u64>()
+        .map(std::time::Duration::from_millis)
+        .map_err(|_| format!("{key} must be a whole number of milliseconds, not {value:?}"))
+}
+
+/// A duration longer than zero, in milliseconds, for query parameter `key`.
+///
+/// # Errors
+///
+/// As [`millis`], and a message when it is zero.
+pub fn positive_millis(key: &str, value: &str) -> Result<std::time::Duration, String> {
+    let d = millis(key, value)?;
+    if d.is_zero() {
+        return Err(format!("{key} must be longer than zero"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +314,35 @@ mod tests {
             "nats://***@h:4222?token=***&prefix=p"
         );
         assert_eq!(redact("sqlite://cron.db"), "sqlite://cron.db");
+    }
+
+    #[test]
+    fn every_store_scheme_is_redacted() {
+        for (url, want) in [
+            (
+                "postgres://app:s3cret@db:5432/cron",
+                "postgres://app:***@db:5432/cron",
+            ),
+            ("redis://:pw@h:6379", "redis://:***@h:6379"),
+            ("redis://pw@h:6379", "redis://***@h:6379"),
+            ("nats://tok3n@h:4222", "nats://***@h:4222"),
+            ("nats-kv://tok3n@h:4222", "nats-kv://***@h:4222"),
+            ("tls://tok3n@h:4222", "tls://***@h:4222"),
+            ("nats-kv+tls://tok3n@h:4222", "nats-kv+tls://***@h:4222"),
+            ("amqp://guest@h/%2f?x=1", "amqp://guest@h/%2f?x=1"),
+            (
+                "postgres://h/db?user=u&password=hunter2&sslmode=require",
+                "postgres://h/db?user=u&password=***&sslmode=require",
+            ),
+            (
+                "rediss://u:pw@h:6380/0?strategy=lease#insecure",
+                "rediss://u:***@h:6380/0?strategy=lease#insecure",
+            ),
+            ("sqlite://anarchon.db", "sqlite://anarchon.db"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact(url), want, "{url}");
+        }
     }
 
     #[test]
@@ -193,5 +364,55 @@ mod tests {
         assert_eq!(percent_decode("a%2"), None);
         assert_eq!(percent_decode("a%+1"), None);
         assert_eq!(percent_decode("%ff"), None, "not UTF-8");
+    }
+
+    #[test]
+    fn queries_split_and_rebuild() {
+        let q = Query::split("redis://u:p@h:6379/2?strategy=lease&protocol=resp3&x#insecure");
+        assert_eq!(q.base, "redis://u:p@h:6379/2");
+        assert_eq!(
+            q.pairs,
+            [("strategy", "lease"), ("protocol", "resp3"), ("x", "")]
+        );
+        assert_eq!(q.fragment, Some("insecure"));
+        assert_eq!(
+            q.rebuild(&[("protocol", "resp3")]),
+            "redis://u:p@h:6379/2?protocol=resp3#insecure"
+        );
+        assert_eq!(Query::split("sqlite://a.db").rebuild(&[]), "sqlite://a.db");
+    }
+
+    #[test]
+    fn authorities_are_read_without_the_user_info() {
+        let a = Authority::of("postgres://app:s3cret@db.internal:6543/cron").unwrap();
+        assert_eq!(
+            (a.host, a.port, a.path),
+            ("db.internal", Some(6543), "/cron")
+        );
+        let a = Authority::of("redis://[::1]:7000").unwrap();
+        assert_eq!((a.host, a.port, a.path), ("[::1]", Some(7000), ""));
+        let a = Authority::of("postgres://app@/cron").unwrap();
+        assert_eq!((a.host, a.port), ("", None));
+        for (bad, says) in [
+            ("db:5432", "scheme://"),
+            ("redis://[::1", "closing"),
+            ("redis://[::1]x", "junk"),
+            ("redis://u:s3cret@h:port", "the port \"port\""),
+            ("redis://h:70000", "65535"),
+        ] {
+            let err = Authority::of(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+            assert!(!err.contains("s3cret"), "{err}");
+        }
+        assert!(
+            millis("timeout_ms", "x")
+                .unwrap_err()
+                .contains("timeout_ms")
+        );
+        assert!(
+            positive_millis("timeout_ms", "0")
+                .unwrap_err()
+                .contains("longer than zero")
+        );
     }
 }

@@ -6,6 +6,7 @@ mod error;
 mod lease;
 mod options;
 mod tls;
+mod url;
 
 pub use crate::claim::{
     ClaimOptions, DEFAULT_DUPLICATE_WINDOW, DEFAULT_PREFIX, INSTANCE_HEADER, MAX_DUPLICATE_WINDOW,
@@ -19,6 +20,7 @@ pub use crate::lease::{
 pub use crate::options::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, MAX_PREFIX_LEN, NatsOptions, Storage,
 };
+pub use crate::url::{CLAIM_SCHEMES, LEASE_SCHEMES};
 
 /// The claim store's name in [`BackendInfo`](anarchon_core::BackendInfo),
 /// logs and errors.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::error::Error;
-use anarchon_core::url::percent_decode;
+use anarchon_core::url::{percent_decode, redact};
 
 /// How long one store call may wait for the server unless told otherwise.
 /// Kept below the scheduler's own 10 s limit per store call.
@@ -190,6 +190,12 @@ impl NatsOptions {
         redact(&self.url)
     }
 
+    /// `host:port` as the URL writes them, for messages: the URL without
+    /// its scheme, user info and query. Never the password or token.
+    pub fn server(&self) -> String {
+        crate::options::server_of(&redact(&self.url))
+    }
+
     /// The time limit of one store call.
     pub fn get_timeout(&self) -> Duration {
         self.timeout
@@ -308,11 +314,15 @@ impl fmt::Debug for NatsOptions {
 /// The schemes that ask for TLS.
 const TLS_SCHEMES: [&str; 2] = ["tls", "nats+tls"];
 
-/// `url` with the password (or a token) in its user info replaced by
-/// `***`, and the value of every query parameter whose name speaks of a
-/// secret (`pass`, `token`, `secret`, `key`, `cred`, `jwt`, `seed`).
-pub(crate) fn redact(url: &str) -> String {
-    anarchon_core::url::redact(url)
+/// The part of a redacted `url` after the scheme and the user info, up to
+/// the query: `host:port/path`.
+pub(crate) fn server_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.split(['?', '#']).next().unwrap_or(rest);
+    // Up to the last `@`, as `redact` reads it: a password may hold `/`.
+    rest.rsplit_once('@')
+        .map_or(rest, |(_, host)| host)
+        .to_owned()
 }
 
 /// Checks a name prefix: segments of `[A-Za-z0-9_-]` joined by `.`.
@@ -459,6 +469,14 @@ mod tests {
                 .to_string();
             assert!(!err.contains("hunter2"), "{err}");
         }
+    }
+
+    #[test]
+    fn the_server_is_named_without_the_credentials() {
+        assert_eq!(NatsOptions::new("nats://t0k/en@h:4222").server(), "h:4222");
+        assert_eq!(NatsOptions::new("tls://u:pw@h:4222/").server(), "h:4222/");
+        assert_eq!(NatsOptions::new("nats://h").server(), "h");
+        assert_eq!(NatsOptions::new("nats://u:pa?ss@h:4222").server(), "h:4222");
     }
 
     #[test]

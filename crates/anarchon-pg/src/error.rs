@@ -3,7 +3,7 @@
 use anarchon_core::{StoreError, StoreErrorKind};
 
 /// The backend's name in errors, logs and [`anarchon_core::BackendInfo`].
-pub(crate) const BACKEND: &str = "postgres";
+pub const BACKEND: &str = "postgres";
 
 /// Everything that can go wrong in `anarchon-pg`.
 ///

@@ -6,9 +6,9 @@ mod options;
 mod sql;
 mod store;
 
-pub use crate::error::PgError;
+pub use crate::error::{BACKEND, PgError};
 pub use crate::migrate::SCHEMA_VERSION;
-pub use crate::options::{MAX_TABLE_NAME_LEN, PgOptions, TableName};
+pub use crate::options::{CLIENT_PARAMETERS, MAX_TABLE_NAME_LEN, PgOptions, TableName};
 pub use crate::store::PgStore;
 
 /// The sqlx types this crate's API uses ([`PgStore::from_pool`],

@@ -3,7 +3,36 @@
 use std::fmt;
 use std::time::Duration;
 
+use anarchon_core::url::{Authority, Query, millis, percent_decode, positive_millis, redact};
+
 use crate::error::PgError;
+
+/// The query parameters of a store URL that the PostgreSQL client (sqlx)
+/// reads itself: [`PgOptions::from_url`] passes them on, as it does
+/// `options[NAME]`.
+pub const CLIENT_PARAMETERS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "options",
+];
+
+/// The query parameters [`PgOptions::from_url`] reads itself.
+const STORE_PARAMETERS: &str =
+    "table, pool_size, connect_timeout_ms, statement_timeout_ms, migrate, application_name";
 
 /// The longest table name accepted, in bytes.
 ///
@@ -170,6 +199,111 @@ impl PgOptions {
         }
     }
 
+    /// Reads a store URL: a PostgreSQL URL (`postgres://` or
+    /// `postgresql://`) whose query may also carry the store's own
+    /// parameters `table`, `pool_size`, `connect_timeout_ms`,
+    /// `statement_timeout_ms` (`0` keeps the server's setting), `migrate`
+    /// (`true` or `false`) and `application_name`. They are taken out of
+    /// the URL; the client's own parameters ([`CLIENT_PARAMETERS`], and
+    /// `options[NAME]`) stay in it. Nothing connects.
+    ///
+    /// The client would ignore an unknown parameter with a warning; here it
+    /// is refused, so a misspelt `tabel=` does not go unnoticed.
+    ///
+    /// ```
+    /// use anarchon_pg::PgOptions;
+    ///
+    /// let options = PgOptions::from_url(
+    ///     "postgres://app:s3cret@db.internal/app?table=cron_runs&pool_size=8&sslmode=require",
+    /// )?;
+    /// assert_eq!(options.get_table().as_str(), "cron_runs");
+    /// assert_eq!(options.get_pool_size(), 8);
+    /// assert_eq!(options.redacted_url(), "postgres://app:***@db.internal/app?sslmode=require");
+    /// assert_eq!(options.server(), "db.internal:5432/app");
+    /// # Ok::<(), anarchon_pg::PgError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`PgError::InvalidUrl`] (the URL redacted) for another scheme, a
+    /// URL that names no host, a bad port, an unknown parameter or a value
+    /// out of range; no message shows the password.
+    pub fn from_url(url: &str) -> Result<Self, PgError> {
+        let invalid = |reason: String| PgError::InvalidUrl {
+            url: redact(url),
+            reason: anarchon_core::url::unreadable_reason(url, &reason),
+        };
+        if let Some(hint) = anarchon_core::url::ambiguous_user_info(url) {
+            return Err(PgError::InvalidUrl {
+                url: redact(url),
+                reason: hint,
+            });
+        }
+        let scheme = url.split_once("://").map(|(s, _)| s);
+        if !matches!(scheme, Some("postgres" | "postgresql")) {
+            return Err(invalid(
+                "it must start with postgres:// (or postgresql://), e.g. postgres://app@db.internal:5432/app".into(),
+            ));
+        }
+        let query = Query::split(url);
+        let auth = Authority::of(query.base).map_err(invalid)?;
+        let mut kept = Vec::new();
+        let mut options = Self::new(String::new());
+        let mut host_param = false;
+        for &(key, value) in &query.pairs {
+            match key {
+                "table" => {
+                    options.table = TableName::new(value).map_err(|e| invalid(e.to_string()))?;
+                }
+                "pool_size" => {
+                    let n = value.parse::<u32>().map_err(|_| {
+                        invalid(format!("pool_size must be a whole number, not {value:?}"))
+                    })?;
+                    if n == 0 {
+                        return Err(invalid("pool_size must be at least 1".into()));
+                    }
+                    options.pool_size = n;
+                }
+                "connect_timeout_ms" => {
+                    options.connect_timeout = positive_millis(key, value).map_err(invalid)?;
+                }
+                "statement_timeout_ms" => {
+                    let d = millis(key, value).map_err(invalid)?;
+                    options.statement_timeout = (!d.is_zero()).then_some(d);
+                }
+                "migrate" => {
+                    options.migrate = match value {
+                        "true" => true,
+                        "false" => false,
+                        _ => {
+                            return Err(invalid(format!(
+                                "migrate must be true or false, not {value:?}"
+                            )));
+                        }
+                    };
+                }
+                "application_name" => value.clone_into(&mut options.application_name),
+                k if CLIENT_PARAMETERS.contains(&k) || k.starts_with("options[") => {
+                    host_param |= matches!(k, "host" | "hostaddr");
+                    kept.push((key, value));
+                }
+                other => {
+                    return Err(invalid(format!(
+                        "unknown parameter {other:?}; anarchon reads {STORE_PARAMETERS}; the PostgreSQL client reads {}, options[NAME]",
+                        CLIENT_PARAMETERS.join(", ")
+                    )));
+                }
+            }
+        }
+        if auth.host.is_empty() && !host_param {
+            return Err(invalid(
+                "it names no host (postgres://user@host:5432/database)".into(),
+            ));
+        }
+        options.url = query.rebuild(&kept);
+        Ok(options)
+    }
+
     /// Uses table `name` (and `name_jobs`, `name_migrations`, `name_claim`).
     ///
     /// # Errors
@@ -225,7 +359,30 @@ impl PgOptions {
 
     /// The URL with any password replaced by `***`.
     pub fn redacted_url(&self) -> String {
-        redact_url(&self.url)
+        redact(&self.url)
+    }
+
+    /// `host:port/database` as the URL names them (a `host` or `hostaddr`
+    /// parameter, e.g. a Unix socket directory, before the URL's host; port
+    /// 5432 unless the URL has one), for messages. Never the password.
+    pub fn server(&self) -> String {
+        // Read from the redacted URL: a password that breaks the URL's
+        // structure cannot then be taken for a host or a port.
+        let redacted = redact(&self.url);
+        let query = Query::split(&redacted);
+        let Ok(auth) = Authority::of(query.base) else {
+            return query.base.to_owned();
+        };
+        let mut host = auth.host;
+        let mut database = auth.path.trim_start_matches('/');
+        for &(key, value) in &query.pairs {
+            match key {
+                "host" | "hostaddr" => host = value,
+                "dbname" => database = value,
+                _ => {}
+            }
+        }
+        format!("{host}:{}/{database}", auth.port.unwrap_or(5432))
     }
 
     /// The table.
@@ -288,12 +445,6 @@ impl fmt::Debug for PgOptions {
     }
 }
 
-/// `url` with the password of its user part and any `password=` parameter
-/// replaced by `***`.
-pub(crate) fn redact_url(url: &str) -> String {
-    anarchon_core::url::redact(url)
-}
-
 /// The secrets `url` carries, as written and percent-decoded, to scrub from
 /// messages built from errors about it.
 pub(crate) fn secrets_of(url: &str) -> Vec<String> {
@@ -316,7 +467,7 @@ pub(crate) fn secrets_of(url: &str) -> Vec<String> {
         secrets.push(url[start..end].to_owned());
         from = end;
     }
-    let decoded: Vec<String> = secrets.iter().map(|s| percent_decode(s)).collect();
+    let decoded: Vec<String> = secrets.iter().filter_map(|s| percent_decode(s)).collect();
     secrets.extend(decoded);
     secrets.retain(|s| !s.is_empty());
     secrets.sort();
@@ -331,26 +482,6 @@ pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
         out = out.replace(secret.as_str(), "***");
     }
     out
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
-        {
-            out.push((h * 16 + l) as u8);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -394,12 +525,12 @@ mod tests {
     #[test]
     fn urls_are_redacted() {
         assert_eq!(
-            redact_url("postgres://u:p%40ss@h:5432/db?sslmode=require"),
+            redact("postgres://u:p%40ss@h:5432/db?sslmode=require"),
             "postgres://u:***@h:5432/db?sslmode=require"
         );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(
-            redact_url("postgres://h/db?user=u&password=hunter2&x=1"),
+            redact("postgres://h/db?user=u&password=hunter2&x=1"),
             "postgres://h/db?user=u&password=***&x=1"
         );
         let secrets = secrets_of("postgres://u:p%40ss@h/db?password=two");
@@ -436,5 +567,89 @@ mod tests {
                 .is_err()
         );
         assert!(PgOptions::new(url).table("Bad").is_err());
+    }
+    #[test]
+    fn store_urls_keep_the_clients_parameters_and_strip_ours() {
+        for scheme in ["postgres", "postgresql"] {
+            let options = PgOptions::from_url(&format!(
+                "{scheme}://app:s3cret@db.internal:6543/cron?table=cron_runs&pool_size=8&sslmode=require&connect_timeout_ms=1500&statement_timeout_ms=0&migrate=false&application_name=web"
+            ))
+            .unwrap();
+            assert_eq!(options.get_table().as_str(), "cron_runs");
+            assert_eq!(options.get_pool_size(), 8);
+            assert_eq!(options.get_connect_timeout(), Duration::from_millis(1500));
+            assert_eq!(options.get_statement_timeout(), None);
+            assert!(!options.migrate);
+            assert_eq!(options.application_name, "web");
+            assert_eq!(
+                options.redacted_url(),
+                format!("{scheme}://app:***@db.internal:6543/cron?sslmode=require")
+            );
+            assert_eq!(options.server(), "db.internal:6543/cron");
+            assert!(!format!("{options:?}").contains("s3cret"));
+        }
+        let plain = PgOptions::from_url("postgres://postgres@127.0.0.1/test").unwrap();
+        assert_eq!(plain.get_table().as_str(), "anarchon");
+        assert_eq!(plain.redacted_url(), "postgres://postgres@127.0.0.1/test");
+        assert_eq!(plain.server(), "127.0.0.1:5432/test");
+        assert_eq!(
+            plain.get_statement_timeout(),
+            Some(PgOptions::DEFAULT_STATEMENT_TIMEOUT)
+        );
+        // A Unix socket named by the client's `host` parameter.
+        let socket = PgOptions::from_url("postgres://app@/cron?host=/run/postgresql").unwrap();
+        assert_eq!(socket.server(), "/run/postgresql:5432/cron");
+        let named =
+            PgOptions::from_url("postgres://h/x?dbname=cron&options[search_path]=a").unwrap();
+        assert_eq!(named.server(), "h:5432/cron");
+    }
+
+    #[test]
+    fn bad_store_urls_say_what_is_wrong() {
+        for (url, says) in [
+            (
+                "postgres://app:s3cret@db/cron?tabel=x",
+                "unknown parameter \"tabel\"",
+            ),
+            (
+                "postgres://app:s3cret@db/cron?table=Runs",
+                "invalid table name",
+            ),
+            (
+                "postgres://app:s3cret@db/cron?pool_size=0",
+                "pool_size must be at least 1",
+            ),
+            (
+                "postgres://app:s3cret@db/cron?pool_size=many",
+                "pool_size must be a whole number",
+            ),
+            (
+                "postgres://app:s3cret@db/cron?migrate=yes",
+                "migrate must be true or false",
+            ),
+            ("postgres://app:s3cret@db:port/cron", "the port \"port\""),
+            ("postgres://app:s3cret@/cron", "names no host"),
+            (
+                "postgres://app:s3cret@db/cron?connect_timeout_ms=0",
+                "longer than zero",
+            ),
+            (
+                "postgres://app:s3cret@db/cron?statement_timeout_ms=soon",
+                "whole number of milliseconds",
+            ),
+            ("mysql://app:s3cret@db/cron", "postgres://"),
+            ("postgres://app:s3/cret@db/cron", "%2F"),
+        ] {
+            let err = PgOptions::from_url(url).unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, PgError::InvalidUrl { .. }), "{url}: {text}");
+            assert!(!err.is_temporary(), "{text}");
+            assert!(text.contains(says), "{url}: {text}");
+            assert!(
+                !text.contains("s3cret") && !text.contains("cret@"),
+                "{text}"
+            );
+            assert!(text.contains("app:***@"), "{text}");
+        }
     }
 }

@@ -18,8 +18,9 @@ use sqlx::{Connection, FromRow, PgConnection, PgPool, Row};
 
 use crate::error::{BACKEND, PgError, certainly_not_applied, connection_broken};
 use crate::migrate::{SCHEMA_VERSION, drop_schema, migrate_to, schema_version};
-use crate::options::{PgOptions, TableName, redact_url, scrub, secrets_of};
+use crate::options::{PgOptions, TableName, scrub, secrets_of};
 use crate::sql::Statements;
+use anarchon_core::url::redact;
 
 /// A lease store on PostgreSQL.
 ///
@@ -437,12 +438,12 @@ impl PgStore {
 fn connect_options(options: &PgOptions, secrets: &[String]) -> Result<PgConnectOptions, PgError> {
     if let Some(reason) = anarchon_core::url::ambiguous_user_info(&options.url) {
         return Err(PgError::InvalidUrl {
-            url: redact_url(&options.url),
+            url: redact(&options.url),
             reason,
         });
     }
     let parsed = PgConnectOptions::from_str(&options.url).map_err(|e| PgError::InvalidUrl {
-        url: redact_url(&options.url),
+        url: redact(&options.url),
         reason: anarchon_core::url::unreadable_reason(
             &options.url,
             &scrub(&e.to_string(), secrets),

@@ -17,7 +17,7 @@ pub use crate::error::RedisStoreError;
 pub use crate::idmp::{IDMP_MIN_VERSION, RedisIdmpStore};
 pub use crate::keys::job_key;
 pub use crate::lease::RedisLeaseStore;
-pub use crate::options::{EvictionCheck, KeyPrefix, MAX_PREFIX_LEN, RedisOptions, redact};
+pub use crate::options::{EvictionCheck, KeyPrefix, MAX_PREFIX_LEN, RedisOptions, Strategy};
 pub use crate::scan::RedisScriptStore;
 pub use crate::server::{EvictionFinding, ServerInfo, Version};
 pub use crate::stream_id::RedisStreamIdStore;

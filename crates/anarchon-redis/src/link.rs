@@ -19,9 +19,10 @@ use deadpool_redis::redis::{
 use deadpool_redis::{Connection, Manager, Pool, PoolError, Runtime};
 
 use crate::error::RedisStoreError;
-use crate::options::{EvictionCheck, RedisOptions, redact};
+use crate::options::{EvictionCheck, RedisOptions};
 use crate::server::{EvictionFinding, ServerInfo, info_field, parse_server};
 use crate::tls::{connection_info, secret_of};
+use anarchon_core::url::redact;
 
 /// How many times one call loads its scripts again after NOSCRIPT before
 /// it gives up (each time in the same round trip as the resend).

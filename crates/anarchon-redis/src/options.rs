@@ -5,9 +5,70 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anarchon_core::{Clock, SystemClock};
+use anarchon_core::url::{Authority, Query, millis, percent_decode, positive_millis, redact};
+use anarchon_core::{Clock, Memory, SystemClock};
 
 use crate::error::RedisStoreError;
+use crate::{MIN_MEMORY, RedisIdmpStore, RedisScriptStore};
+
+/// The query parameters of a store URL that [`RedisOptions::from_url`]
+/// reads itself.
+const STORE_PARAMETERS: &str = "strategy, prefix, window_ms, duration_ms, timeout_ms, connect_timeout_ms, eviction, tls_ca_file";
+
+/// How a store opened from a URL claims runs: the URL's `strategy`
+/// parameter, with the memory of the claim-only ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// `lease` (the default): a lease store, [`RedisLeaseStore`](crate::RedisLeaseStore).
+    Lease,
+    /// `stream-id`: claim-only, remembers runs forever,
+    /// [`RedisStreamIdStore`](crate::RedisStreamIdStore).
+    StreamId,
+    /// `idmp` (Redis 8.6+): claim-only, remembers runs for the duration,
+    /// [`RedisIdmpStore`].
+    Idmp(Duration),
+    /// `script`: claim-only, remembers runs for the window,
+    /// [`RedisScriptStore`].
+    Script(Duration),
+}
+
+impl Strategy {
+    /// The name the store of this strategy reports as its backend
+    /// (`redis-lease`, `redis-stream-id`, `redis-idmp`, `redis-script`).
+    pub fn backend(self) -> &'static str {
+        match self {
+            Strategy::Lease => "redis-lease",
+            Strategy::StreamId => "redis-stream-id",
+            Strategy::Idmp(_) => "redis-idmp",
+            Strategy::Script(_) => "redis-script",
+        }
+    }
+
+    /// The strategy as a URL writes it (`lease`, `stream-id`, `idmp`,
+    /// `script`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::Lease => "lease",
+            Strategy::StreamId => "stream-id",
+            Strategy::Idmp(_) => "idmp",
+            Strategy::Script(_) => "script",
+        }
+    }
+
+    /// Whether the store keeps leases (only `lease` does).
+    pub fn is_lease(self) -> bool {
+        self == Strategy::Lease
+    }
+
+    /// How long the store remembers a run.
+    pub fn memory(self) -> Memory {
+        match self {
+            Strategy::Lease => Memory::UntilCollected,
+            Strategy::StreamId => Memory::Forever,
+            Strategy::Idmp(d) | Strategy::Script(d) => Memory::Window(d),
+        }
+    }
+}
 
 /// The longest key prefix accepted, in bytes.
 pub const MAX_PREFIX_LEN: usize = 64;
@@ -131,6 +192,164 @@ impl RedisOptions {
         }
     }
 
+    /// Reads a store URL: a Redis URL (`redis://[user:password@]host[:port][/db]`,
+    /// or `rediss://…` for TLS) whose query may also carry the store's own
+    /// parameters: `strategy` (`lease`, the default; `stream-id`; `idmp`;
+    /// `script`), `prefix`, `window_ms` (`script` only), `duration_ms`
+    /// (`idmp` only, whole seconds), `timeout_ms`, `connect_timeout_ms`,
+    /// `eviction` (`warn` or `refuse`) and `tls_ca_file` (a path,
+    /// `%`-escaped where needed; `rediss://` only). They are taken out of
+    /// the URL; the client's `protocol` stays in it. The rest of the URL is
+    /// read by the Redis client's own parser, which connects to nothing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use anarchon_redis::{RedisOptions, Strategy};
+    ///
+    /// let (options, strategy) =
+    ///     RedisOptions::from_url("redis://:s3cret@redis.internal:6379/2?strategy=script&window_ms=600000&prefix=billing")?;
+    /// assert_eq!(strategy, Strategy::Script(Duration::from_secs(600)));
+    /// assert_eq!(options.key_prefix().as_str(), "billing");
+    /// assert_eq!(options.server(), "redis.internal:6379/2");
+    /// assert!(!format!("{options:?}").contains("s3cret"));
+    /// # Ok::<(), anarchon_redis::RedisStoreError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`RedisStoreError::InvalidUrl`] for a URL that names no host, a bad
+    /// database number, an unknown parameter or strategy, a value out of
+    /// range or a URL the client cannot read; [`RedisStoreError::InvalidPrefix`]
+    /// for a bad `prefix`; [`RedisStoreError::TlsNotEnabled`] for
+    /// `rediss://` in a build without the `tls` feature. No message shows
+    /// the password.
+    pub fn from_url(url: &str) -> Result<(Self, Strategy), RedisStoreError> {
+        let invalid = |reason: String| RedisStoreError::InvalidUrl {
+            reason: anarchon_core::url::unreadable_reason(url, &reason),
+        };
+        if let Some(reason) = anarchon_core::url::ambiguous_user_info(url) {
+            return Err(RedisStoreError::InvalidUrl { reason });
+        }
+        let query = Query::split(url);
+        let auth = Authority::of(query.base).map_err(invalid)?;
+        if auth.host.is_empty() {
+            return Err(invalid(
+                "it names no host (redis://[user:password@]host:6379[/db])".into(),
+            ));
+        }
+        let db = auth.path.trim_start_matches('/');
+        if !db.is_empty() && db.parse::<u32>().is_err() {
+            return Err(invalid(format!("the database {db:?} is not a number")));
+        }
+        let mut kept = Vec::new();
+        let mut strategy = "lease";
+        let mut window = None;
+        let mut duration = None;
+        let mut options = Self::new(String::new());
+        let mut prefix = None;
+        let mut ca_file = None;
+        for &(key, value) in &query.pairs {
+            match key {
+                "strategy" => strategy = value,
+                "tls_ca_file" => {
+                    ca_file = Some(percent_decode(value).ok_or_else(|| {
+                        invalid(format!(
+                            "{key} has a broken %-escape or is not UTF-8 once decoded"
+                        ))
+                    })?);
+                }
+                "prefix" => prefix = Some(value),
+                "window_ms" => window = Some(millis(key, value).map_err(invalid)?),
+                "duration_ms" => duration = Some(millis(key, value).map_err(invalid)?),
+                "timeout_ms" => {
+                    options.response_timeout = positive_millis(key, value).map_err(invalid)?;
+                }
+                "connect_timeout_ms" => {
+                    options.connect_timeout = positive_millis(key, value).map_err(invalid)?;
+                }
+                "eviction" => {
+                    options.eviction = match value {
+                        "warn" => EvictionCheck::Warn,
+                        "refuse" => EvictionCheck::Refuse,
+                        _ => {
+                            return Err(invalid(format!(
+                                "eviction must be warn or refuse, not {value:?}"
+                            )));
+                        }
+                    };
+                }
+                "protocol" => kept.push((key, value)),
+                other => {
+                    return Err(invalid(format!(
+                        "unknown parameter {other:?}; anarchon reads {STORE_PARAMETERS}; the Redis client reads protocol"
+                    )));
+                }
+            }
+        }
+        let strategy = match strategy {
+            "lease" => Strategy::Lease,
+            "stream-id" => Strategy::StreamId,
+            "idmp" => {
+                let d = duration.unwrap_or(RedisIdmpStore::DEFAULT_DURATION);
+                if d.subsec_nanos() != 0 {
+                    return Err(invalid(format!(
+                        "duration_ms must be whole seconds (Redis keeps IDMP ids for whole seconds), not {}",
+                        d.as_millis()
+                    )));
+                }
+                if d < MIN_MEMORY || d > RedisIdmpStore::MAX_DURATION {
+                    return Err(invalid(format!(
+                        "duration_ms must be from {} to {}",
+                        MIN_MEMORY.as_millis(),
+                        RedisIdmpStore::MAX_DURATION.as_millis()
+                    )));
+                }
+                Strategy::Idmp(d)
+            }
+            "script" => {
+                let w = window.unwrap_or(RedisScriptStore::DEFAULT_WINDOW);
+                if w < MIN_MEMORY {
+                    return Err(invalid(format!(
+                        "window_ms must be at least {}",
+                        MIN_MEMORY.as_millis()
+                    )));
+                }
+                Strategy::Script(w)
+            }
+            other => {
+                return Err(invalid(format!(
+                    "unknown strategy {other:?}; use lease (the default), stream-id, idmp or script"
+                )));
+            }
+        };
+        if window.is_some() && !matches!(strategy, Strategy::Script(_)) {
+            return Err(invalid("window_ms applies to strategy=script only".into()));
+        }
+        if duration.is_some() && !matches!(strategy, Strategy::Idmp(_)) {
+            return Err(invalid("duration_ms applies to strategy=idmp only".into()));
+        }
+        options.url = query.rebuild(&kept);
+        let tls = query.base.starts_with("rediss://") || query.base.starts_with("valkeys://");
+        #[cfg(not(feature = "tls"))]
+        if tls {
+            let scheme = query.base.split_once("://").map_or("", |(s, _)| s);
+            return Err(RedisStoreError::TlsNotEnabled {
+                requested_by: format!("the URL scheme {scheme}://"),
+            });
+        }
+        check_with_client(&options.url).map_err(invalid)?;
+        if let Some(prefix) = prefix {
+            options = options.prefix(prefix)?;
+        }
+        if let Some(path) = ca_file {
+            if !tls {
+                return Err(invalid("tls_ca_file needs a rediss:// URL (TLS)".into()));
+            }
+            options = options.tls_ca_file(path);
+        }
+        Ok((options, strategy))
+    }
+
     /// The clock this process reads where a strategy computes something on
     /// the client side (default: the system clock). Only `idmp` does: it
     /// trims entries far older than its memory. No strategy decides who
@@ -192,6 +411,23 @@ impl RedisOptions {
         self
     }
 
+    /// `host:port/db` as the URL names them (port 6379 and database 0
+    /// unless it says otherwise), for messages. Never the password.
+    pub fn server(&self) -> String {
+        // Read from the redacted URL: a password that breaks the URL's
+        // structure cannot then be taken for a host or a port.
+        let redacted = redact(&self.url);
+        let query = Query::split(&redacted);
+        match Authority::of(query.base) {
+            Ok(auth) => {
+                let db = auth.path.trim_start_matches('/');
+                let db = if db.is_empty() { "0" } else { db };
+                format!("{}:{}/{db}", auth.host, auth.port.unwrap_or(6379))
+            }
+            Err(_) => query.base.to_owned(),
+        }
+    }
+
     /// The key prefix.
     pub fn key_prefix(&self) -> &KeyPrefix {
         &self.prefix
@@ -217,9 +453,30 @@ impl fmt::Debug for RedisOptions {
     }
 }
 
-/// `url` with the password (user-info, or a `password`/`pass` query value) replaced by `***`.
-pub fn redact(url: &str) -> String {
-    anarchon_core::url::redact(url)
+/// Reads `url` with the Redis client's own parser, which connects to
+/// nothing: what it refuses (a bad database number, an unknown `protocol`)
+/// is refused before a store connects. Its message is dropped if it shows
+/// any of the URL's user info.
+fn check_with_client(url: &str) -> Result<(), String> {
+    use deadpool_redis::redis::IntoConnectionInfo as _;
+    let Err(e) = url.into_connection_info() else {
+        return Ok(());
+    };
+    let message = e.to_string();
+    let userinfo = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split(['/', '?', '#']).next())
+        .and_then(|authority| authority.rsplit_once('@'))
+        .map(|(userinfo, _)| userinfo);
+    let leaks = userinfo.is_some_and(|u| {
+        u.split(':')
+            .any(|part| !part.is_empty() && message.contains(part))
+    });
+    Err(if leaks {
+        "the Redis client cannot read it".to_owned()
+    } else {
+        format!("the Redis client cannot read it: {message}")
+    })
 }
 
 #[cfg(test)]
@@ -277,5 +534,163 @@ mod tests {
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("rediss://user:***@h:6380/1"), "{shown}");
         assert!(shown.contains("/etc/ca.pem"), "{shown}");
+    }
+    #[test]
+    fn store_urls_choose_a_strategy() {
+        let (options, strategy) =
+            RedisOptions::from_url("redis://:s3cret@127.0.0.1:6379/2?prefix=team.a").unwrap();
+        assert_eq!(strategy, Strategy::Lease);
+        assert!(strategy.is_lease());
+        assert_eq!(strategy.backend(), "redis-lease");
+        assert_eq!(strategy.memory(), Memory::UntilCollected);
+        assert_eq!(options.server(), "127.0.0.1:6379/2");
+        assert_eq!(options.key_prefix().as_str(), "team.a");
+        let shown = format!("{options:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(!shown.contains("prefix=team.a"), "stripped: {shown}");
+
+        for (url, want, name, memory) in [
+            (
+                "redis://h?strategy=stream-id",
+                Strategy::StreamId,
+                "redis-stream-id",
+                Memory::Forever,
+            ),
+            (
+                "redis://h?strategy=script&window_ms=120000",
+                Strategy::Script(Duration::from_secs(120)),
+                "redis-script",
+                Memory::Window(Duration::from_secs(120)),
+            ),
+            (
+                "redis://h?strategy=script",
+                Strategy::Script(RedisScriptStore::DEFAULT_WINDOW),
+                "redis-script",
+                Memory::Window(RedisScriptStore::DEFAULT_WINDOW),
+            ),
+            (
+                "redis://h?strategy=idmp&duration_ms=3600000&protocol=resp2",
+                Strategy::Idmp(Duration::from_secs(3600)),
+                "redis-idmp",
+                Memory::Window(Duration::from_secs(3600)),
+            ),
+        ] {
+            let (options, strategy) = RedisOptions::from_url(url).unwrap();
+            assert_eq!(strategy, want, "{url}");
+            assert!(!strategy.is_lease(), "{url}");
+            assert_eq!(strategy.backend(), name);
+            assert_eq!(strategy.memory(), memory);
+            assert_eq!(options.server(), "h:6379/0");
+        }
+        let (options, _) = RedisOptions::from_url(
+            "redis://h:7000?timeout_ms=250&connect_timeout_ms=500&eviction=refuse&protocol=resp3",
+        )
+        .unwrap();
+        assert_eq!(options.response_timeout, Duration::from_millis(250));
+        assert_eq!(options.connect_timeout, Duration::from_millis(500));
+        assert_eq!(options.eviction, EvictionCheck::Refuse);
+        assert_eq!(options.url, "redis://h:7000?protocol=resp3");
+        for url in [
+            "redis://:pa?ssw@h",
+            "redis://:12#ssw@h",
+            "redis://u:pa/ssw@h",
+        ] {
+            let server = RedisOptions::new(url).server();
+            assert!(
+                !server.contains("pa") && !server.contains("12") && !server.contains("ssw"),
+                "{url}: {server}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_store_urls_say_what_is_wrong() {
+        for (url, says) in [
+            (
+                "redis://:s3cret@h?strategy=leases",
+                "unknown strategy \"leases\"",
+            ),
+            (
+                "redis://:s3cret@h?strategie=lease",
+                "unknown parameter \"strategie\"",
+            ),
+            (
+                "redis://:s3cret@h?window_ms=60000",
+                "window_ms applies to strategy=script",
+            ),
+            (
+                "redis://:s3cret@h?strategy=script&duration_ms=60000",
+                "duration_ms applies to strategy=idmp",
+            ),
+            (
+                "redis://:s3cret@h?strategy=script&window_ms=5",
+                "window_ms must be at least",
+            ),
+            (
+                "redis://:s3cret@h?strategy=idmp&duration_ms=1500",
+                "whole seconds",
+            ),
+            (
+                "redis://:s3cret@h?strategy=idmp&duration_ms=172800000",
+                "duration_ms must be from",
+            ),
+            ("redis://:s3cret@h?prefix=a%20b", "invalid key prefix"),
+            ("redis://:s3cret@h/zero", "database \"zero\""),
+            ("redis://:s3cret@:6379", "names no host"),
+            ("redis://:s3cret@h?timeout_ms=0", "longer than zero"),
+            (
+                "redis://:s3cret@h?eviction=maybe",
+                "eviction must be warn or refuse",
+            ),
+            (
+                "redis://:s3cret@h?protocol=resp9",
+                "Invalid protocol version",
+            ),
+            (
+                "redis://:s3cret@h?tls_ca_file=/ca.pem",
+                "needs a rediss:// URL",
+            ),
+            ("redis://:s3/cret@h", "%2F"),
+        ] {
+            let err = RedisOptions::from_url(url).unwrap_err();
+            let text = err.to_string();
+            assert!(!err.is_temporary(), "{text}");
+            assert!(text.contains(says), "{url}: {text}");
+            assert!(
+                !text.contains("s3cret") && !text.contains("cret@"),
+                "{text}"
+            );
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_store_urls_carry_a_private_authority() {
+        let (options, strategy) = RedisOptions::from_url(
+            "rediss://:s3cret@h:6380/0?strategy=script&tls_ca_file=/etc/ca%20files/team.pem",
+        )
+        .unwrap();
+        assert_eq!(strategy.backend(), "redis-script");
+        assert_eq!(
+            options.tls_ca_path(),
+            Some(Path::new("/etc/ca files/team.pem"))
+        );
+        assert!(!format!("{options:?}").contains("s3cret"));
+        let err = RedisOptions::from_url("rediss://:s3cret@h?tls_ca_file=%zz")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("broken %-escape"), "{err}");
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+
+    #[cfg(not(feature = "tls"))]
+    #[test]
+    fn tls_store_urls_need_the_tls_feature() {
+        let err = RedisOptions::from_url("rediss://:s3cret@h:6380").unwrap_err();
+        assert!(
+            matches!(&err, RedisStoreError::TlsNotEnabled { requested_by } if requested_by.contains("rediss://")),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("s3cret"));
     }
 }

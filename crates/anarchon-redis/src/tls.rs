@@ -10,7 +10,8 @@
 use deadpool_redis::redis::{ConnectionInfo, IntoConnectionInfo as _, RedisError};
 
 use crate::error::RedisStoreError;
-use crate::options::{RedisOptions, redact};
+use crate::options::RedisOptions;
+use anarchon_core::url::redact;
 
 /// The URL schemes that ask for TLS.
 const TLS_SCHEMES: [&str; 2] = ["rediss", "valkeys"];

@@ -8,6 +8,52 @@
 //! This crate re-exports [`anarchon_core`] and, behind one feature each, the
 //! backends. See the repository's `README.md` and `docs/` for the guides.
 //!
+//! ## A store from a URL
+//!
+//! [`open`] picks the backend by the URL's scheme and opens it with the
+//! URL's parameters — the same URL forms, parameters and checks as the
+//! `anarchon` daemon's `--store` (its guide, `docs/cli.md`, lists them).
+//! A URL whose backend was left out of the build's features gets an error
+//! that names the feature. The result says which kind of store it is:
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let default = format!("sqlite://{}", dir.path().join("cron.db").display());
+//! use anarchon::{Schedule, Scheduler, Store};
+//!
+//! // e.g. CRON_STORE=postgres://app@db.internal/app?table=cron_runs
+//! let url = std::env::var("CRON_STORE").unwrap_or(default);
+//! let opened = anarchon::open(&url).await?;
+//! let mut builder = Scheduler::builder(opened.claim_store());
+//! builder
+//!     .job("nightly-report", Schedule::cron_in("0 3 * * *", "Europe/Athens")?)?
+//!     .run(|ctx| async move {
+//!         println!("{} for {}", ctx.job(), ctx.slot());
+//!         Ok::<_, std::io::Error>(())
+//!     })?;
+//! match opened.store() {
+//!     Store::Lease(_) => println!("a lease store: backups take over a run whose runner died"),
+//!     Store::ClaimOnly(_) => println!("claim-only: one winner per run, nothing more"),
+//! }
+//! let scheduler = builder.start()?;
+//! // ... serve until asked to stop ...
+//! scheduler.shutdown().await;
+//! opened.close().await;
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
+//! ```
+//!
+//! [`StoreUrl::parse`] reads and checks a URL without connecting, and
+//! tells the store's kind and name — enough to check a configuration's
+//! options against the store before anything starts.
+//!
+//! ## A scheduler
+//!
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
@@ -34,8 +80,26 @@
 //! # }
 //! ```
 
+// A build without any backend still compiles; its `match`es over the
+// backends have no arms.
+#[cfg_attr(
+    not(any(
+        feature = "sqlite",
+        feature = "pg",
+        feature = "redis",
+        feature = "amqp",
+        feature = "nats"
+    )),
+    allow(unreachable_code, unused_variables)
+)]
+mod open;
+mod open_error;
+
 #[doc(inline)]
 pub use anarchon_core::*;
+
+pub use crate::open::{Opened, Store, StoreKind, StoreUrl, open};
+pub use crate::open_error::OpenError;
 
 /// The SQLite lease backend.
 #[cfg(feature = "sqlite")]
