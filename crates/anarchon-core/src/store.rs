@@ -414,6 +414,35 @@ pub trait LeaseStore: ClaimStore {
     /// Claims a run under a lease: the flowchart, as one atomic step on the
     /// store's clock.
     ///
+    /// Read the run's record, then, in order:
+    ///
+    /// 1. **Finished** (succeeded, failed, interrupted, skipped): answer
+    ///    `Done` with how it ended; write nothing.
+    /// 2. **Running, held by this claim's token** (the same claim sent
+    ///    again after a lost reply): answer `Won` with the record's attempt
+    ///    and fence; write nothing.
+    /// 3. **Running, lease alive** (`lease_until >= now`): answer `Running`
+    ///    with the lease's end and the store's `now`, so the caller can wait
+    ///    as a backup.
+    /// 4. **Running, lease run out**: take it over — a new fence from the
+    ///    job's counter, the claim's token and instance, a fresh lease — as
+    ///    the next attempt if `max_attempts` allows one, or as the same
+    ///    attempt if the run was given back ([`Self::give_back`]) before its
+    ///    handler started; with no attempt left, the run ends `interrupted`
+    ///    and the answer is `Done(Interrupted)`.
+    /// 5. **No record, or `missed`**: a claim later than its `max_late`
+    ///    answers `Late` (and records `missed` if there was no record); a
+    ///    claim with [`Overlap::Skip`] while another run of the job holds a
+    ///    live lease records `skipped` and answers `Overlap`; otherwise the
+    ///    run starts: attempt 1, a new fence, the claim's token, a lease from
+    ///    `now`.
+    ///
+    /// Every comparison uses the store's own clock, never the caller's.
+    /// [`crate::decide::claim`] is this flowchart as a pure function: a
+    /// store that can read, decide and write in one atomic step applies it;
+    /// one that decides in its own language (a script, SQL) mirrors it, and
+    /// the kit's differential checks hold it to the function's answers.
+    ///
     /// # Errors
     ///
     /// A [`StoreError`]; temporary ones may be retried with the same token.

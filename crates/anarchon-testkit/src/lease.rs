@@ -1606,6 +1606,13 @@ macro_rules! lease_suite {
             tokens_that_hold_nothing_are_fenced_and_change_nothing,
             claim_many_answers_with_each_runs_facts,
         );
+        $crate::__suite_tests!(
+            $factory,
+            $attr,
+            $crate::differential,
+            claims_follow_the_core_decision,
+            renewals_follow_the_core_decision,
+        );
         $crate::__scheduler_lease_checks!($factory, $attr);
     };
 }

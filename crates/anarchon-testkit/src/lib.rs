@@ -27,6 +27,7 @@
 
 pub mod claim;
 pub mod clock;
+pub mod differential;
 pub mod factory;
 pub mod faults;
 pub mod history;

@@ -19,7 +19,7 @@ use anarchon_core::{
     ClaimAnswers, ClaimOutcome, ClaimRequest, Clock, Fence, JobName, LeaseClaim, LeaseStore,
     MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Timestamp, Token,
 };
-use anarchon_testkit::{StoreFactory, TestClock, lease};
+use anarchon_testkit::{StoreFactory, TestClock, differential, lease};
 use async_trait::async_trait;
 
 /// The one rule a [`Mutant`] breaks.
@@ -35,6 +35,9 @@ enum Mutation {
     FinishIgnoresToken,
     /// `release` answers `Renewed` and does nothing.
     ReleaseDoesNothing,
+    /// `release` also clears the holder, as `give_back` does, so the next
+    /// takeover runs the same attempt again.
+    ReleaseGivesBack,
     /// `claim_many` answers a batch rotated by one place.
     ClaimManyRotated,
     /// `claim_many` swaps two answers of the same kind (two `Running`, or
@@ -244,6 +247,9 @@ impl LeaseLayer for Mutant {
         if self.mutation == Mutation::ReleaseDoesNothing {
             return Ok(Renewal::Renewed);
         }
+        if self.mutation == Mutation::ReleaseGivesBack {
+            return self.on_clock(self.inner.give_back(run, token)).await;
+        }
         self.on_clock(self.inner.release(run, token)).await
     }
 
@@ -407,6 +413,32 @@ async fn a_release_that_does_nothing_is_caught() {
         lease::tokens_that_hold_nothing_are_fenced_and_change_nothing,
         Mutation::ReleaseDoesNothing,
         "release of"
+    );
+}
+
+/// The differential checks catch a store whose answers or writes drift
+/// from the core's decision, on the claim path and the renewal path.
+#[tokio::test(start_paused = true)]
+async fn a_store_that_drifts_from_the_core_decision_is_caught() {
+    caught!(
+        differential::renewals_follow_the_core_decision,
+        Mutation::HeartbeatIgnoresToken,
+        "store answered"
+    );
+    caught!(
+        differential::renewals_follow_the_core_decision,
+        Mutation::FinishIgnoresToken,
+        "store answered"
+    );
+    caught!(
+        differential::renewals_follow_the_core_decision,
+        Mutation::ReleaseGivesBack,
+        "building an interrupted record"
+    );
+    caught!(
+        differential::claims_follow_the_core_decision,
+        Mutation::ReleaseGivesBack,
+        "building an interrupted record"
     );
 }
 

@@ -1,0 +1,606 @@
+//! Differential checks: the store's answers against the core's decision.
+//!
+//! `anarchon_core::decide` says, for a run's record, the store's clock and
+//! a request, what a lease store must answer and write. These checks build
+//! every record a run can reach through the store's own calls — none,
+//! missed, each ended state, running in attempt 1, 2 or 3 with its lease
+//! alive, released or given back — beside another run of the job that is
+//! absent, live or run out, and send every kind of request to it: fresh or
+//! late, overlap allowed or skipped, one to three attempts, from the holder
+//! or a stranger. Each answer, and the record it leaves, must be exactly
+//! what the core's functions say. A store whose script or SQL drifts from
+//! the core fails here with the case printed.
+//!
+//! Every case uses a job of its own, and cases run a few at a time.
+
+use std::time::Duration;
+
+use anarchon_core::decide::{self, ClaimDecision, FinishDecision, LeaseRecord};
+use anarchon_core::{
+    ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, MaxAttempts, Overlap, RecordState,
+    Renewal, RunKey, RunOutcome, RunRecord, RunState, Slot, Timestamp, Token,
+};
+use futures::StreamExt;
+
+use crate::claim::claim_request;
+use crate::factory::StoreFactory;
+use crate::lease::LONG_LEASE;
+
+/// How many cases run at once.
+const AT_ONCE: usize = 8;
+/// The late window of the requests under test.
+const MAX_LATE: Duration = Duration::from_secs(60);
+/// The late window of the claims that build a record: long enough for any
+/// slot of a case.
+const PLANTING_LATE: Duration = Duration::from_secs(24 * 3600);
+
+/// How a lease that exists was left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lease {
+    /// Alive for a long while.
+    Alive,
+    /// Released by its holder: run out, holder kept.
+    Released,
+    /// Given back by its holder: run out, no holder.
+    GivenBack,
+}
+
+/// A run's record before the request, as the store's own calls build it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prior {
+    None,
+    Missed,
+    Ended(FinalState),
+    Running { attempt: u32, lease: Lease },
+}
+
+const PRIORS: [Prior; 15] = [
+    Prior::None,
+    Prior::Missed,
+    Prior::Ended(FinalState::Succeeded),
+    Prior::Ended(FinalState::Failed),
+    Prior::Ended(FinalState::Interrupted),
+    Prior::Ended(FinalState::Skipped),
+    Prior::Running {
+        attempt: 1,
+        lease: Lease::Alive,
+    },
+    Prior::Running {
+        attempt: 1,
+        lease: Lease::Released,
+    },
+    Prior::Running {
+        attempt: 1,
+        lease: Lease::GivenBack,
+    },
+    Prior::Running {
+        attempt: 2,
+        lease: Lease::Alive,
+    },
+    Prior::Running {
+        attempt: 2,
+        lease: Lease::Released,
+    },
+    Prior::Running {
+        attempt: 2,
+        lease: Lease::GivenBack,
+    },
+    Prior::Running {
+        attempt: 3,
+        lease: Lease::Alive,
+    },
+    Prior::Running {
+        attempt: 3,
+        lease: Lease::Released,
+    },
+    Prior::Running {
+        attempt: 3,
+        lease: Lease::GivenBack,
+    },
+];
+
+/// Another run of the same job, for the overlap rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Other {
+    None,
+    Live,
+    RunOut,
+}
+
+/// One claim case.
+#[derive(Clone, Copy, Debug)]
+struct ClaimCase {
+    prior: Prior,
+    other: Other,
+    late: bool,
+    overlap: Overlap,
+    max_attempts: u32,
+    /// The request comes from the token that holds (or last held) the run.
+    from_holder: bool,
+}
+
+/// Every claim case: 15 records × 3 other runs × fresh or late × 2 overlap
+/// rules × 1–3 attempts × holder or stranger.
+fn claim_cases() -> Vec<ClaimCase> {
+    let mut cases = Vec::new();
+    for prior in PRIORS {
+        for other in [Other::None, Other::Live, Other::RunOut] {
+            for late in [false, true] {
+                for overlap in [Overlap::Allow, Overlap::Skip] {
+                    for max_attempts in 1..=3 {
+                        for from_holder in [false, true] {
+                            cases.push(ClaimCase {
+                                prior,
+                                other,
+                                late,
+                                overlap,
+                                max_attempts,
+                                from_holder,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    cases
+}
+
+/// The store's clock, read through a run nobody has.
+async fn store_now<S: LeaseStore + ?Sized>(store: &S, job: &JobName) -> Timestamp {
+    let run = RunKey::new(job.clone(), Slot::from_millis(0));
+    store.peek(&run).await.expect("peek").store_now
+}
+
+fn planting(run: &RunKey, token: Token, max_late: Duration, max_attempts: u32) -> LeaseClaim {
+    let mut claim = claim_request(run.clone(), token, "planter");
+    claim.max_late = max_late;
+    LeaseClaim {
+        claim,
+        lease: LONG_LEASE,
+        overlap: Overlap::Allow,
+        max_attempts: MaxAttempts::new(max_attempts).expect("not zero"),
+    }
+}
+
+async fn expect_won<S: LeaseStore + ?Sized>(store: &S, claim: &LeaseClaim, what: &str) {
+    match store.claim_lease(claim).await.expect("claim") {
+        ClaimOutcome::Won(_) => {}
+        other => panic!("building the record ({what}): expected Won, got {other:?}"),
+    }
+}
+
+async fn renewed(answer: Result<Renewal, anarchon_core::StoreError>, what: &str) {
+    assert_eq!(
+        answer.expect(what),
+        Renewal::Renewed,
+        "building the record ({what})"
+    );
+}
+
+/// Builds `prior` for `run` through the store's own calls and returns the
+/// token that holds (or last held) it, if any.
+async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) -> Option<Token> {
+    match prior {
+        Prior::None => None,
+        Prior::Missed => {
+            // A claim whose window the slot has already left.
+            let age = store_now(store, &run.job).await.since(run.slot.at());
+            let mut claim = planting(run, Token::generate(), PLANTING_LATE, 3);
+            claim.claim.max_late = age.saturating_sub(Duration::from_millis(500));
+            assert_eq!(
+                store.claim_lease(&claim).await.expect("claim"),
+                ClaimOutcome::Late,
+                "building a missed record"
+            );
+            None
+        }
+        Prior::Ended(state @ (FinalState::Succeeded | FinalState::Failed)) => {
+            let token = Token::generate();
+            expect_won(store, &planting(run, token, PLANTING_LATE, 3), "to finish").await;
+            let outcome = if state == FinalState::Succeeded {
+                RunOutcome::Succeeded
+            } else {
+                RunOutcome::Failed {
+                    error: "planted".into(),
+                }
+            };
+            renewed(store.finish(run, token, outcome).await, "finish").await;
+            Some(token)
+        }
+        Prior::Ended(FinalState::Interrupted) => {
+            let token = Token::generate();
+            expect_won(
+                store,
+                &planting(run, token, PLANTING_LATE, 1),
+                "to interrupt",
+            )
+            .await;
+            renewed(store.release(run, token).await, "release").await;
+            assert_eq!(
+                store
+                    .claim_lease(&planting(run, Token::generate(), PLANTING_LATE, 1))
+                    .await
+                    .expect("claim"),
+                ClaimOutcome::Done(FinalState::Interrupted),
+                "building an interrupted record"
+            );
+            Some(token)
+        }
+        Prior::Ended(FinalState::Skipped) => {
+            // Another run of the job live for a moment, then released.
+            let blocker = RunKey::new(
+                run.job.clone(),
+                Slot::from_millis(run.slot.as_millis() - 7_000),
+            );
+            let token = Token::generate();
+            expect_won(
+                store,
+                &planting(&blocker, token, PLANTING_LATE, 3),
+                "to block",
+            )
+            .await;
+            let mut skip = planting(run, Token::generate(), PLANTING_LATE, 3);
+            skip.overlap = Overlap::Skip;
+            assert_eq!(
+                store.claim_lease(&skip).await.expect("claim"),
+                ClaimOutcome::Overlap,
+                "building a skipped record"
+            );
+            renewed(store.release(&blocker, token).await, "release").await;
+            None
+        }
+        Prior::Running { attempt, lease } => {
+            let mut holder = Token::generate();
+            expect_won(store, &planting(run, holder, PLANTING_LATE, 3), "to run").await;
+            for _ in 1..attempt {
+                renewed(store.release(run, holder).await, "release").await;
+                holder = Token::generate();
+                expect_won(
+                    store,
+                    &planting(run, holder, PLANTING_LATE, 3),
+                    "to take over",
+                )
+                .await;
+            }
+            match lease {
+                Lease::Alive => Some(holder),
+                Lease::Released => {
+                    renewed(store.release(run, holder).await, "release").await;
+                    Some(holder)
+                }
+                Lease::GivenBack => {
+                    renewed(store.give_back(run, holder).await, "give back").await;
+                    Some(holder)
+                }
+            }
+        }
+    }
+}
+
+/// The run's record as history shows it.
+async fn record_of<S: LeaseStore + ?Sized>(store: &S, run: &RunKey) -> Option<RunRecord> {
+    store
+        .history(&run.job, 20)
+        .await
+        .expect("history")
+        .into_iter()
+        .find(|r| r.run == *run)
+}
+
+/// The record as the core's decisions read it: history's facts plus the
+/// holder the case knows.
+fn lease_record(
+    record: Option<&RunRecord>,
+    prior: Prior,
+    holder: Option<Token>,
+) -> Option<LeaseRecord> {
+    let r = record?;
+    let given_back = matches!(
+        prior,
+        Prior::Running {
+            lease: Lease::GivenBack,
+            ..
+        }
+    );
+    Some(LeaseRecord {
+        state: r.state,
+        attempt: r.attempt,
+        holder: if given_back { None } else { holder },
+        fence: r.fence,
+        lease_until: r.lease_until,
+    })
+}
+
+/// For every record a run can reach and every kind of claim, the store
+/// answers and writes exactly what `anarchon_core::decide::claim` says.
+pub async fn claims_follow_the_core_decision<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let store = factory.instance().await;
+    let cases = claim_cases();
+    assert!(cases.len() >= 500, "{} cases", cases.len());
+    let store = &store;
+    futures::stream::iter(cases.into_iter().enumerate())
+        .for_each_concurrent(AT_ONCE, |(i, case)| async move {
+            check_claim(store.as_ref(), i, case).await;
+        })
+        .await;
+}
+
+async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCase) {
+    let job = JobName::new(&format!("diff-claim-{i}")).expect("valid name");
+    let now = store_now(store, &job).await.as_millis();
+    let age = if case.late { 120_000 } else { 1_000 };
+    let slot = Slot::from_millis(now - now.rem_euclid(1000) - age);
+    let run = RunKey::new(job.clone(), slot);
+    let holder = plant(store, &run, case.prior).await;
+    let other = RunKey::new(job.clone(), Slot::from_millis(slot.as_millis() + 3_000));
+    match case.other {
+        Other::None => {}
+        Other::Live | Other::RunOut => {
+            let token = Token::generate();
+            expect_won(store, &planting(&other, token, PLANTING_LATE, 3), "other").await;
+            if case.other == Other::RunOut {
+                renewed(store.release(&other, token).await, "release other").await;
+            }
+        }
+    }
+    let before = record_of(store, &run).await;
+    let highest_fence = store
+        .history(&job, 20)
+        .await
+        .expect("history")
+        .iter()
+        .filter_map(|r| r.fence)
+        .max();
+    let token = match (case.from_holder, holder) {
+        (true, Some(holder)) => holder,
+        _ => Token::generate(),
+    };
+    let mut claim = LeaseClaim {
+        claim: claim_request(run.clone(), token, "claimer"),
+        lease: LONG_LEASE,
+        overlap: case.overlap,
+        max_attempts: MaxAttempts::new(case.max_attempts).expect("not zero"),
+    };
+    claim.claim.max_late = MAX_LATE;
+    let now = store_now(store, &job).await;
+    let other_live = match case.other {
+        Other::Live => true,
+        Other::None | Other::RunOut => false,
+    };
+    let record = lease_record(before.as_ref(), case.prior, holder);
+    let decision = decide::claim(record.as_ref(), Some(now), Some(other_live), &claim)
+        .expect("every fact given");
+    let answer = store.claim_lease(&claim).await.expect("claim");
+    let after = record_of(store, &run).await;
+    let context = format!(
+        "case {case:?}\nrecord before {before:?}\ncore decision {decision:?}\nstore answered {answer:?}\nrecord after {after:?}"
+    );
+    match (&decision, &answer) {
+        (ClaimDecision::Start | ClaimDecision::TakeOver { .. }, ClaimOutcome::Won(win)) => {
+            let want = decision.clone().outcome(win.fence);
+            assert_eq!(answer, want, "{context}");
+            assert!(
+                win.fence.is_some() && win.fence > highest_fence,
+                "a new fence above the job's highest: {context}"
+            );
+        }
+        (_, ClaimOutcome::Running { lease_until, .. }) => match decision.clone().outcome(None) {
+            ClaimOutcome::Running {
+                lease_until: want, ..
+            } => assert_eq!(*lease_until, want, "{context}"),
+            _ => panic!("{context}"),
+        },
+        _ => assert_eq!(answer, decision.clone().outcome(None), "{context}"),
+    }
+    let after_record = after.as_ref();
+    match decision {
+        ClaimDecision::Answer(_) => assert_eq!(after, before, "nothing written: {context}"),
+        ClaimDecision::RecordMissed => {
+            assert_eq!(
+                after_record.map(|r| r.state),
+                Some(RecordState::Missed),
+                "{context}"
+            )
+        }
+        ClaimDecision::RecordSkipped => assert_eq!(
+            after_record.map(|r| r.state),
+            Some(RecordState::Finished(FinalState::Skipped)),
+            "{context}"
+        ),
+        ClaimDecision::Start | ClaimDecision::TakeOver { .. } => {
+            let r = after_record.unwrap_or_else(|| panic!("no record: {context}"));
+            let ClaimOutcome::Won(win) = answer else {
+                unreachable!("checked above")
+            };
+            assert_eq!(r.state, RecordState::Running, "{context}");
+            assert_eq!(r.attempt, Some(win.attempt), "{context}");
+            assert_eq!(r.fence, win.fence, "{context}");
+            assert_eq!(
+                r.instance.as_ref().map(|i| i.as_str()),
+                Some("claimer"),
+                "{context}"
+            );
+            assert!(
+                r.lease_until.is_some_and(|until| until > now),
+                "a live lease: {context}"
+            );
+        }
+        ClaimDecision::Interrupt => assert_eq!(
+            after_record.map(|r| r.state),
+            Some(RecordState::Finished(FinalState::Interrupted)),
+            "{context}"
+        ),
+    }
+}
+
+/// A call that renews, ends or hands over a run.
+#[derive(Clone, Copy, Debug)]
+enum Call {
+    Heartbeat,
+    Succeed,
+    Fail,
+    Release,
+    GiveBack,
+}
+
+/// For every record a run can reach, a heartbeat, finish, release or
+/// give-back from its holder or a stranger answers and writes exactly what
+/// `anarchon_core::decide` says; after a release or give-back, the next
+/// claim runs the attempt the core says.
+pub async fn renewals_follow_the_core_decision<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let store = factory.instance().await;
+    let mut cases = Vec::new();
+    for prior in PRIORS {
+        for call in [
+            Call::Heartbeat,
+            Call::Succeed,
+            Call::Fail,
+            Call::Release,
+            Call::GiveBack,
+        ] {
+            for from_holder in [false, true] {
+                cases.push((prior, call, from_holder));
+            }
+        }
+    }
+    let store = &store;
+    futures::stream::iter(cases.into_iter().enumerate())
+        .for_each_concurrent(AT_ONCE, |(i, (prior, call, from_holder))| async move {
+            check_renewal(store.as_ref(), i, prior, call, from_holder).await;
+        })
+        .await;
+}
+
+async fn check_renewal<S: LeaseStore + ?Sized>(
+    store: &S,
+    i: usize,
+    prior: Prior,
+    call: Call,
+    from_holder: bool,
+) {
+    let job = JobName::new(&format!("diff-renew-{i}")).expect("valid name");
+    let now = store_now(store, &job).await.as_millis();
+    let run = RunKey::new(
+        job.clone(),
+        Slot::from_millis(now - now.rem_euclid(1000) - 1_000),
+    );
+    let holder = plant(store, &run, prior).await;
+    let token = match (from_holder, holder) {
+        (true, Some(holder)) => holder,
+        _ => Token::generate(),
+    };
+    let before = record_of(store, &run).await;
+    let record = lease_record(before.as_ref(), prior, holder);
+    let context = |answer: &dyn std::fmt::Debug, after: &Option<RunRecord>| {
+        format!(
+            "prior {prior:?}, {call:?} from {}\nrecord before {before:?}\nstore answered {answer:?}\nrecord after {after:?}",
+            if from_holder {
+                "the holder"
+            } else {
+                "a stranger"
+            }
+        )
+    };
+    let now = store_now(store, &job).await;
+    match call {
+        Call::Heartbeat => {
+            let want = decide::heartbeat(record.as_ref(), token);
+            let answer = store
+                .heartbeat(&run, token, LONG_LEASE)
+                .await
+                .expect("heartbeat");
+            let after = record_of(store, &run).await;
+            let context = context(&answer, &after);
+            assert_eq!(answer, want, "{context}");
+            if want == Renewal::Renewed {
+                let until = after.as_ref().and_then(|r| r.lease_until);
+                assert!(
+                    until.is_some_and(|u| u >= now.saturating_add(LONG_LEASE / 2)),
+                    "the lease was extended: {context}"
+                );
+            } else {
+                assert_eq!(after, before, "nothing written: {context}");
+            }
+        }
+        Call::Succeed | Call::Fail => {
+            let outcome = if matches!(call, Call::Succeed) {
+                RunOutcome::Succeeded
+            } else {
+                RunOutcome::Failed {
+                    error: "planted".into(),
+                }
+            };
+            let want = decide::finish(record.as_ref(), token, &outcome);
+            let answer = store.finish(&run, token, outcome).await.expect("finish");
+            let after = record_of(store, &run).await;
+            let context = context(&answer, &after);
+            assert_eq!(answer, want.renewal(), "{context}");
+            match want {
+                FinishDecision::Finish { state } => assert_eq!(
+                    after.as_ref().map(|r| r.state),
+                    Some(RecordState::Finished(state)),
+                    "{context}"
+                ),
+                FinishDecision::AlreadyFinished | FinishDecision::Fenced => {
+                    assert_eq!(after, before, "nothing written: {context}")
+                }
+            }
+        }
+        Call::Release | Call::GiveBack => {
+            let giving_back = matches!(call, Call::GiveBack);
+            let want = if giving_back {
+                decide::give_back(record.as_ref(), token)
+            } else {
+                decide::release(record.as_ref(), token)
+            };
+            let answer = if giving_back {
+                store.give_back(&run, token).await
+            } else {
+                store.release(&run, token).await
+            }
+            .expect("release");
+            let after = record_of(store, &run).await;
+            let context = context(&answer, &after);
+            assert_eq!(answer, want, "{context}");
+            if want == Renewal::Fenced {
+                assert_eq!(after, before, "nothing written: {context}");
+                return;
+            }
+            let view = store.peek(&run).await.expect("peek");
+            match view.state {
+                RunState::Running { lease_until, .. } => {
+                    assert!(lease_until < view.store_now, "the lease ended: {context}")
+                }
+                other => panic!("still running, got {other:?}: {context}"),
+            }
+            // The next claim runs the attempt the core says: the same one
+            // after a give-back, the next after a release.
+            let handed = record.map(|mut r| {
+                r.holder = if giving_back { None } else { Some(token) };
+                r.lease_until = Some(Timestamp::from_millis(view.store_now.as_millis() - 1));
+                r
+            });
+            let next = planting(&run, Token::generate(), PLANTING_LATE, 3);
+            let decision = decide::claim(handed.as_ref(), Some(view.store_now), Some(false), &next)
+                .expect("every fact given");
+            let answer = store.claim_lease(&next).await.expect("claim");
+            match (decision, &answer) {
+                (ClaimDecision::TakeOver { attempt }, ClaimOutcome::Won(win)) => {
+                    assert_eq!(win.attempt, attempt, "{context}\nnext claim {answer:?}")
+                }
+                (decision, answer) => assert_eq!(
+                    *answer,
+                    decision.outcome(None),
+                    "{context}\nnext claim {answer:?}"
+                ),
+            }
+        }
+    }
+}
