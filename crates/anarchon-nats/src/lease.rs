@@ -32,7 +32,7 @@ use crate::options::{NatsOptions, Storage};
 
 pub use self::options::{DEFAULT_BUCKET, MAX_BUCKET_NAME_LEN, MAX_HISTORY, NatsLeaseOptions};
 
-/// The lease store's name in [`BackendInfo`], logs and errors.
+/// The lease store's name in [`BackendInfo`](anarchon_core::BackendInfo), logs and errors.
 pub const LEASE_BACKEND: &str = "nats-kv";
 
 /// The key every claim and peek writes to learn the server's time.
