@@ -1,8 +1,11 @@
 #![doc = include_str!("../README.md")]
 
+mod claim;
+mod connection;
 mod error;
 pub mod migrate;
 mod options;
+mod rows;
 mod sql;
 mod store;
 
