@@ -5,7 +5,7 @@ use anarchon_core::time::millis;
 use anarchon_core::{ClaimOutcome, LeaseClaim, Overlap};
 
 use crate::connection::{Resend, send};
-use crate::error::PgError;
+use crate::error::Error;
 use crate::rows::ClaimRow;
 use crate::store::PgStore;
 
@@ -16,7 +16,7 @@ impl PgStore {
     pub(crate) async fn claim_batch(
         &self,
         reqs: &[LeaseClaim],
-    ) -> Result<Vec<Result<ClaimOutcome, PgError>>, PgError> {
+    ) -> Result<Vec<Result<ClaimOutcome, Error>>, Error> {
         if reqs.is_empty() {
             return Ok(Vec::new());
         }
@@ -55,20 +55,20 @@ impl PgStore {
                 .bind(&max_attempts[..])
                 .fetch_all(conn)
         })?;
-        let mut out: Vec<Option<Result<ClaimOutcome, PgError>>> = (0..n).map(|_| None).collect();
+        let mut out: Vec<Option<Result<ClaimOutcome, Error>>> = (0..n).map(|_| None).collect();
         for row in rows {
             let slot = usize::try_from(row.idx)
                 .ok()
                 .and_then(|i| i.checked_sub(1))
                 .filter(|i| *i < n)
                 .ok_or_else(|| {
-                    PgError::protocol(action(), format!("answer for claim {} of {n}", row.idx))
+                    Error::protocol(action(), format!("answer for claim {} of {n}", row.idx))
                 })?;
             let outcome = row.outcome().map_err(|reason| {
-                PgError::protocol(format!("claiming {}", reqs[slot].run()), reason)
+                Error::protocol(format!("claiming {}", reqs[slot].run()), reason)
             });
             if out[slot].replace(outcome).is_some() {
-                return Err(PgError::protocol(
+                return Err(Error::protocol(
                     action(),
                     format!("two answers for claim {}", row.idx),
                 ));
@@ -76,6 +76,6 @@ impl PgStore {
         }
         out.into_iter()
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| PgError::protocol(action(), "some claims got no answer"))
+            .ok_or_else(|| Error::protocol(action(), "some claims got no answer"))
     }
 }

@@ -8,7 +8,7 @@ use anarchon_core::url::redact;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::error::{PgError, certainly_not_applied};
+use crate::error::{Error, certainly_not_applied};
 use crate::migrate::{SCHEMA_VERSION, migrate_to, schema_version};
 use crate::options::{PgOptions, TableName, scrub, secrets_of};
 use crate::store::PgStore;
@@ -49,7 +49,7 @@ macro_rules! send {
         loop {
             let mut pooled = match store.pool.acquire().await {
                 Ok(pooled) => pooled,
-                Err(error) => break Err($crate::error::PgError::from_sqlx($action, error)),
+                Err(error) => break Err($crate::error::Error::from_sqlx($action, error)),
             };
             store
                 .statements
@@ -70,7 +70,7 @@ macro_rules! send {
                         tracing::debug!(%error, resent, "connection lost; sending the statement again on another connection");
                         continue;
                     }
-                    break Err($crate::error::PgError::from_sqlx($action, error));
+                    break Err($crate::error::Error::from_sqlx($action, error));
                 }
             }
         }
@@ -86,7 +86,7 @@ impl PgStore {
     /// # Errors
     ///
     /// See [`PgStore::connect_with`].
-    pub async fn connect(url: &str) -> Result<Self, PgError> {
+    pub async fn connect(url: &str) -> Result<Self, Error> {
         Self::connect_with(PgOptions::new(url)).await
     }
 
@@ -97,15 +97,15 @@ impl PgStore {
     ///
     /// # Errors
     ///
-    /// * [`PgError::InvalidOption`] or [`PgError::InvalidUrl`] before
+    /// * [`Error::InvalidOption`] or [`Error::InvalidUrl`] before
     ///   anything is sent (table names are checked when they are set).
-    /// * [`PgError::Unavailable`] when the server does not answer within the
+    /// * [`Error::Unavailable`] when the server does not answer within the
     ///   connect timeout or refuses connections.
-    /// * [`PgError::Refused`] for wrong credentials, a missing database, or
+    /// * [`Error::Refused`] for wrong credentials, a missing database, or
     ///   a table name taken by something else; the message never contains
     ///   the password.
-    /// * [`PgError::SchemaTooNew`] / [`PgError::SchemaOutdated`].
-    pub async fn connect_with(options: PgOptions) -> Result<Self, PgError> {
+    /// * [`Error::SchemaTooNew`] / [`Error::SchemaOutdated`].
+    pub async fn connect_with(options: PgOptions) -> Result<Self, Error> {
         options.validate()?;
         let secrets = secrets_of(&options.url);
         let connect = connect_options(&options, &secrets)?;
@@ -119,10 +119,10 @@ impl PgStore {
         let mut conn = match opened {
             Ok(Ok(conn)) => conn,
             Ok(Err(error)) => {
-                return Err(without_secrets(PgError::from_sqlx(action, error), &secrets));
+                return Err(without_secrets(Error::from_sqlx(action, error), &secrets));
             }
             Err(_) => {
-                return Err(PgError::Unavailable {
+                return Err(Error::Unavailable {
                     action,
                     reason: format!(
                         "no answer within the connect timeout ({:?})",
@@ -157,9 +157,9 @@ impl PgStore {
     /// # Errors
     ///
     /// As [`PgStore::connect_with`].
-    pub async fn from_pool(pool: PgPool, table: TableName, migrate: bool) -> Result<Self, PgError> {
+    pub async fn from_pool(pool: PgPool, table: TableName, migrate: bool) -> Result<Self, Error> {
         let mut conn = pool.acquire().await.map_err(|e| {
-            PgError::from_sqlx("taking a connection from the pool to prepare the schema", e)
+            Error::from_sqlx("taking a connection from the pool to prepare the schema", e)
         })?;
         prepare_schema(&mut conn, &table, migrate).await?;
         drop(conn);
@@ -168,14 +168,14 @@ impl PgStore {
 }
 
 /// The connect options of `options`, with the store's session settings.
-fn connect_options(options: &PgOptions, secrets: &[String]) -> Result<PgConnectOptions, PgError> {
+fn connect_options(options: &PgOptions, secrets: &[String]) -> Result<PgConnectOptions, Error> {
     if let Some(reason) = anarchon_core::url::ambiguous_user_info(&options.url) {
-        return Err(PgError::InvalidUrl {
+        return Err(Error::InvalidUrl {
             url: redact(&options.url),
             reason,
         });
     }
-    let parsed = PgConnectOptions::from_str(&options.url).map_err(|e| PgError::InvalidUrl {
+    let parsed = PgConnectOptions::from_str(&options.url).map_err(|e| Error::InvalidUrl {
         url: redact(&options.url),
         reason: anarchon_core::url::unreadable_reason(
             &options.url,
@@ -208,7 +208,7 @@ fn is_local(connect: &PgConnectOptions) -> bool {
 /// and falls back to plain text, so a man in the middle could read the
 /// password. A mode that does not verify the server, written explicitly for
 /// a remote host, is honoured with a warning.
-fn secure_by_default(connect: PgConnectOptions, url: &str) -> Result<PgConnectOptions, PgError> {
+fn secure_by_default(connect: PgConnectOptions, url: &str) -> Result<PgConnectOptions, Error> {
     let explicit = url.split_once('?').is_some_and(|(_, query)| {
         query
             .split('&')
@@ -219,7 +219,7 @@ fn secure_by_default(connect: PgConnectOptions, url: &str) -> Result<PgConnectOp
     }
     if !explicit {
         if !cfg!(feature = "tls") {
-            return Err(PgError::InvalidOption {
+            return Err(Error::InvalidOption {
                 option: "sslmode",
                 reason: format!(
                     "{} is not on this machine, so the server must be verified (sslmode=verify-full, \
@@ -263,7 +263,7 @@ fn describe_server(connect: &PgConnectOptions) -> String {
 
 /// `error` with the URL's secrets scrubbed from its text, and without its
 /// source if the source's text shows one.
-fn without_secrets(error: PgError, secrets: &[String]) -> PgError {
+fn without_secrets(error: Error, secrets: &[String]) -> Error {
     let leaks = |source: &Option<sqlx::Error>| {
         source.as_ref().is_some_and(|s| {
             let shown = format!("{s} {s:?}");
@@ -271,29 +271,29 @@ fn without_secrets(error: PgError, secrets: &[String]) -> PgError {
         })
     };
     match error {
-        PgError::Unavailable {
+        Error::Unavailable {
             action,
             reason,
             source,
-        } => PgError::Unavailable {
+        } => Error::Unavailable {
             action: scrub(&action, secrets),
             reason: scrub(&reason, secrets),
             source: if leaks(&source) { None } else { source },
         },
-        PgError::Refused {
+        Error::Refused {
             action,
             reason,
             source,
-        } => PgError::Refused {
+        } => Error::Refused {
             action: scrub(&action, secrets),
             reason: scrub(&reason, secrets),
             source: if leaks(&source) { None } else { source },
         },
-        PgError::Protocol {
+        Error::Protocol {
             action,
             reason,
             source,
-        } => PgError::Protocol {
+        } => Error::Protocol {
             action: scrub(&action, secrets),
             reason: scrub(&reason, secrets),
             source: if leaks(&source) { None } else { source },
@@ -307,7 +307,7 @@ async fn prepare_schema(
     conn: &mut PgConnection,
     table: &TableName,
     migrate: bool,
-) -> Result<(), PgError> {
+) -> Result<(), Error> {
     if migrate {
         let done = migrate_to(conn, table, SCHEMA_VERSION).await?;
         if done.from != done.to {
@@ -318,12 +318,12 @@ async fn prepare_schema(
     let found = schema_version(conn, table).await?;
     match found.cmp(&SCHEMA_VERSION) {
         std::cmp::Ordering::Equal => Ok(()),
-        std::cmp::Ordering::Less => Err(PgError::SchemaOutdated {
+        std::cmp::Ordering::Less => Err(Error::SchemaOutdated {
             table: table.to_string(),
             found,
             latest: SCHEMA_VERSION,
         }),
-        std::cmp::Ordering::Greater => Err(PgError::SchemaTooNew {
+        std::cmp::Ordering::Greater => Err(Error::SchemaTooNew {
             table: table.to_string(),
             found,
             latest: SCHEMA_VERSION,
@@ -335,7 +335,7 @@ async fn prepare_schema(
 mod tls_default_tests {
     use super::*;
 
-    fn mode(url: &str) -> Result<PgSslMode, PgError> {
+    fn mode(url: &str) -> Result<PgSslMode, Error> {
         let options = PgOptions::new(url);
         connect_options(&options, &[]).map(|c| c.get_ssl_mode())
     }

@@ -16,7 +16,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::connection::{Resend, send};
-use crate::error::{BACKEND, PgError};
+use crate::error::{BACKEND, Error};
 use crate::migrate::{drop_schema, schema_version};
 use crate::options::TableName;
 use crate::rows::{HistoryRow, PeekRow, attempt, fence, record_state};
@@ -161,9 +161,9 @@ impl PgStore {
     /// # Errors
     ///
     /// The server's error.
-    pub async fn schema_version(&self) -> Result<u32, PgError> {
+    pub async fn schema_version(&self) -> Result<u32, Error> {
         let mut conn = self.pool.acquire().await.map_err(|e| {
-            PgError::from_sqlx(
+            Error::from_sqlx(
                 format!("reading the schema version of table {}", self.table),
                 e,
             )
@@ -182,9 +182,9 @@ impl PgStore {
     /// # Errors
     ///
     /// The server's error.
-    pub async fn drop_schema(&self) -> Result<(), PgError> {
+    pub async fn drop_schema(&self) -> Result<(), Error> {
         let mut conn = self.pool.acquire().await.map_err(|e| {
-            PgError::from_sqlx(format!("dropping the schema of table {}", self.table), e)
+            Error::from_sqlx(format!("dropping the schema of table {}", self.table), e)
         })?;
         drop_schema(&mut conn, &self.table).await
     }
@@ -198,7 +198,7 @@ impl PgStore {
         bind: impl Fn(
             sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
         ) -> sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    ) -> Result<Renewal, PgError> {
+    ) -> Result<Renewal, Error> {
         let done = send!(self, resend, format!("{what} of {run}"), |conn| {
             bind(
                 sqlx::query(sql.clone())
@@ -222,7 +222,7 @@ impl LeaseStore for PgStore {
         let mut outcomes = self.claim_batch(std::slice::from_ref(req)).await?;
         Ok(outcomes
             .pop()
-            .ok_or_else(|| PgError::protocol(format!("claiming {}", req.run()), "no answer"))??)
+            .ok_or_else(|| Error::protocol(format!("claiming {}", req.run()), "no answer"))??)
     }
 
     async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
@@ -242,7 +242,7 @@ impl LeaseStore for PgStore {
                 .fetch_one(conn)
         })?;
         let store_now = Timestamp::from_millis(row.store_now);
-        let protocol = |reason: String| PgError::protocol(format!("reading {run}"), reason);
+        let protocol = |reason: String| Error::protocol(format!("reading {run}"), reason);
         let state = match row.state.as_deref() {
             None => RunState::Absent,
             Some(text) => RunState::of_record(
@@ -363,7 +363,7 @@ impl LeaseStore for PgStore {
             })
         };
         rows.into_iter()
-            .map(|row| record(row).map_err(|reason| PgError::protocol(action(), reason).into()))
+            .map(|row| record(row).map_err(|reason| Error::protocol(action(), reason).into()))
             .collect()
     }
 

@@ -47,7 +47,7 @@ impl SqliteStore {
     pub async fn open(options: SqliteOptions) -> Result<Self, Error> {
         options.validate()?;
         let sql = Sql::render(options.get_table_prefix())?;
-        let path = options.get_path().to_path_buf();
+        let path = options.path().to_path_buf();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
             && !dir.is_dir()
         {
@@ -72,7 +72,7 @@ impl SqliteStore {
             .connect_with(connect)
             .await
             .map_err(|e| open_error(&options, "opening the file", e))?;
-        let hand_overs = board_for(options.get_path(), options.get_table_prefix());
+        let hand_overs = board_for(options.path(), options.get_table_prefix());
         let store = Self {
             pool,
             sql: Arc::new(sql),
@@ -81,7 +81,7 @@ impl SqliteStore {
         };
         store.use_wal().await?;
         store.migrate().await?;
-        tracing::debug!(path = ?store.options.get_path(), prefix = store.options.get_table_prefix(), "SQLite store open");
+        tracing::debug!(path = ?store.options.path(), prefix = store.options.get_table_prefix(), "SQLite store open");
         Ok(store)
     }
 
@@ -97,7 +97,7 @@ impl SqliteStore {
     pub async fn open_read_only(options: SqliteOptions) -> Result<Self, Error> {
         options.validate()?;
         let sql = Sql::render(options.get_table_prefix())?;
-        let path = options.get_path().to_path_buf();
+        let path = options.path().to_path_buf();
         let connect = SqliteConnectOptions::new()
             .filename(&path)
             .read_only(true)
@@ -311,7 +311,7 @@ fn distrust(meta: &std::fs::Metadata, me: u32) -> Vec<String> {
 
 /// An error while opening, with the file's name and the cases a user can fix.
 fn open_error(options: &SqliteOptions, doing: &'static str, e: sqlx::Error) -> Error {
-    let path = options.get_path().to_path_buf();
+    let path = options.path().to_path_buf();
     match primary_code(&e) {
         Some(code::NOTADB) => Error::NotADatabase {
             path,

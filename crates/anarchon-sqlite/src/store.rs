@@ -83,7 +83,7 @@ pub(crate) fn board_for(path: &Path, prefix: &str) -> Arc<HandOvers> {
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
-            .field("path", &self.options.get_path())
+            .field("path", &self.options.path())
             .field("table_prefix", &self.options.get_table_prefix())
             .finish_non_exhaustive()
     }
@@ -97,7 +97,7 @@ impl SqliteStore {
 
     /// The database file.
     pub fn path(&self) -> &Path {
-        self.options.get_path()
+        self.options.path()
     }
 
     /// The schema version of the store's tables.

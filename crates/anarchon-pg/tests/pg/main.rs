@@ -26,7 +26,7 @@ use anarchon_core::{
     Scheduler, Slot, StoreError, StoreErrorKind, Token, Win,
 };
 use anarchon_pg::migrate::{Migrated, migrate_to, schema_version};
-use anarchon_pg::{PgError, PgOptions, PgStore, SCHEMA_VERSION, TableName};
+use anarchon_pg::{Error, PgOptions, PgStore, SCHEMA_VERSION, TableName};
 use anarchon_testkit::StoreFactory;
 use anarchon_testkit::servers::unique_prefix;
 use common::{PgFactory, admin, url};

@@ -63,7 +63,7 @@ async fn a_schema_from_an_older_version_is_migrated() {
     assert!(
         matches!(
             refused,
-            PgError::SchemaOutdated {
+            Error::SchemaOutdated {
                 found: 1,
                 latest: SCHEMA_VERSION,
                 ..
@@ -122,7 +122,7 @@ async fn a_schema_from_a_newer_version_is_refused() {
             .await
             .expect_err("a newer schema");
         assert!(
-            matches!(err, PgError::SchemaTooNew { found: 99, .. }),
+            matches!(err, Error::SchemaTooNew { found: 99, .. }),
             "{err}"
         );
         assert_eq!(err.kind(), StoreErrorKind::Invalid);

@@ -23,7 +23,7 @@ async fn bad_table_names_are_refused_before_any_sql() {
         too_long.as_str(),
     ] {
         match PgOptions::new(&url).table(bad) {
-            Err(PgError::InvalidTableName { .. }) => {}
+            Err(Error::InvalidTableName { .. }) => {}
             other => panic!("{bad:?} must be refused, got {other:?}"),
         }
         assert!(TableName::new(bad).is_err());
@@ -35,12 +35,12 @@ async fn bad_table_names_are_refused_before_any_sql() {
         let err = PgStore::connect_with(options)
             .await
             .expect_err("bad option");
-        assert!(matches!(err, PgError::InvalidOption { .. }), "{err}");
+        assert!(matches!(err, Error::InvalidOption { .. }), "{err}");
     }
     let err = PgStore::connect_with(PgOptions::new("postgres://u@h:notaport/db"))
         .await
         .expect_err("bad URL");
-    assert!(matches!(err, PgError::InvalidUrl { .. }), "{err}");
+    assert!(matches!(err, Error::InvalidUrl { .. }), "{err}");
     let connected = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
     assert!(
         connected.is_err(),
@@ -194,7 +194,7 @@ async fn a_missing_database_is_refused_without_the_password() {
     assert_no_secret(err, SENTINEL);
 }
 
-fn assert_no_secret(err: PgError, secret: &str) {
+fn assert_no_secret(err: Error, secret: &str) {
     let mut shown = vec![format!("{err}"), format!("{err:?}")];
     let mut source = std::error::Error::source(&err);
     while let Some(s) = source {
