@@ -2,30 +2,23 @@
 //! core's types.
 
 use anarchon_core::{Attempt, ClaimOutcome, Fence, RecordState, Timestamp, Win};
-use sqlx::postgres::PgRow;
-use sqlx::{FromRow, Row};
+use sqlx::FromRow;
 
 /// One answer of the claim function.
+#[derive(FromRow)]
 pub(crate) struct ClaimRow {
+    #[sqlx(rename = "r_idx")]
     pub(crate) idx: i32,
+    #[sqlx(rename = "r_outcome")]
     pub(crate) outcome: String,
+    #[sqlx(rename = "r_attempt")]
     pub(crate) attempt: Option<i32>,
+    #[sqlx(rename = "r_fence")]
     pub(crate) fence: Option<i64>,
+    #[sqlx(rename = "r_lease_until")]
     pub(crate) lease_until: Option<i64>,
+    #[sqlx(rename = "r_store_now")]
     pub(crate) store_now: i64,
-}
-
-impl<'r> FromRow<'r, PgRow> for ClaimRow {
-    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
-        Ok(Self {
-            idx: row.try_get("r_idx")?,
-            outcome: row.try_get("r_outcome")?,
-            attempt: row.try_get("r_attempt")?,
-            fence: row.try_get("r_fence")?,
-            lease_until: row.try_get("r_lease_until")?,
-            store_now: row.try_get("r_store_now")?,
-        })
-    }
 }
 
 impl ClaimRow {
@@ -52,6 +45,7 @@ impl ClaimRow {
 }
 
 /// One run as `peek` reads it.
+#[derive(FromRow)]
 pub(crate) struct PeekRow {
     pub(crate) store_now: i64,
     pub(crate) state: Option<String>,
@@ -59,18 +53,8 @@ pub(crate) struct PeekRow {
     pub(crate) lease_until: Option<i64>,
 }
 
-impl<'r> FromRow<'r, PgRow> for PeekRow {
-    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
-        Ok(Self {
-            store_now: row.try_get("store_now")?,
-            state: row.try_get("state")?,
-            attempt: row.try_get("attempt")?,
-            lease_until: row.try_get("lease_until")?,
-        })
-    }
-}
-
 /// One run of a job's history.
+#[derive(FromRow)]
 pub(crate) struct HistoryRow {
     pub(crate) slot: i64,
     pub(crate) state: String,
@@ -81,22 +65,6 @@ pub(crate) struct HistoryRow {
     pub(crate) finished_at: Option<i64>,
     pub(crate) lease_until: Option<i64>,
     pub(crate) error: Option<String>,
-}
-
-impl<'r> FromRow<'r, PgRow> for HistoryRow {
-    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
-        Ok(Self {
-            slot: row.try_get("slot")?,
-            state: row.try_get("state")?,
-            attempt: row.try_get("attempt")?,
-            fence: row.try_get("fence")?,
-            instance: row.try_get("instance")?,
-            started_at: row.try_get("started_at")?,
-            finished_at: row.try_get("finished_at")?,
-            lease_until: row.try_get("lease_until")?,
-            error: row.try_get("error")?,
-        })
-    }
 }
 
 pub(crate) fn attempt(value: Option<i32>) -> Result<Option<Attempt>, String> {

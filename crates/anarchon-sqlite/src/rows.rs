@@ -6,12 +6,12 @@ use anarchon_core::{
     Attempt, Fence, InstanceId, JobName, RecordState, RunKey, RunRecord, Slot, StoreError,
     Timestamp, Token,
 };
-use sqlx::sqlite::SqliteRow;
-use sqlx::{FromRow, Row};
+use sqlx::FromRow;
 
 use crate::error::bad_value;
 
 /// The clock and the run, read at the start of a claim.
+#[derive(FromRow)]
 pub(crate) struct ClaimRow {
     pub(crate) now: i64,
     pub(crate) state: Option<String>,
@@ -42,20 +42,8 @@ impl ClaimRow {
     }
 }
 
-impl<'r> FromRow<'r, SqliteRow> for ClaimRow {
-    fn from_row(row: &'r SqliteRow) -> Result<Self, sqlx::Error> {
-        Ok(Self {
-            now: row.try_get("now")?,
-            state: row.try_get("state")?,
-            attempt: row.try_get("attempt")?,
-            token: row.try_get("token")?,
-            fence: row.try_get("fence")?,
-            lease_until: row.try_get("lease_until")?,
-        })
-    }
-}
-
 /// What `peek` reads.
+#[derive(FromRow)]
 pub(crate) struct PeekRow {
     pub(crate) now: i64,
     pub(crate) state: Option<String>,
@@ -63,18 +51,8 @@ pub(crate) struct PeekRow {
     pub(crate) lease_until: Option<i64>,
 }
 
-impl<'r> FromRow<'r, SqliteRow> for PeekRow {
-    fn from_row(row: &'r SqliteRow) -> Result<Self, sqlx::Error> {
-        Ok(Self {
-            now: row.try_get("now")?,
-            state: row.try_get("state")?,
-            attempt: row.try_get("attempt")?,
-            lease_until: row.try_get("lease_until")?,
-        })
-    }
-}
-
 /// One run of a job's history.
+#[derive(FromRow)]
 pub(crate) struct HistoryRow {
     pub(crate) slot: i64,
     pub(crate) state: String,
@@ -85,22 +63,6 @@ pub(crate) struct HistoryRow {
     pub(crate) finished_at: Option<i64>,
     pub(crate) lease_until: Option<i64>,
     pub(crate) error: Option<String>,
-}
-
-impl<'r> FromRow<'r, SqliteRow> for HistoryRow {
-    fn from_row(row: &'r SqliteRow) -> Result<Self, sqlx::Error> {
-        Ok(Self {
-            slot: row.try_get("slot")?,
-            state: row.try_get("state")?,
-            attempt: row.try_get("attempt")?,
-            fence: row.try_get("fence")?,
-            instance: row.try_get("instance")?,
-            started_at: row.try_get("started_at")?,
-            finished_at: row.try_get("finished_at")?,
-            lease_until: row.try_get("lease_until")?,
-            error: row.try_get("error")?,
-        })
-    }
 }
 
 impl HistoryRow {
