@@ -7,7 +7,8 @@
 -- the attempt was never used, so it runs the same attempt number again
 -- instead of spending one of `max_attempts`.
 --
--- The claim function is the one of version 3 with step 5 extended.
+-- The claim function is the one of version 3 with step 5 extended. It
+-- mirrors `decide::claim` (anarchon-core).
 --
 -- `{{table}}` is replaced with the store's validated table name.
 

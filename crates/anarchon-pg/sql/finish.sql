@@ -1,3 +1,5 @@
+-- Mirrors `decide::finish` (anarchon-core).
+--
 -- Records how a run ended, if the token still holds it.
 --
 -- A finish sent again by the token that finished the run, with the same

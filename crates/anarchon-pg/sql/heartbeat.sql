@@ -1,3 +1,5 @@
+-- Mirrors `decide::heartbeat` (anarchon-core).
+--
 -- Extends the lease of a run the token still holds to the server's now + lease.
 UPDATE "{{table}}" AS t
    SET lease_until = least(

@@ -1,3 +1,5 @@
+-- Mirrors `decide::release` (anarchon-core).
+--
 -- Ends the token's lease now: one millisecond before the server's now, so the
 -- next claim finds it run out and takes the run over.
 UPDATE "{{table}}" AS t

@@ -9,11 +9,11 @@ pub const BACKEND: &str = "postgres";
 ///
 /// No variant ever holds a password: URLs are redacted before they are put
 /// in a message, and errors from parsing a URL keep no source.
-/// [`PgError::kind`] says whether retrying can help; the conversion into
+/// [`Error::kind`] says whether retrying can help; the conversion into
 /// [`StoreError`] keeps that kind and this error as the source.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum PgError {
+pub enum Error {
     /// The table name is not a plain identifier, or too long.
     #[error("invalid table name {name:?}: {reason}")]
     InvalidTableName {
@@ -108,18 +108,18 @@ pub enum PgError {
     },
 }
 
-impl PgError {
+impl Error {
     /// Which kind of failure this is, in the terms of [`StoreError`].
     pub fn kind(&self) -> StoreErrorKind {
         match self {
-            PgError::Unavailable { .. } => StoreErrorKind::Unavailable,
-            PgError::Protocol { .. } => StoreErrorKind::Protocol,
-            PgError::InvalidTableName { .. }
-            | PgError::InvalidUrl { .. }
-            | PgError::InvalidOption { .. }
-            | PgError::Refused { .. }
-            | PgError::SchemaTooNew { .. }
-            | PgError::SchemaOutdated { .. } => StoreErrorKind::Invalid,
+            Error::Unavailable { .. } => StoreErrorKind::Unavailable,
+            Error::Protocol { .. } => StoreErrorKind::Protocol,
+            Error::InvalidTableName { .. }
+            | Error::InvalidUrl { .. }
+            | Error::InvalidOption { .. }
+            | Error::Refused { .. }
+            | Error::SchemaTooNew { .. }
+            | Error::SchemaOutdated { .. } => StoreErrorKind::Invalid,
         }
     }
 
@@ -133,17 +133,17 @@ impl PgError {
         let action = action.into();
         let reason = describe(&error);
         match classify(&error) {
-            StoreErrorKind::Unavailable => PgError::Unavailable {
+            StoreErrorKind::Unavailable => Error::Unavailable {
                 action,
                 reason,
                 source: Some(error),
             },
-            StoreErrorKind::Protocol => PgError::Protocol {
+            StoreErrorKind::Protocol => Error::Protocol {
                 action,
                 reason,
                 source: Some(error),
             },
-            _ => PgError::Refused {
+            _ => Error::Refused {
                 action,
                 reason,
                 source: Some(error),
@@ -153,7 +153,7 @@ impl PgError {
 
     /// An answer that does not fit the schema.
     pub(crate) fn protocol(action: impl Into<String>, reason: impl Into<String>) -> Self {
-        PgError::Protocol {
+        Error::Protocol {
             action: action.into(),
             reason: reason.into(),
             source: None,
@@ -161,8 +161,8 @@ impl PgError {
     }
 }
 
-impl From<PgError> for StoreError {
-    fn from(error: PgError) -> Self {
+impl From<Error> for StoreError {
+    fn from(error: Error) -> Self {
         let message = error.to_string();
         let base = match error.kind() {
             StoreErrorKind::Unavailable => StoreError::unavailable(BACKEND, message),
@@ -295,12 +295,12 @@ mod tests {
             classify(&sqlx::Error::Decode("bad".into())),
             StoreErrorKind::Protocol
         );
-        let e = PgError::from_sqlx("claim", sqlx::Error::PoolTimedOut);
+        let e = Error::from_sqlx("claim", sqlx::Error::PoolTimedOut);
         assert!(e.is_temporary());
         let store: StoreError = e.into();
         assert!(store.is_temporary());
         assert_eq!(store.backend(), BACKEND);
-        let bad = PgError::InvalidTableName {
+        let bad = Error::InvalidTableName {
             name: "x".into(),
             reason: "r".into(),
         };

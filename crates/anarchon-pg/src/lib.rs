@@ -1,12 +1,15 @@
 #![doc = include_str!("../README.md")]
 
+mod claim;
+mod connection;
 mod error;
 pub mod migrate;
 mod options;
+mod rows;
 mod sql;
 mod store;
 
-pub use crate::error::{BACKEND, PgError};
+pub use crate::error::{BACKEND, Error};
 pub use crate::migrate::SCHEMA_VERSION;
 pub use crate::options::{CLIENT_PARAMETERS, MAX_TABLE_NAME_LEN, PgOptions, TableName};
 pub use crate::store::PgStore;

@@ -9,7 +9,7 @@
 
 use sqlx::{Connection, PgConnection};
 
-use crate::error::PgError;
+use crate::error::Error;
 use crate::options::TableName;
 use crate::sql::sql;
 
@@ -66,8 +66,8 @@ pub struct Migrated {
 ///
 /// # Errors
 ///
-/// [`PgError::InvalidOption`] for a `target` above [`SCHEMA_VERSION`];
-/// [`PgError::SchemaTooNew`] when a newer crate already migrated the table;
+/// [`Error::InvalidOption`] for a `target` above [`SCHEMA_VERSION`];
+/// [`Error::SchemaTooNew`] when a newer crate already migrated the table;
 /// otherwise the server's error, with nothing changed.
 ///
 /// # Cancel safety
@@ -77,9 +77,9 @@ pub async fn migrate_to(
     conn: &mut PgConnection,
     table: &TableName,
     target: u32,
-) -> Result<Migrated, PgError> {
+) -> Result<Migrated, Error> {
     if target > SCHEMA_VERSION {
-        return Err(PgError::InvalidOption {
+        return Err(Error::InvalidOption {
             option: "target",
             reason: format!("this anarchon-pg knows schema versions up to {SCHEMA_VERSION}"),
         });
@@ -88,24 +88,24 @@ pub async fn migrate_to(
     let mut tx = conn
         .begin()
         .await
-        .map_err(|e| PgError::from_sqlx(action(), e))?;
+        .map_err(|e| Error::from_sqlx(action(), e))?;
     sqlx::query(include_str!("../sql/migration_lock.sql"))
         .bind(LOCK_CLASS)
         .bind(table.as_str())
         .execute(&mut *tx)
         .await
-        .map_err(|e| PgError::from_sqlx(action(), e))?;
+        .map_err(|e| Error::from_sqlx(action(), e))?;
     sqlx::raw_sql(sql(include_str!("../sql/bootstrap.sql"), table))
         .execute(&mut *tx)
         .await
-        .map_err(|e| PgError::from_sqlx(action(), e))?;
+        .map_err(|e| Error::from_sqlx(action(), e))?;
     let found: i32 = sqlx::query_scalar(sql(include_str!("../sql/schema_version.sql"), table))
         .fetch_one(&mut *tx)
         .await
-        .map_err(|e| PgError::from_sqlx(action(), e))?;
+        .map_err(|e| Error::from_sqlx(action(), e))?;
     let found = version(found)?;
     if found > SCHEMA_VERSION {
-        return Err(PgError::SchemaTooNew {
+        return Err(Error::SchemaTooNew {
             table: table.to_string(),
             found,
             latest: SCHEMA_VERSION,
@@ -119,18 +119,18 @@ pub async fn migrate_to(
         sqlx::raw_sql(sql(m.sql, table))
             .execute(&mut *tx)
             .await
-            .map_err(|e| PgError::from_sqlx(step(), e))?;
+            .map_err(|e| Error::from_sqlx(step(), e))?;
         sqlx::query(sql(include_str!("../sql/record_version.sql"), table))
             .bind(i32::try_from(m.version).unwrap_or(i32::MAX))
             .bind(m.description)
             .execute(&mut *tx)
             .await
-            .map_err(|e| PgError::from_sqlx(step(), e))?;
+            .map_err(|e| Error::from_sqlx(step(), e))?;
         tracing::info!(%table, version = m.version, description = m.description, "applied schema migration");
     }
     tx.commit()
         .await
-        .map_err(|e| PgError::from_sqlx(action(), e))?;
+        .map_err(|e| Error::from_sqlx(action(), e))?;
     Ok(Migrated {
         from: found,
         to: found.max(target),
@@ -142,20 +142,20 @@ pub async fn migrate_to(
 /// # Errors
 ///
 /// The server's error.
-pub async fn schema_version(conn: &mut PgConnection, table: &TableName) -> Result<u32, PgError> {
+pub async fn schema_version(conn: &mut PgConnection, table: &TableName) -> Result<u32, Error> {
     let action = || format!("reading the schema version of table {table}");
     let exists: bool = sqlx::query_scalar(include_str!("../sql/has_schema.sql"))
         .bind(format!("\"{table}_migrations\""))
         .fetch_one(&mut *conn)
         .await
-        .map_err(|e| PgError::from_sqlx(action(), e))?;
+        .map_err(|e| Error::from_sqlx(action(), e))?;
     if !exists {
         return Ok(0);
     }
     let found: i32 = sqlx::query_scalar(sql(include_str!("../sql/schema_version.sql"), table))
         .fetch_one(&mut *conn)
         .await
-        .map_err(|e| PgError::from_sqlx(action(), e))?;
+        .map_err(|e| Error::from_sqlx(action(), e))?;
     version(found)
 }
 
@@ -166,17 +166,17 @@ pub async fn schema_version(conn: &mut PgConnection, table: &TableName) -> Resul
 /// # Errors
 ///
 /// The server's error.
-pub async fn drop_schema(conn: &mut PgConnection, table: &TableName) -> Result<(), PgError> {
+pub async fn drop_schema(conn: &mut PgConnection, table: &TableName) -> Result<(), Error> {
     sqlx::raw_sql(sql(include_str!("../sql/drop.sql"), table))
         .execute(&mut *conn)
         .await
-        .map_err(|e| PgError::from_sqlx(format!("dropping the schema of table {table}"), e))?;
+        .map_err(|e| Error::from_sqlx(format!("dropping the schema of table {table}"), e))?;
     Ok(())
 }
 
-fn version(found: i32) -> Result<u32, PgError> {
+fn version(found: i32) -> Result<u32, Error> {
     u32::try_from(found).map_err(|_| {
-        PgError::protocol(
+        Error::protocol(
             "reading the schema version",
             format!("negative schema version {found}"),
         )

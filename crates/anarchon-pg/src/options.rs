@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anarchon_core::url::{Authority, Query, millis, percent_decode, positive_millis, redact};
 
-use crate::error::PgError;
+use crate::error::Error;
 
 /// The query parameters of a store URL that the PostgreSQL client (sqlx)
 /// reads itself: [`PgOptions::from_url`] passes them on, as it does
@@ -71,11 +71,11 @@ impl TableName {
     ///
     /// # Errors
     ///
-    /// [`PgError::InvalidTableName`] when the name is empty, longer than
+    /// [`Error::InvalidTableName`] when the name is empty, longer than
     /// [`MAX_TABLE_NAME_LEN`], does not start with `a`–`z` or `_`, or
     /// contains anything but `a`–`z`, `0`–`9` and `_`.
-    pub fn new(name: &str) -> Result<Self, PgError> {
-        let invalid = |reason: String| PgError::InvalidTableName {
+    pub fn new(name: &str) -> Result<Self, Error> {
+        let invalid = |reason: String| Error::InvalidTableName {
             name: name.chars().take(80).collect(),
             reason,
         };
@@ -152,7 +152,7 @@ impl fmt::Debug for TableName {
 /// use std::time::Duration;
 /// use anarchon_pg::PgOptions;
 ///
-/// # fn main() -> Result<(), anarchon_pg::PgError> {
+/// # fn main() -> Result<(), anarchon_pg::Error> {
 /// let options = PgOptions::new("postgres://app:secret@db.internal:5432/app")
 ///     .table("cron_runs")?
 ///     .pool_size(4)
@@ -220,21 +220,21 @@ impl PgOptions {
     /// assert_eq!(options.get_pool_size(), 8);
     /// assert_eq!(options.redacted_url(), "postgres://app:***@db.internal/app?sslmode=require");
     /// assert_eq!(options.server(), "db.internal:5432/app");
-    /// # Ok::<(), anarchon_pg::PgError>(())
+    /// # Ok::<(), anarchon_pg::Error>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// [`PgError::InvalidUrl`] (the URL redacted) for another scheme, a
+    /// [`Error::InvalidUrl`] (the URL redacted) for another scheme, a
     /// URL that names no host, a bad port, an unknown parameter or a value
     /// out of range; no message shows the password.
-    pub fn from_url(url: &str) -> Result<Self, PgError> {
-        let invalid = |reason: String| PgError::InvalidUrl {
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let invalid = |reason: String| Error::InvalidUrl {
             url: redact(url),
             reason: anarchon_core::url::unreadable_reason(url, &reason),
         };
         if let Some(hint) = anarchon_core::url::ambiguous_user_info(url) {
-            return Err(PgError::InvalidUrl {
+            return Err(Error::InvalidUrl {
                 url: redact(url),
                 reason: hint,
             });
@@ -308,8 +308,8 @@ impl PgOptions {
     ///
     /// # Errors
     ///
-    /// [`PgError::InvalidTableName`], see [`TableName::new`].
-    pub fn table(self, name: &str) -> Result<Self, PgError> {
+    /// [`Error::InvalidTableName`], see [`TableName::new`].
+    pub fn table(self, name: &str) -> Result<Self, Error> {
         Ok(self.table_name(TableName::new(name)?))
     }
 
@@ -406,15 +406,15 @@ impl PgOptions {
     }
 
     /// Checks the options that do not need the server.
-    pub(crate) fn validate(&self) -> Result<(), PgError> {
+    pub(crate) fn validate(&self) -> Result<(), Error> {
         if self.pool_size == 0 {
-            return Err(PgError::InvalidOption {
+            return Err(Error::InvalidOption {
                 option: "pool_size",
                 reason: "must be at least 1".into(),
             });
         }
         if self.connect_timeout.is_zero() {
-            return Err(PgError::InvalidOption {
+            return Err(Error::InvalidOption {
                 option: "connect_timeout",
                 reason: "must be longer than zero".into(),
             });
@@ -422,7 +422,7 @@ impl PgOptions {
         if let Some(t) = self.statement_timeout
             && t.as_millis() == 0
         {
-            return Err(PgError::InvalidOption {
+            return Err(Error::InvalidOption {
                 option: "statement_timeout",
                 reason: "must be at least 1 ms (use None to keep the server's setting)".into(),
             });
@@ -510,7 +510,7 @@ mod tests {
             &"a".repeat(MAX_TABLE_NAME_LEN + 1),
         ] {
             let err = TableName::new(bad).expect_err(bad);
-            assert!(matches!(err, PgError::InvalidTableName { .. }), "{bad}");
+            assert!(matches!(err, Error::InvalidTableName { .. }), "{bad}");
         }
     }
 
@@ -642,7 +642,7 @@ mod tests {
         ] {
             let err = PgOptions::from_url(url).unwrap_err();
             let text = err.to_string();
-            assert!(matches!(err, PgError::InvalidUrl { .. }), "{url}: {text}");
+            assert!(matches!(err, Error::InvalidUrl { .. }), "{url}: {text}");
             assert!(!err.is_temporary(), "{text}");
             assert!(text.contains(says), "{url}: {text}");
             assert!(

@@ -1,3 +1,5 @@
+-- Mirrors `decide::finish` (anarchon-core).
+--
 -- Ends run (job ?1, slot ?2) held by token ?3 in state ?4 with error ?5.
 --
 -- A finish sent again by the token that finished the run, with the same

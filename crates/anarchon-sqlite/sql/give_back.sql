@@ -1,3 +1,5 @@
+-- Mirrors `decide::give_back` (anarchon-core).
+--
 -- Gives run (job ?1, slot ?2) held by token ?3 back before its handler
 -- started: the lease ends now and the holder is cleared, which tells the
 -- next takeover that this attempt was not used.

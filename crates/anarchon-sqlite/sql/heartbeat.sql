@@ -1,3 +1,5 @@
+-- Mirrors `decide::heartbeat` (anarchon-core).
+--
 -- Extends the lease of token ?3 on run (job ?1, slot ?2) to now + ?4 ms.
 UPDATE {prefix}_runs
 SET lease_until = {now} + ?4

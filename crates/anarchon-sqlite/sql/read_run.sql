@@ -1,3 +1,5 @@
+-- Reads what `decide::claim` (anarchon-core) decides on (claim.rs).
+--
 -- The store's clock and the run (job ?1, slot ?2), if it has a record: one
 -- row always, with NULL run columns when there is none.
 SELECT {now} AS now,

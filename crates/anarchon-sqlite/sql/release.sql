@@ -1,3 +1,5 @@
+-- Mirrors `decide::release` (anarchon-core).
+--
 -- Ends the lease of token ?3 on run (job ?1, slot ?2) now: a lease is alive
 -- while lease_until >= now, so one millisecond before now has run out.
 UPDATE {prefix}_runs

@@ -1,3 +1,6 @@
+-- Applies `ClaimDecision::TakeOver`, as `decide::claim` (anarchon-core)
+-- decided it (claim.rs): SQLite decides a claim in Rust, not in SQL.
+--
 -- A takeover of run (job ?1, slot ?2) whose lease ran out: the next attempt
 -- (?3), the caller's token (?4), a new fence (?5), the caller (?6) and a new
 -- lease end (?7).

@@ -1,3 +1,7 @@
+-- Applies `ClaimDecision::Start`, `RecordSkipped` and `RecordMissed`, as
+-- `decide::claim` (anarchon-core) decided it (claim.rs): SQLite decides a
+-- claim in Rust, not in SQL.
+--
 -- Writes the whole record of run (job ?1, slot ?2), replacing a `missed`
 -- one: a first win, a skipped slot or a missed slot.
 INSERT OR REPLACE INTO {prefix}_runs

@@ -251,3 +251,9 @@ pub(crate) fn bad_value(what: &str, value: impl std::fmt::Debug) -> StoreError {
         format!("the database holds an invalid {what}: {value:?}"),
     )
 }
+
+/// Whether SQLite answered "busy" or "locked": another connection held the
+/// lock past the busy timeout.
+pub(crate) fn is_busy(e: &sqlx::Error) -> bool {
+    matches!(primary_code(e), Some(code::BUSY | code::LOCKED))
+}

@@ -1,7 +1,10 @@
 #![doc = include_str!("../README.md")]
 
+mod claim;
+mod connection;
 mod error;
 mod options;
+mod rows;
 mod sql;
 mod store;
 

@@ -31,7 +31,7 @@ pub const MAX_PREFIX_LEN: usize = 48;
 /// assert_eq!(options.get_table_prefix(), "cron");
 ///
 /// let from_url = SqliteOptions::from_url("sqlite://data/cron.db?table_prefix=cron")?;
-/// assert_eq!(from_url.get_path(), std::path::Path::new("data/cron.db"));
+/// assert_eq!(from_url.path(), std::path::Path::new("data/cron.db"));
 /// # Ok::<(), anarchon_sqlite::Error>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
@@ -145,7 +145,7 @@ impl SqliteOptions {
     }
 
     /// The database file.
-    pub fn get_path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.path
     }
 
@@ -234,15 +234,15 @@ mod tests {
     #[test]
     fn urls_name_a_file_relative_or_absolute() {
         let o = SqliteOptions::from_url("sqlite://anarchon.db").unwrap();
-        assert_eq!(o.get_path(), Path::new("anarchon.db"));
+        assert_eq!(o.path(), Path::new("anarchon.db"));
         assert_eq!(o.get_table_prefix(), DEFAULT_TABLE_PREFIX);
         let o = SqliteOptions::from_url("sqlite:///var/lib/a.db").unwrap();
-        assert_eq!(o.get_path(), Path::new("/var/lib/a.db"));
+        assert_eq!(o.path(), Path::new("/var/lib/a.db"));
         let o = SqliteOptions::from_url(
             "sqlite://d/a.db?table_prefix=cron&busy_timeout_ms=250&max_connections=2",
         )
         .unwrap();
-        assert_eq!(o.get_path(), Path::new("d/a.db"));
+        assert_eq!(o.path(), Path::new("d/a.db"));
         assert_eq!(o.get_table_prefix(), "cron");
         assert_eq!(o.get_busy_timeout(), Duration::from_millis(250));
         assert_eq!(o.get_max_connections(), 2);

@@ -166,9 +166,7 @@ impl StoreUrl {
                 {
                     Backend::Postgres(anarchon_pg::PgOptions::from_url(url).map_err(
                         |e| match e {
-                            anarchon_pg::PgError::InvalidUrl { reason, .. } => {
-                                invalid(url, &reason)
-                            }
+                            anarchon_pg::Error::InvalidUrl { reason, .. } => invalid(url, &reason),
                             other => invalid(url, &other.to_string()),
                         },
                     )?)
@@ -342,7 +340,7 @@ impl StoreUrl {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(ref options) => format!(
                 "SQLite file {} (tables {}_*, {kind})",
-                options.get_path().display(),
+                options.path().display(),
                 options.get_table_prefix()
             ),
             #[cfg(feature = "pg")]
@@ -479,9 +477,9 @@ impl StoreUrl {
         match self.backend {
             #[cfg(feature = "sqlite")]
             Backend::Sqlite(ref options) => {
-                if !options.get_path().exists() {
+                if !options.path().exists() {
                     return Err(OpenError::Missing {
-                        what: format!("no database at {:?}", options.get_path()),
+                        what: format!("no database at {:?}", options.path()),
                     });
                 }
                 match anarchon_sqlite::SqliteStore::open_read_only(options.clone()).await {
@@ -493,7 +491,7 @@ impl StoreUrl {
                         Err(OpenError::Missing {
                             what: format!(
                                 "no anarchon tables in {:?} (prefix {:?})",
-                                options.get_path(),
+                                options.path(),
                                 options.get_table_prefix()
                             ),
                         })
@@ -508,12 +506,12 @@ impl StoreUrl {
                         let store = Arc::new(store);
                         Ok(Opened::lease(store.clone(), Handle::Postgres(store)))
                     }
-                    Err(anarchon_pg::PgError::SchemaOutdated {
+                    Err(anarchon_pg::Error::SchemaOutdated {
                         table, found: 0, ..
                     }) => Err(OpenError::Missing {
                         what: format!("no anarchon table {table:?} in {}", options.server()),
                     }),
-                    Err(anarchon_pg::PgError::SchemaOutdated {
+                    Err(anarchon_pg::Error::SchemaOutdated {
                         table,
                         found,
                         latest,

@@ -81,7 +81,7 @@ pub enum OpenError {
     /// The PostgreSQL store could not be opened.
     #[cfg(feature = "pg")]
     #[error(transparent)]
-    Postgres(#[from] anarchon_pg::PgError),
+    Postgres(#[from] anarchon_pg::Error),
 
     /// The Redis store could not be opened.
     #[cfg(feature = "redis")]

@@ -1,0 +1,160 @@
+//! Migrations.
+
+use super::*;
+
+/// Ten instances with ten pools open a store on a new table at the same
+/// moment: all succeed, each migration ran exactly once, and the store works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_instances_migrate_at_once() {
+    let factory = PgFactory::new().await;
+    let opened = join_all((0..10).map(|_| PgStore::connect_with(factory.options()))).await;
+    let stores: Vec<PgStore> = opened
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| panic!("a concurrent start failed: {e}")))
+        .collect();
+    let mut conn = admin(factory.url()).await;
+    let versions: Vec<i32> = sqlx::query_scalar(AssertSqlSafe(format!(
+        r#"SELECT version FROM "{}_migrations" ORDER BY version"#,
+        factory.table()
+    )))
+    .fetch_all(&mut conn)
+    .await
+    .expect("versions");
+    let expected: Vec<i32> = (1..=SCHEMA_VERSION as i32).collect();
+    assert_eq!(versions, expected, "each migration applied once");
+    for store in &stores {
+        assert_eq!(
+            store.schema_version().await.expect("version"),
+            SCHEMA_VERSION
+        );
+    }
+    let run = RunKey::new(job("after-start"), Slot::from_millis(future_base()));
+    won(stores[9]
+        .claim_lease(&claim(run, Token::generate(), "x", Overlap::Allow))
+        .await
+        .expect("claim"));
+}
+
+/// A schema built by the first migration only (as the first release left
+/// it), with a finished run in it, is migrated when a store opens: the old
+/// run is still there and fences continue from the job's counter. With
+/// migrations off, the old schema is refused with a message that says why.
+#[tokio::test]
+async fn a_schema_from_an_older_version_is_migrated() {
+    let factory = PgFactory::new().await;
+    let table = factory.table().clone();
+    let mut conn = admin(factory.url()).await;
+    let done = migrate_to(&mut conn, &table, 1).await.expect("v1");
+    assert_eq!(done, Migrated { from: 0, to: 1 });
+    assert_eq!(schema_version(&mut conn, &table).await.expect("version"), 1);
+    exec(
+        &mut conn,
+        format!(
+            r#"INSERT INTO "{table}" (job, slot, state, attempt, fence, instance, started_at, finished_at)
+               VALUES ('legacy', 1000, 'succeeded', 1, 7, 'old-host-1-abc', 900, 950);
+               INSERT INTO "{table}_jobs" (job, last_fence) VALUES ('legacy', 7);"#
+        ),
+    )
+    .await;
+
+    let refused = PgStore::connect_with(factory.options().migrate(false))
+        .await
+        .expect_err("an old schema with migrations off");
+    assert!(
+        matches!(
+            refused,
+            Error::SchemaOutdated {
+                found: 1,
+                latest: SCHEMA_VERSION,
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert!(!refused.is_temporary());
+
+    let store = factory.store_with(factory.options()).await;
+    assert_eq!(
+        store.schema_version().await.expect("version"),
+        SCHEMA_VERSION
+    );
+    let legacy = job("legacy");
+    let history = store.history(&legacy, 10).await.expect("history");
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        history[0].state,
+        RecordState::Finished(FinalState::Succeeded)
+    );
+    assert_eq!(history[0].fence.map(|f| f.get()), Some(7));
+    let next = won(store
+        .claim_lease(&claim(
+            RunKey::new(legacy, Slot::from_millis(future_base())),
+            Token::generate(),
+            "new",
+            Overlap::Allow,
+        ))
+        .await
+        .expect("claim"));
+    assert_eq!(next.fence.map(|f| f.get()), Some(8), "fences continue");
+    // Migrated stores also open with migrations off.
+    PgStore::connect_with(factory.options().migrate(false))
+        .await
+        .expect("the migrated schema is current");
+}
+
+/// A schema a newer anarchon-pg migrated is refused, with or without
+/// migrations, rather than used by code that does not know it.
+#[tokio::test]
+async fn a_schema_from_a_newer_version_is_refused() {
+    let factory = PgFactory::new().await;
+    factory.instance().await;
+    let mut conn = admin(factory.url()).await;
+    exec(
+        &mut conn,
+        format!(
+            r#"INSERT INTO "{}_migrations" (version, description) VALUES (99, 'from the future')"#,
+            factory.table()
+        ),
+    )
+    .await;
+    for migrate in [true, false] {
+        let err = PgStore::connect_with(factory.options().migrate(migrate))
+            .await
+            .expect_err("a newer schema");
+        assert!(
+            matches!(err, Error::SchemaTooNew { found: 99, .. }),
+            "{err}"
+        );
+        assert_eq!(err.kind(), StoreErrorKind::Invalid);
+    }
+}
+
+/// A table of the chosen name that some other program owns is not adopted:
+/// opening fails as invalid configuration, and the table is left alone.
+#[tokio::test]
+async fn a_table_name_taken_by_something_else_is_refused() {
+    let factory = PgFactory::new().await;
+    let mut conn = admin(factory.url()).await;
+    exec(
+        &mut conn,
+        format!(
+            r#"CREATE TABLE "{}" (id integer); INSERT INTO "{}" VALUES (42);"#,
+            factory.table(),
+            factory.table()
+        ),
+    )
+    .await;
+    let err = PgStore::connect_with(factory.options())
+        .await
+        .expect_err("a foreign table");
+    assert_eq!(err.kind(), StoreErrorKind::Invalid, "{err}");
+    assert!(err.to_string().contains("already exists"), "{err}");
+    let kept: i32 = sqlx::query_scalar(AssertSqlSafe(format!(
+        r#"SELECT id FROM "{}""#,
+        factory.table()
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("the foreign table is intact");
+    assert_eq!(kept, 42);
+}
