@@ -26,7 +26,7 @@ use crate::options::NatsOptions;
 pub use self::kv::is_wrong_last_sequence;
 pub use self::options::{DEFAULT_BUCKET, MAX_BUCKET_NAME_LEN, MAX_HISTORY, NatsLeaseOptions};
 
-/// The lease store's name in [`BackendInfo`], logs and errors.
+/// The lease store's name in [`BackendInfo`](anarchon_core::BackendInfo), logs and errors.
 pub const LEASE_BACKEND: &str = "nats-kv";
 
 /// The key every claim and peek writes to learn the server's time.
@@ -95,7 +95,7 @@ impl Counters {
 /// 10071, or 10164 from a replicated bucket: [`is_wrong_last_sequence`]) and
 /// the claim reads again and decides again. Heartbeat, finish and release
 /// are the same read-then-swap on the document; an old runner's token is no
-/// longer in it, so they answer [`Renewal::Fenced`]. Since a job's live
+/// longer in it, so they answer [`Renewal::Fenced`](anarchon_core::Renewal::Fenced). Since a job's live
 /// runs share one document, the `overlap` check and the write are one swap.
 ///
 /// # Time
