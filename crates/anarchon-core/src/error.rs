@@ -105,7 +105,7 @@ pub enum ConfigError {
 
     /// An option that only a lease store can honour was set on a claim-only store.
     #[error(
-        "the `{backend}` store is claim-only and cannot honour `{option}`: it can only tell who was first, not keep a lease; use a lease store (Redis `lease` strategy, PostgreSQL, SQLite, NATS KV) or remove the option"
+        "the `{backend}` store is claim-only and cannot honour `{option}`: it can only tell who was first, not keep a lease; use a lease store (one that implements `LeaseStore`) or remove the option"
     )]
     UnsupportedOption {
         /// The option, e.g. `overlap`.

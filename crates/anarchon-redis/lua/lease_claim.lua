@@ -1,5 +1,7 @@
 -- anarchon, Redis `lease` strategy: the claim flowchart as one atomic step
--- on Redis's own clock (TIME). Mirrors anarchon-core's MemoryStore step by step.
+-- on Redis's own clock (TIME).
+-- Mirrors: anarchon_core::decide::claim (TIME is read up front, so as
+-- decide::claim_at; the live runs only for `overlap = skip`).
 --
 -- KEYS[1] runs   hash: slot -> run record (JSON)
 -- KEYS[2] slots  sorted set: every recorded slot, scored by the slot

@@ -9,11 +9,11 @@ use deadpool_redis::redis::{ErrorKind, RedisError, ServerErrorKind};
 /// Something went wrong building or using a Redis store.
 ///
 /// Messages never contain the connection URL or a password. Store calls
-/// return it as a [`StoreError`] (see [`RedisStoreError::into_store_error`]);
+/// return it as a [`StoreError`] (see [`Error::into_store_error`]);
 /// constructors return it as it is.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RedisStoreError {
+pub enum Error {
     /// The key prefix is empty, too long or has a character that is not
     /// plain in a Redis key (braces would break the hash tag).
     #[error("invalid key prefix {prefix:?}: {reason}")]
@@ -179,10 +179,10 @@ pub enum RedisStoreError {
     },
 }
 
-impl RedisStoreError {
+impl Error {
     /// Whether sending the same request again may succeed.
     pub fn is_temporary(&self) -> bool {
-        matches!(self, RedisStoreError::Unavailable { .. })
+        matches!(self, Error::Unavailable { .. })
     }
 
     /// This error as the core's [`StoreError`] for the strategy `backend`:
@@ -191,24 +191,22 @@ impl RedisStoreError {
     pub fn into_store_error(self, backend: &'static str) -> StoreError {
         let message = self.to_string();
         let error = match &self {
-            RedisStoreError::Unavailable { .. } => StoreError::unavailable(backend, message),
-            RedisStoreError::Server { .. } | RedisStoreError::Protocol { .. } => {
-                StoreError::protocol(backend, message)
-            }
+            Error::Unavailable { .. } => StoreError::unavailable(backend, message),
+            Error::Server { .. } | Error::Protocol { .. } => StoreError::protocol(backend, message),
             _ => StoreError::invalid(backend, message),
         };
         error.with_source(self)
     }
 
     pub(crate) fn protocol(during: &'static str, detail: impl Into<String>) -> Self {
-        RedisStoreError::Protocol {
+        Error::Protocol {
             during,
             detail: detail.into(),
         }
     }
 
     pub(crate) fn timeout(during: &'static str, after: Duration) -> Self {
-        RedisStoreError::Unavailable {
+        Error::Unavailable {
             during,
             cause: format!("no answer within {after:?}"),
             source: None,
@@ -225,7 +223,7 @@ impl RedisStoreError {
         };
         #[cfg(feature = "tls")]
         if let Some(detail) = crate::tls::handshake_failure(&err) {
-            return RedisStoreError::Tls {
+            return Error::Tls {
                 during,
                 detail,
                 source: Some(err),
@@ -237,7 +235,7 @@ impl RedisStoreError {
             || err.is_connection_dropped()
             || err.is_connection_refusal()
         {
-            return RedisStoreError::Unavailable {
+            return Error::Unavailable {
                 during,
                 cause: err.to_string(),
                 source: Some(err),
@@ -246,10 +244,8 @@ impl RedisStoreError {
         match (kind, code.as_str()) {
             (ErrorKind::AuthenticationFailed, _)
             | (ErrorKind::Server(ServerErrorKind::NoPerm), _)
-            | (_, "WRONGPASS" | "NOAUTH" | "NOPERM") => {
-                RedisStoreError::AccessDenied { during, detail }
-            }
-            (_, "WRONGTYPE") => RedisStoreError::WrongType { during, detail },
+            | (_, "WRONGPASS" | "NOAUTH" | "NOPERM") => Error::AccessDenied { during, detail },
+            (_, "WRONGTYPE") => Error::WrongType { during, detail },
             (
                 ErrorKind::Server(
                     ServerErrorKind::BusyLoading
@@ -260,14 +256,12 @@ impl RedisStoreError {
                 ),
                 _,
             )
-            | (_, "BUSY" | "OOM" | "LOADING" | "MASTERDOWN" | "READONLY") => {
-                RedisStoreError::Unavailable {
-                    during,
-                    cause: detail,
-                    source: Some(err),
-                }
-            }
-            _ => RedisStoreError::Server {
+            | (_, "BUSY" | "OOM" | "LOADING" | "MASTERDOWN" | "READONLY") => Error::Unavailable {
+                during,
+                cause: detail,
+                source: Some(err),
+            },
+            _ => Error::Server {
                 during,
                 detail,
                 source: Some(err),
@@ -284,14 +278,14 @@ mod tests {
     #[test]
     fn kinds_map_onto_store_errors() {
         let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        let e = RedisStoreError::from_redis("claiming", refused);
+        let e = Error::from_redis("claiming", refused);
         assert!(e.is_temporary(), "{e}");
         assert_eq!(
             e.into_store_error("redis-lease").kind(),
             StoreErrorKind::Unavailable
         );
 
-        let too_old = RedisStoreError::ServerTooOld {
+        let too_old = Error::ServerTooOld {
             strategy: "idmp",
             needs: "Redis 8.6 or newer (XADD IDMP)",
             found: "Redis 7.0.15".into(),
@@ -302,7 +296,7 @@ mod tests {
             StoreErrorKind::Invalid
         );
         assert_eq!(
-            RedisStoreError::protocol("reading", "odd")
+            Error::protocol("reading", "odd")
                 .into_store_error("redis-lease")
                 .kind(),
             StoreErrorKind::Protocol

@@ -14,9 +14,9 @@ use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
 
 use crate::MIN_MEMORY;
-use crate::error::RedisStoreError;
+use crate::connection::{Call, Link, Lua, check, int, text};
+use crate::error::Error;
 use crate::keys::job_key;
-use crate::link::{Call, Link, Lua, check, int, text};
 use crate::options::{KeyPrefix, RedisOptions};
 use crate::server::{ServerInfo, Version};
 use crate::stream_id::entry_token;
@@ -89,12 +89,12 @@ impl RedisIdmpStore {
     ///
     /// # Errors
     ///
-    /// [`RedisStoreError::ServerTooOld`] on Redis before 8.6 and on Valkey
+    /// [`Error::ServerTooOld`] on Redis before 8.6 and on Valkey
     /// (use [`RedisScriptStore`](crate::RedisScriptStore));
-    /// [`RedisStoreError::InvalidOption`] for a duration out of range;
+    /// [`Error::InvalidOption`] for a duration out of range;
     /// otherwise as [`crate::RedisLeaseStore::connect`].
-    pub async fn connect(opts: &RedisOptions, duration: Duration) -> Result<Self, RedisStoreError> {
-        let invalid = |reason: String| RedisStoreError::InvalidOption {
+    pub async fn connect(opts: &RedisOptions, duration: Duration) -> Result<Self, Error> {
+        let invalid = |reason: String| Error::InvalidOption {
             strategy: "idmp",
             option: "duration",
             reason,
@@ -113,7 +113,7 @@ impl RedisIdmpStore {
         let link = Link::connect(opts, BACKEND, &SCRIPTS).await?;
         let server = link.server();
         if server.product != "Redis" || server.version < IDMP_MIN_VERSION {
-            return Err(RedisStoreError::ServerTooOld {
+            return Err(Error::ServerTooOld {
                 strategy: "idmp",
                 needs: "Redis 8.6 or newer (XADD ... IDMP)",
                 found: server.describe(),
@@ -152,7 +152,7 @@ impl RedisIdmpStore {
 
     /// Creates and configures the job's stream unless this connection
     /// already did.
-    async fn set_up(&self, job: &JobName, key: &str) -> Result<(), RedisStoreError> {
+    async fn set_up(&self, job: &JobName, key: &str) -> Result<(), Error> {
         let generation = self.link.generation();
         {
             let ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
@@ -175,9 +175,9 @@ impl RedisIdmpStore {
             .await?
             .into_iter()
             .next()
-            .ok_or_else(|| RedisStoreError::protocol(during, "no answer"))?;
+            .ok_or_else(|| Error::protocol(during, "no answer"))?;
         let Value::Array(items) = check(reply, during)? else {
-            return Err(RedisStoreError::protocol(during, "not an array"));
+            return Err(Error::protocol(during, "not an array"));
         };
         let duration = items.get(1).and_then(int).unwrap_or(-1);
         let maxsize = items.get(2).and_then(int).unwrap_or(-1);
@@ -193,7 +193,7 @@ impl RedisIdmpStore {
             ready.1.insert(job.clone());
             Ok(())
         } else {
-            Err(RedisStoreError::IdmpConfig {
+            Err(Error::IdmpConfig {
                 key: key.to_owned(),
                 found_duration_s: duration,
                 found_maxsize: maxsize,
@@ -211,7 +211,7 @@ impl RedisIdmpStore {
             .remove(job);
     }
 
-    async fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, RedisStoreError> {
+    async fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
         let during = "claiming";
         let key = job_key(&self.prefix, &req.run.job, "idmp");
         let slot = req.run.slot.as_millis().to_string();
@@ -247,20 +247,21 @@ impl RedisIdmpStore {
                 .await?
                 .into_iter()
                 .next()
-                .ok_or_else(|| RedisStoreError::protocol(during, "no answer"))?;
+                .ok_or_else(|| Error::protocol(during, "no answer"))?;
             match check(reply, during)? {
                 // NOMKSTREAM: the stream is gone (deleted by hand); set it up again.
                 Value::Nil => self.forget_set_up(&req.run.job),
                 other => {
-                    id = Some(text(&other).ok_or_else(|| {
-                        RedisStoreError::protocol(during, "XADD did not answer an ID")
-                    })?);
+                    id = Some(
+                        text(&other)
+                            .ok_or_else(|| Error::protocol(during, "XADD did not answer an ID"))?,
+                    );
                     break;
                 }
             }
         }
         let id = id.ok_or_else(|| {
-            RedisStoreError::protocol(during, "the idmp stream vanished twice while claiming")
+            Error::protocol(during, "the idmp stream vanished twice while claiming")
         })?;
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
@@ -271,7 +272,7 @@ impl RedisIdmpStore {
             .await?
             .into_iter()
             .next()
-            .ok_or_else(|| RedisStoreError::protocol(during, "no answer"))?;
+            .ok_or_else(|| Error::protocol(during, "no answer"))?;
         Ok(match entry_token(check(range, during)?) {
             Some(t) if Token::parse(&t) == Some(req.token) => ClaimOutcome::Won(Win {
                 attempt: Attempt::FIRST,

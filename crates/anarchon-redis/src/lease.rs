@@ -15,9 +15,9 @@ use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
 use futures::StreamExt as _;
 
-use crate::error::RedisStoreError;
+use crate::connection::{Call, Link, Lua, check, int, text};
+use crate::error::Error;
 use crate::keys::{LeaseKeys, hand_over_channel, jobs_key};
-use crate::link::{Call, Link, Lua, check, int, text};
 use crate::options::{KeyPrefix, RedisOptions};
 use crate::server::ServerInfo;
 use crate::tls::connection_info;
@@ -115,7 +115,7 @@ impl fmt::Debug for RedisLeaseStore {
     }
 }
 
-fn store_err(e: RedisStoreError) -> StoreError {
+fn store_err(e: Error) -> StoreError {
     e.into_store_error(BACKEND)
 }
 
@@ -125,13 +125,12 @@ impl RedisLeaseStore {
     ///
     /// # Errors
     ///
-    /// [`RedisStoreError`]: unreachable, access denied, a bad URL, or an
+    /// [`Error`]: unreachable, access denied, a bad URL, or an
     /// eviction policy the options refuse.
-    pub async fn connect(opts: &RedisOptions) -> Result<Self, RedisStoreError> {
+    pub async fn connect(opts: &RedisOptions) -> Result<Self, Error> {
         let link = Link::connect(opts, BACKEND, &SCRIPTS).await?;
-        let client = redis::Client::open(connection_info(opts)?).map_err(|e| {
-            RedisStoreError::protocol("opening the hand-over subscription", e.to_string())
-        })?;
+        let client = redis::Client::open(connection_info(opts)?)
+            .map_err(|e| Error::protocol("opening the hand-over subscription", e.to_string()))?;
         let hand_overs = Arc::new(HandOvers::new());
         let listener = Listener::spawn(listen(
             client,
@@ -187,8 +186,8 @@ impl RedisLeaseStore {
     ///
     /// # Errors
     ///
-    /// [`RedisStoreError`] if Redis cannot be read.
-    pub async fn check_server(&self) -> Result<bool, RedisStoreError> {
+    /// [`Error`] if Redis cannot be read.
+    pub async fn check_server(&self) -> Result<bool, Error> {
         self.link.check_server().await
     }
 
@@ -251,10 +250,7 @@ impl RedisLeaseStore {
     /// Sends the claims in one round trip. Each claim's answer is its own:
     /// a script error in one job's keys, or a failed registration in
     /// `{p}:jobs`, costs no other claim its answer.
-    async fn claims(
-        &self,
-        reqs: &[LeaseClaim],
-    ) -> Result<Vec<Result<ClaimOutcome, RedisStoreError>>, RedisStoreError> {
+    async fn claims(&self, reqs: &[LeaseClaim]) -> Result<Vec<Result<ClaimOutcome, Error>>, Error> {
         if reqs.is_empty() {
             return Ok(Vec::new());
         }
@@ -310,7 +306,7 @@ impl RedisLeaseStore {
         match reply.first().and_then(int) {
             Some(1) => Ok(Renewal::Renewed),
             Some(0) => Ok(Renewal::Fenced),
-            _ => Err(store_err(RedisStoreError::protocol(
+            _ => Err(store_err(Error::protocol(
                 during,
                 "the step answered neither 1 nor 0",
             ))),
@@ -326,10 +322,10 @@ impl RedisLeaseStore {
             .map_err(store_err)?
             .into_iter()
             .next()
-            .ok_or_else(|| store_err(RedisStoreError::protocol(during, "no answer")))?;
+            .ok_or_else(|| store_err(Error::protocol(during, "no answer")))?;
         match check(reply, during).map_err(store_err)? {
             Value::Array(items) => Ok(items),
-            other => Err(store_err(RedisStoreError::protocol(
+            other => Err(store_err(Error::protocol(
                 during,
                 format!("expected an array, got {other:?}"),
             ))),
@@ -354,11 +350,11 @@ impl RedisLeaseStore {
             .as_ref()
             .and_then(int)
             .map(Timestamp::from_millis)
-            .ok_or_else(|| store_err(RedisStoreError::protocol(during, "no clock reading")))?;
+            .ok_or_else(|| store_err(Error::protocol(during, "no clock reading")))?;
         let records = items
             .map(|v| match v {
                 Value::Array(fields) if fields.len() == 10 => Ok(fields),
-                other => Err(store_err(RedisStoreError::protocol(
+                other => Err(store_err(Error::protocol(
                     during,
                     format!("a record is not 10 fields: {other:?}"),
                 ))),
@@ -368,7 +364,7 @@ impl RedisLeaseStore {
     }
 
     /// The job names in `{p}:jobs`.
-    async fn jobs(&self) -> Result<Vec<JobName>, RedisStoreError> {
+    async fn jobs(&self) -> Result<Vec<JobName>, Error> {
         let during = "listing jobs";
         let key = jobs_key(&self.prefix);
         let mut cursor = "0".to_owned();
@@ -383,15 +379,15 @@ impl RedisLeaseStore {
                 .arg(500);
             let reply = self.link.query(&pipe, during).await?.into_iter().next();
             let reply = check(
-                reply.ok_or_else(|| RedisStoreError::protocol(during, "no answer"))?,
+                reply.ok_or_else(|| Error::protocol(during, "no answer"))?,
                 during,
             )?;
             let Value::Array(mut parts) = reply else {
-                return Err(RedisStoreError::protocol(during, "SSCAN is not an array"));
+                return Err(Error::protocol(during, "SSCAN is not an array"));
             };
             let members = match parts.pop() {
                 Some(Value::Array(m)) | Some(Value::Set(m)) => m,
-                _ => return Err(RedisStoreError::protocol(during, "SSCAN has no members")),
+                _ => return Err(Error::protocol(during, "SSCAN has no members")),
             };
             for member in &members {
                 match text(member).map(|name| JobName::new(&name)) {
@@ -406,7 +402,7 @@ impl RedisLeaseStore {
             cursor = parts
                 .first()
                 .and_then(text)
-                .ok_or_else(|| RedisStoreError::protocol(during, "SSCAN has no cursor"))?;
+                .ok_or_else(|| Error::protocol(during, "SSCAN has no cursor"))?;
             if cursor == "0" {
                 return Ok(jobs);
             }
@@ -414,9 +410,9 @@ impl RedisLeaseStore {
     }
 }
 
-fn parse_claim(reply: Value) -> Result<ClaimOutcome, RedisStoreError> {
+fn parse_claim(reply: Value) -> Result<ClaimOutcome, Error> {
     let during = "claiming";
-    let bad = |what: &str| RedisStoreError::protocol(during, format!("claim answer: {what}"));
+    let bad = |what: &str| Error::protocol(during, format!("claim answer: {what}"));
     let Value::Array(items) = reply else {
         return Err(bad("not an array"));
     };
@@ -454,11 +450,11 @@ fn parse_claim(reply: Value) -> Result<ClaimOutcome, RedisStoreError> {
 
 /// A record from `lease_read.lua`: slot, state, attempt, fence, instance,
 /// started, finished, lease, has_error, error.
-fn parse_record(job: &JobName, fields: &[Value]) -> Result<RunRecord, RedisStoreError> {
+fn parse_record(job: &JobName, fields: &[Value]) -> Result<RunRecord, Error> {
     let during = "reading history";
-    let bad = |what: &str| RedisStoreError::protocol(during, format!("run record: {what}"));
+    let bad = |what: &str| Error::protocol(during, format!("run record: {what}"));
     let field = |i: usize| text(&fields[i]).unwrap_or_default();
-    let opt_int = |i: usize| -> Result<Option<i64>, RedisStoreError> {
+    let opt_int = |i: usize| -> Result<Option<i64>, Error> {
         let t = field(i);
         if t.is_empty() {
             Ok(None)
@@ -509,7 +505,7 @@ impl LeaseStore for RedisLeaseStore {
             .map_err(store_err)?;
         outcomes
             .pop()
-            .ok_or_else(|| RedisStoreError::protocol("claiming", "no answer"))
+            .ok_or_else(|| Error::protocol("claiming", "no answer"))
             .and_then(|answer| answer)
             .map_err(store_err)
     }
@@ -650,7 +646,7 @@ impl LeaseStore for RedisLeaseStore {
                     let items = match check(reply, during) {
                         Ok(Value::Array(items)) => items,
                         Ok(other) => {
-                            first_error.get_or_insert(RedisStoreError::protocol(
+                            first_error.get_or_insert(Error::protocol(
                                 during,
                                 format!("expected an array, got {other:?}"),
                             ));

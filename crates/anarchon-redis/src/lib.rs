@@ -1,24 +1,24 @@
 #![doc = include_str!("../README.md")]
 
+mod connection;
 mod error;
 mod idmp;
 mod keys;
 mod lease;
-mod link;
 mod options;
-mod scan;
+mod script;
 mod server;
 mod stream_id;
 mod tls;
 
 use std::time::Duration;
 
-pub use crate::error::RedisStoreError;
+pub use crate::error::Error;
 pub use crate::idmp::{IDMP_MIN_VERSION, RedisIdmpStore};
 pub use crate::keys::job_key;
 pub use crate::lease::RedisLeaseStore;
 pub use crate::options::{EvictionCheck, KeyPrefix, MAX_PREFIX_LEN, RedisOptions, Strategy};
-pub use crate::scan::RedisScriptStore;
+pub use crate::script::RedisScriptStore;
 pub use crate::server::{EvictionFinding, ServerInfo, Version};
 pub use crate::stream_id::RedisStreamIdStore;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anarchon_core::url::{Authority, Query, millis, percent_decode, positive_millis, redact};
 use anarchon_core::{Clock, Memory, SystemClock};
 
-use crate::error::RedisStoreError;
+use crate::error::Error;
 use crate::{MIN_MEMORY, RedisIdmpStore, RedisScriptStore};
 
 /// The query parameters of a store URL that [`RedisOptions::from_url`]
@@ -88,10 +88,10 @@ impl KeyPrefix {
     ///
     /// # Errors
     ///
-    /// [`RedisStoreError::InvalidPrefix`] if it is empty, longer than
+    /// [`Error::InvalidPrefix`] if it is empty, longer than
     /// [`MAX_PREFIX_LEN`] or contains a character outside `[A-Za-z0-9_.:-]`.
-    pub fn new(prefix: &str) -> Result<Self, RedisStoreError> {
-        let invalid = |reason: String| RedisStoreError::InvalidPrefix {
+    pub fn new(prefix: &str) -> Result<Self, Error> {
+        let invalid = |reason: String| Error::InvalidPrefix {
             prefix: prefix.chars().take(80).collect(),
             reason,
         };
@@ -212,23 +212,23 @@ impl RedisOptions {
     /// assert_eq!(options.key_prefix().as_str(), "billing");
     /// assert_eq!(options.server(), "redis.internal:6379/2");
     /// assert!(!format!("{options:?}").contains("s3cret"));
-    /// # Ok::<(), anarchon_redis::RedisStoreError>(())
+    /// # Ok::<(), anarchon_redis::Error>(())
     /// ```
     ///
     /// # Errors
     ///
-    /// [`RedisStoreError::InvalidUrl`] for a URL that names no host, a bad
+    /// [`Error::InvalidUrl`] for a URL that names no host, a bad
     /// database number, an unknown parameter or strategy, a value out of
-    /// range or a URL the client cannot read; [`RedisStoreError::InvalidPrefix`]
-    /// for a bad `prefix`; [`RedisStoreError::TlsNotEnabled`] for
+    /// range or a URL the client cannot read; [`Error::InvalidPrefix`]
+    /// for a bad `prefix`; [`Error::TlsNotEnabled`] for
     /// `rediss://` in a build without the `tls` feature. No message shows
     /// the password.
-    pub fn from_url(url: &str) -> Result<(Self, Strategy), RedisStoreError> {
-        let invalid = |reason: String| RedisStoreError::InvalidUrl {
+    pub fn from_url(url: &str) -> Result<(Self, Strategy), Error> {
+        let invalid = |reason: String| Error::InvalidUrl {
             reason: anarchon_core::url::unreadable_reason(url, &reason),
         };
         if let Some(reason) = anarchon_core::url::ambiguous_user_info(url) {
-            return Err(RedisStoreError::InvalidUrl { reason });
+            return Err(Error::InvalidUrl { reason });
         }
         let query = Query::split(url);
         let auth = Authority::of(query.base).map_err(invalid)?;
@@ -333,7 +333,7 @@ impl RedisOptions {
         #[cfg(not(feature = "tls"))]
         if tls {
             let scheme = query.base.split_once("://").map_or("", |(s, _)| s);
-            return Err(RedisStoreError::TlsNotEnabled {
+            return Err(Error::TlsNotEnabled {
                 requested_by: format!("the URL scheme {scheme}://"),
             });
         }
@@ -363,8 +363,8 @@ impl RedisOptions {
     ///
     /// # Errors
     ///
-    /// [`RedisStoreError::InvalidPrefix`], see [`KeyPrefix::new`].
-    pub fn prefix(mut self, prefix: &str) -> Result<Self, RedisStoreError> {
+    /// [`Error::InvalidPrefix`], see [`KeyPrefix::new`].
+    pub fn prefix(mut self, prefix: &str) -> Result<Self, Error> {
         self.prefix = KeyPrefix::new(prefix)?;
         Ok(self)
     }
@@ -402,9 +402,9 @@ impl RedisOptions {
     /// # Errors
     ///
     /// None here. When a store connects:
-    /// [`RedisStoreError::CaFile`] (naming the file) if it cannot be read or
-    /// holds no usable certificate, [`RedisStoreError::InvalidUrl`] if the
-    /// URL is not a TLS URL, [`RedisStoreError::TlsNotEnabled`] in a build
+    /// [`Error::CaFile`] (naming the file) if it cannot be read or
+    /// holds no usable certificate, [`Error::InvalidUrl`] if the
+    /// URL is not a TLS URL, [`Error::TlsNotEnabled`] in a build
     /// without the `tls` feature.
     pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.tls_ca_file = Some(path.into());
@@ -500,10 +500,7 @@ mod tests {
             &"p".repeat(65),
         ] {
             let err = KeyPrefix::new(bad).expect_err(bad);
-            assert!(
-                matches!(err, RedisStoreError::InvalidPrefix { .. }),
-                "{bad:?}: {err}"
-            );
+            assert!(matches!(err, Error::InvalidPrefix { .. }), "{bad:?}: {err}");
         }
         assert_eq!(KeyPrefix::default().as_str(), "cron");
     }
@@ -688,7 +685,7 @@ mod tests {
     fn tls_store_urls_need_the_tls_feature() {
         let err = RedisOptions::from_url("rediss://:s3cret@h:6380").unwrap_err();
         assert!(
-            matches!(&err, RedisStoreError::TlsNotEnabled { requested_by } if requested_by.contains("rediss://")),
+            matches!(&err, Error::TlsNotEnabled { requested_by } if requested_by.contains("rediss://")),
             "{err}"
         );
         assert!(!err.to_string().contains("s3cret"));

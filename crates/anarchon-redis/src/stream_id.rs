@@ -11,9 +11,9 @@ use anarchon_core::{
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
 
-use crate::error::RedisStoreError;
+use crate::connection::{Link, check, text};
+use crate::error::Error;
 use crate::keys::job_key;
-use crate::link::{Link, check, text};
 use crate::options::{KeyPrefix, RedisOptions};
 use crate::server::ServerInfo;
 
@@ -61,9 +61,9 @@ impl RedisStreamIdStore {
     ///
     /// # Errors
     ///
-    /// [`RedisStoreError`]: unreachable, access denied, a bad URL, or an
+    /// [`Error`]: unreachable, access denied, a bad URL, or an
     /// eviction policy the options refuse.
-    pub async fn connect(opts: &RedisOptions) -> Result<Self, RedisStoreError> {
+    pub async fn connect(opts: &RedisOptions) -> Result<Self, Error> {
         Ok(Self {
             link: Link::connect(opts, BACKEND, &[]).await?,
             prefix: opts.prefix.clone(),
@@ -93,11 +93,11 @@ impl RedisStreamIdStore {
         self.link.server_changes()
     }
 
-    async fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, RedisStoreError> {
+    async fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
         let during = "claiming";
         let slot = req.run.slot.as_millis();
         if slot <= 0 {
-            return Err(RedisStoreError::InvalidOption {
+            return Err(Error::InvalidOption {
                 strategy: "stream-id",
                 option: "slot",
                 reason: format!("stream IDs start after 0-0; slot {slot} cannot be one"),
@@ -118,7 +118,7 @@ impl RedisStreamIdStore {
         pipe.cmd("XRANGE").arg(&key).arg(&id).arg(&id);
         let mut replies = self.link.query(&pipe, during).await?.into_iter();
         let (Some(added), Some(entry)) = (replies.next(), replies.next()) else {
-            return Err(RedisStoreError::protocol(during, "two answers expected"));
+            return Err(Error::protocol(during, "two answers expected"));
         };
         let won = Ok(ClaimOutcome::Won(Win {
             attempt: Attempt::FIRST,

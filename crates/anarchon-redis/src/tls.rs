@@ -9,7 +9,7 @@
 
 use deadpool_redis::redis::{ConnectionInfo, IntoConnectionInfo as _, RedisError};
 
-use crate::error::RedisStoreError;
+use crate::error::Error;
 use crate::options::RedisOptions;
 use anarchon_core::url::redact;
 
@@ -21,13 +21,13 @@ const TLS_SCHEMES: [&str; 2] = ["rediss", "valkeys"];
 ///
 /// # Errors
 ///
-/// [`RedisStoreError::InvalidUrl`] for a URL that does not parse, a CA
-/// file with a plain URL, or `#insecure`; [`RedisStoreError::TlsNotEnabled`]
-/// for TLS in a build without the `tls` feature; [`RedisStoreError::CaFile`]
+/// [`Error::InvalidUrl`] for a URL that does not parse, a CA
+/// file with a plain URL, or `#insecure`; [`Error::TlsNotEnabled`]
+/// for TLS in a build without the `tls` feature; [`Error::CaFile`]
 /// for a CA file that cannot be used.
-pub(crate) fn connection_info(opts: &RedisOptions) -> Result<ConnectionInfo, RedisStoreError> {
+pub(crate) fn connection_info(opts: &RedisOptions) -> Result<ConnectionInfo, Error> {
     if let Some(reason) = anarchon_core::url::ambiguous_user_info(&opts.url) {
-        return Err(RedisStoreError::InvalidUrl {
+        return Err(Error::InvalidUrl {
             reason: format!("{reason} (got {})", redact(&opts.url)),
         });
     }
@@ -40,12 +40,12 @@ pub(crate) fn connection_info(opts: &RedisOptions) -> Result<ConnectionInfo, Red
     #[cfg(not(feature = "tls"))]
     {
         if let Some(scheme) = tls_scheme {
-            return Err(RedisStoreError::TlsNotEnabled {
+            return Err(Error::TlsNotEnabled {
                 requested_by: format!("the URL scheme {scheme}://"),
             });
         }
         if opts.tls_ca_file.is_some() {
-            return Err(RedisStoreError::TlsNotEnabled {
+            return Err(Error::TlsNotEnabled {
                 requested_by: "the option tls_ca_file".to_owned(),
             });
         }
@@ -59,7 +59,7 @@ pub(crate) fn connection_info(opts: &RedisOptions) -> Result<ConnectionInfo, Red
 
     if tls_scheme.is_none() {
         if opts.tls_ca_file.is_some() {
-            return Err(RedisStoreError::InvalidUrl {
+            return Err(Error::InvalidUrl {
                 reason: format!(
                     "a certificate authority file is set (tls_ca_file), but {} does not use TLS: use rediss://",
                     redact(&opts.url)
@@ -81,13 +81,13 @@ pub(crate) fn connection_info(opts: &RedisOptions) -> Result<ConnectionInfo, Red
 }
 
 /// A URL the client refuses, without its password.
-fn invalid_url(opts: &RedisOptions, e: &RedisError) -> RedisStoreError {
+fn invalid_url(opts: &RedisOptions, e: &RedisError) -> Error {
     let mut reason = e.to_string();
     if secret_of(&opts.url).is_some_and(|s| reason.contains(s)) {
         reason = e.category().to_owned();
     }
     let reason = anarchon_core::url::unreadable_reason(&opts.url, &reason);
-    RedisStoreError::InvalidUrl {
+    Error::InvalidUrl {
         reason: format!(
             "{reason} (expected redis://[user:password@]host:port[/db], or rediss://… for TLS, got {})",
             redact(&opts.url)
@@ -113,19 +113,19 @@ mod enabled {
         Client, ConnectionAddr, ConnectionInfo, RedisError, TlsCertificates,
     };
 
-    use crate::error::RedisStoreError;
+    use crate::error::Error;
     use crate::options::RedisOptions;
 
     /// `info` (a TLS address) with the trusted authorities of `opts`.
     pub(crate) fn secure(
         info: ConnectionInfo,
         opts: &RedisOptions,
-    ) -> Result<ConnectionInfo, RedisStoreError> {
+    ) -> Result<ConnectionInfo, Error> {
         // The client builds its TLS configuration from rustls's
         // process-wide provider: make sure there is one.
         install_ring_provider();
         if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
-            return Err(RedisStoreError::InvalidUrl {
+            return Err(Error::InvalidUrl {
                 reason: "the #insecure fragment turns off the check of the server's certificate, which anarchon-redis refuses; if a private authority signed the certificate, give it with tls_ca_file".to_owned(),
             });
         }
@@ -145,8 +145,8 @@ mod enabled {
         Ok(client.get_connection_info().clone())
     }
 
-    fn ca_error(path: &Path, reason: String) -> RedisStoreError {
-        RedisStoreError::CaFile {
+    fn ca_error(path: &Path, reason: String) -> Error {
+        Error::CaFile {
             path: path.to_owned(),
             reason,
             source: None,
@@ -155,10 +155,10 @@ mod enabled {
 
     /// The PEM file at `path`, checked to hold at least one certificate
     /// usable as a trust anchor. A small local file, read once per connect.
-    fn read_ca(path: &Path) -> Result<Vec<u8>, RedisStoreError> {
+    fn read_ca(path: &Path) -> Result<Vec<u8>, Error> {
         read_authorities(path)
             .map(|authorities| authorities.pem.into_bytes())
-            .map_err(|problem| RedisStoreError::CaFile {
+            .map_err(|problem| Error::CaFile {
                 path: path.to_owned(),
                 reason: problem.reason,
                 source: problem.source,
@@ -204,12 +204,12 @@ mod tests {
         let err = connection_info(&opts).expect_err("refused");
         #[cfg(feature = "tls")]
         assert!(
-            matches!(&err, RedisStoreError::InvalidUrl { reason } if reason.contains("rediss://")),
+            matches!(&err, Error::InvalidUrl { reason } if reason.contains("rediss://")),
             "{err:?}"
         );
         #[cfg(not(feature = "tls"))]
         assert!(
-            matches!(&err, RedisStoreError::TlsNotEnabled { requested_by } if requested_by.contains("tls_ca_file")),
+            matches!(&err, Error::TlsNotEnabled { requested_by } if requested_by.contains("tls_ca_file")),
             "{err:?}"
         );
         assert!(!format!("{err} {err:?}").contains("s3cret"), "{err:?}");
@@ -224,10 +224,7 @@ mod tests {
             "valkeys://u:s3cret@127.0.0.1",
         ] {
             let err = connection_info(&RedisOptions::new(url)).expect_err("refused");
-            assert!(
-                matches!(err, RedisStoreError::TlsNotEnabled { .. }),
-                "{url}: {err:?}"
-            );
+            assert!(matches!(err, Error::TlsNotEnabled { .. }), "{url}: {err:?}");
             let shown = format!("{err} {err:?}");
             assert!(shown.contains("`tls` feature"), "{shown}");
             assert!(!shown.contains("s3cret"), "{shown}");
@@ -265,7 +262,7 @@ mod tests {
         ))
         .expect_err("refused");
         assert!(
-            matches!(&err, RedisStoreError::InvalidUrl { reason } if reason.contains("#insecure")),
+            matches!(&err, Error::InvalidUrl { reason } if reason.contains("#insecure")),
             "{err:?}"
         );
         assert!(!format!("{err} {err:?}").contains("s3cret"), "{err:?}");
@@ -291,7 +288,7 @@ mod tests {
         ] {
             let opts = RedisOptions::new("rediss://:s3cret@localhost:6380").tls_ca_file(path);
             let err = connection_info(&opts).expect_err("refused");
-            assert!(matches!(err, RedisStoreError::CaFile { .. }), "{err:?}");
+            assert!(matches!(err, Error::CaFile { .. }), "{err:?}");
             let shown = err.to_string();
             assert!(shown.contains(&path.display().to_string()), "{shown}");
             assert!(shown.contains(says), "{shown}");

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anarchon_core::{ClaimStore, LeaseStore, RunKey, StoreError, StoreErrorKind, Token};
 use anarchon_redis::{
-    EvictionFinding, KeyPrefix, RedisIdmpStore, RedisLeaseStore, RedisOptions, RedisScriptStore,
-    RedisStoreError, RedisStreamIdStore,
+    Error, EvictionFinding, KeyPrefix, RedisIdmpStore, RedisLeaseStore, RedisOptions,
+    RedisScriptStore, RedisStreamIdStore,
 };
 use anarchon_testkit::StoreFactory;
 use anarchon_testkit::claim::{claim_request, future_slot, job};
@@ -85,7 +85,7 @@ fn options(url: String, admin_url: &str) -> (RedisOptions, Cleanup) {
 }
 
 /// Connects each strategy and returns the errors.
-async fn connect_all(opts: &RedisOptions) -> Vec<(&'static str, RedisStoreError)> {
+async fn connect_all(opts: &RedisOptions) -> Vec<(&'static str, Error)> {
     let mut errors = Vec::new();
     if let Err(e) = within(BOUND, "lease connect", RedisLeaseStore::connect(opts)).await {
         errors.push(("lease", e));
@@ -135,7 +135,7 @@ async fn a_wrong_password_is_named_and_never_shown() {
     assert_eq!(errors.len(), 4, "every strategy refuses to start");
     for (strategy, err) in errors {
         assert!(
-            matches!(err, RedisStoreError::AccessDenied { .. }),
+            matches!(err, Error::AccessDenied { .. }),
             "{strategy}: {err:?}"
         );
         let message = err.to_string();
@@ -230,10 +230,7 @@ async fn a_refused_config_get_is_tolerated_and_a_refused_info_is_not() {
     let no_info = AclUser::create(&url, &["~*", "+@all", "-info"]).await;
     let (opts, _cleanup) = options(no_info.url(&no_info.password), &url);
     let err = RedisLeaseStore::connect(&opts).await.unwrap_err();
-    assert!(
-        matches!(err, RedisStoreError::AccessDenied { .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, Error::AccessDenied { .. }), "{err:?}");
     assert!(err.to_string().contains("INFO"), "{err}");
 }
 
@@ -449,10 +446,7 @@ async fn bad_prefixes_and_urls_are_refused_without_showing_the_password() {
         let err = RedisOptions::new("redis://127.0.0.1")
             .prefix(bad)
             .unwrap_err();
-        assert!(
-            matches!(err, RedisStoreError::InvalidPrefix { .. }),
-            "{bad:?}: {err}"
-        );
+        assert!(matches!(err, Error::InvalidPrefix { .. }), "{bad:?}: {err}");
         assert!(KeyPrefix::new(bad).is_err());
     }
     let secret = unique_prefix("sentinel-url-password-");
@@ -465,7 +459,7 @@ async fn bad_prefixes_and_urls_are_refused_without_showing_the_password() {
         let err = within(BOUND, "connect", RedisLeaseStore::connect(&opts))
             .await
             .unwrap_err();
-        assert!(matches!(err, RedisStoreError::InvalidUrl { .. }), "{err:?}");
+        assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
         assert_secret_hidden(&secret, &err.to_string());
         assert_secret_hidden(&secret, &format!("{err:?}"));
     }

@@ -14,8 +14,8 @@ use anarchon_core::{
     RecordState, RunKey, RunOutcome, Schedule, Scheduler, Slot, Token, Win,
 };
 use anarchon_redis::{
-    EvictionFinding, MIN_MEMORY, RedisIdmpStore, RedisLeaseStore, RedisOptions, RedisScriptStore,
-    RedisStoreError, RedisStreamIdStore,
+    Error, EvictionFinding, MIN_MEMORY, RedisIdmpStore, RedisLeaseStore, RedisOptions,
+    RedisScriptStore, RedisStreamIdStore,
 };
 use anarchon_testkit::StoreFactory;
 use anarchon_testkit::claim::{claim_request, future_slot, job};
@@ -365,7 +365,7 @@ async fn claim_only_memories_are_checked_when_built_and_by_the_scheduler() {
         assert!(
             matches!(
                 err,
-                RedisStoreError::InvalidOption {
+                Error::InvalidOption {
                     strategy: "script",
                     option: "window",
                     ..
@@ -383,7 +383,7 @@ async fn claim_only_memories_are_checked_when_built_and_by_the_scheduler() {
         assert!(
             matches!(
                 err,
-                RedisStoreError::InvalidOption {
+                Error::InvalidOption {
                     strategy: "idmp",
                     option: "duration",
                     ..

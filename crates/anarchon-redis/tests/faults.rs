@@ -20,8 +20,8 @@ use anarchon_core::{
     Attempt, ClaimOutcome, ClaimStore, LeaseStore, RunKey, RunOutcome, Slot, StoreErrorKind, Token,
 };
 use anarchon_redis::{
-    EvictionCheck, EvictionFinding, RedisLeaseStore, RedisOptions, RedisScriptStore,
-    RedisStoreError, RedisStreamIdStore,
+    Error, EvictionCheck, EvictionFinding, RedisLeaseStore, RedisOptions, RedisScriptStore,
+    RedisStreamIdStore,
 };
 use anarchon_testkit::claim::{claim_request, job};
 use anarchon_testkit::lease::lease_claim;
@@ -101,10 +101,7 @@ async fn an_unreachable_redis_is_a_temporary_error_in_bounded_time() {
     )
     .await
     .unwrap_err();
-    assert!(
-        matches!(err, RedisStoreError::Unavailable { .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
     assert!(err.is_temporary());
     assert_eq!(
         err.into_store_error("redis-lease").kind(),
@@ -426,10 +423,7 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
         let err = RedisLeaseStore::connect(&opts.clone().eviction_check(EvictionCheck::Refuse))
             .await
             .unwrap_err();
-        assert!(
-            matches!(err, RedisStoreError::EvictionPolicy { .. }),
-            "{err:?}"
-        );
+        assert!(matches!(err, Error::EvictionPolicy { .. }), "{err:?}");
         assert!(err.to_string().contains(policy), "{err}");
         assert!(err.to_string().contains("noeviction"), "{err}");
     }

@@ -36,7 +36,7 @@ mod idmp_claims {
 /// version 7.
 #[tokio::test]
 async fn the_idmp_strategy_refuses_a_server_without_xadd_idmp() {
-    use anarchon_redis::{RedisIdmpStore, RedisOptions, RedisStoreError};
+    use anarchon_redis::{Error, RedisIdmpStore, RedisOptions};
     let url = common::url().await;
     let (product, version) = common::server_version(&url).await;
     let proxy = common::proxy::Proxy::start(&url).await;
@@ -65,7 +65,7 @@ async fn the_idmp_strategy_refuses_a_server_without_xadd_idmp() {
     assert!(
         matches!(
             err,
-            RedisStoreError::ServerTooOld {
+            Error::ServerTooOld {
                 strategy: "idmp",
                 ..
             }

@@ -11,9 +11,7 @@ mod common;
 use std::time::Duration;
 
 use anarchon_core::{ClaimOutcome, ClaimStore, LeaseStore, RunKey, StoreErrorKind, Token};
-use anarchon_redis::{
-    RedisLeaseStore, RedisOptions, RedisScriptStore, RedisStoreError, RedisStreamIdStore,
-};
+use anarchon_redis::{Error, RedisLeaseStore, RedisOptions, RedisScriptStore, RedisStreamIdStore};
 use anarchon_testkit::claim::{claim_request, job};
 use anarchon_testkit::lease::lease_claim;
 use anarchon_testkit::servers::unique_prefix;
@@ -158,7 +156,7 @@ async fn without_the_authority_the_certificate_is_refused_and_no_handshake_compl
     let err = within(BOUND, "lease connect", RedisLeaseStore::connect(&opts))
         .await
         .unwrap_err();
-    assert!(matches!(err, RedisStoreError::Tls { .. }), "{err:?}");
+    assert!(matches!(err, Error::Tls { .. }), "{err:?}");
     assert!(
         !err.is_temporary(),
         "a refused certificate is not temporary"
@@ -178,7 +176,7 @@ async fn without_the_authority_the_certificate_is_refused_and_no_handshake_compl
     )
     .await
     .unwrap_err();
-    assert!(matches!(err, RedisStoreError::Tls { .. }), "{err:?}");
+    assert!(matches!(err, Error::Tls { .. }), "{err:?}");
     assert!(err.to_string().contains("certificate"), "{err}");
 
     assert!(refused_at_least(&terminator, 2).await >= 2);
@@ -196,7 +194,7 @@ async fn an_authority_that_did_not_sign_the_certificate_is_refused() {
     let err = within(BOUND, "lease connect", RedisLeaseStore::connect(&opts))
         .await
         .unwrap_err();
-    assert!(matches!(err, RedisStoreError::Tls { .. }), "{err:?}");
+    assert!(matches!(err, Error::Tls { .. }), "{err:?}");
     assert!(err.to_string().contains("certificate"), "{err}");
     assert!(refused_at_least(&terminator, 1).await >= 1);
     assert_eq!(terminator.handshakes(), 0);
@@ -224,7 +222,7 @@ async fn a_password_in_a_rediss_url_never_shows_in_errors() {
     let err = within(BOUND, "lease connect", RedisLeaseStore::connect(&opts))
         .await
         .unwrap_err();
-    assert!(matches!(err, RedisStoreError::Tls { .. }), "{err:?}");
+    assert!(matches!(err, Error::Tls { .. }), "{err:?}");
     assert_hidden("error", err.to_string());
     assert_hidden("error's Debug", format!("{err:?}"));
     let store_error = err.into_store_error("redis-lease");
@@ -240,7 +238,7 @@ async fn a_password_in_a_rediss_url_never_shows_in_errors() {
     )
     .await
     .unwrap_err();
-    assert!(matches!(err, RedisStoreError::CaFile { .. }), "{err:?}");
+    assert!(matches!(err, Error::CaFile { .. }), "{err:?}");
     assert!(
         err.to_string().contains(&missing.display().to_string()),
         "{err}"
@@ -259,7 +257,7 @@ async fn a_password_in_a_rediss_url_never_shows_in_errors() {
     )
     .await
     .unwrap_err();
-    assert!(matches!(err, RedisStoreError::InvalidUrl { .. }), "{err:?}");
+    assert!(matches!(err, Error::InvalidUrl { .. }), "{err:?}");
     assert_hidden("error", err.to_string());
     assert_hidden("error's Debug", format!("{err:?}"));
 

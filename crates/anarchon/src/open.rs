@@ -185,9 +185,7 @@ impl StoreUrl {
                 {
                     let (options, strategy) =
                         anarchon_redis::RedisOptions::from_url(url).map_err(|e| match e {
-                            anarchon_redis::RedisStoreError::InvalidUrl { reason } => {
-                                invalid(url, &reason)
-                            }
+                            anarchon_redis::Error::InvalidUrl { reason } => invalid(url, &reason),
                             other => invalid(url, &other.to_string()),
                         })?;
                     Backend::Redis { options, strategy }

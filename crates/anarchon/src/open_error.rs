@@ -86,7 +86,7 @@ pub enum OpenError {
     /// The Redis store could not be opened.
     #[cfg(feature = "redis")]
     #[error(transparent)]
-    Redis(#[from] anarchon_redis::RedisStoreError),
+    Redis(#[from] anarchon_redis::Error),
 
     /// The RabbitMQ store could not be opened.
     #[cfg(feature = "amqp")]

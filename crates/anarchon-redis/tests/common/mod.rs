@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use anarchon_core::{Clock, async_trait};
 use anarchon_redis::{
-    RedisIdmpStore, RedisLeaseStore, RedisOptions, RedisScriptStore, RedisStoreError,
-    RedisStreamIdStore, Version,
+    Error, RedisIdmpStore, RedisLeaseStore, RedisOptions, RedisScriptStore, RedisStreamIdStore,
+    Version,
 };
 use anarchon_testkit::servers::{Service, require, unique_prefix};
 use anarchon_testkit::{FaultProxy, Proxyable, StoreFactory};
@@ -174,16 +174,13 @@ macro_rules! factory {
                 }
             }
 
-            pub async fn connect(&self) -> Result<$store, RedisStoreError> {
+            pub async fn connect(&self) -> Result<$store, Error> {
                 let $opts = &self.opts;
                 $connect
             }
 
             /// Connects as an instance whose process clock is `clock`.
-            pub async fn connect_with_clock(
-                &self,
-                clock: Arc<dyn Clock>,
-            ) -> Result<$store, RedisStoreError> {
+            pub async fn connect_with_clock(&self, clock: Arc<dyn Clock>) -> Result<$store, Error> {
                 let $opts = &self.opts.clone().clock(clock);
                 $connect
             }

@@ -13,9 +13,9 @@ use async_trait::async_trait;
 use deadpool_redis::redis::Value;
 
 use crate::MIN_MEMORY;
-use crate::error::RedisStoreError;
+use crate::connection::{Call, Link, Lua, check, text};
+use crate::error::Error;
 use crate::keys::job_key;
-use crate::link::{Call, Link, Lua, check, text};
 use crate::options::{KeyPrefix, RedisOptions};
 use crate::server::ServerInfo;
 
@@ -67,11 +67,11 @@ impl RedisScriptStore {
     ///
     /// # Errors
     ///
-    /// [`RedisStoreError::InvalidOption`] for a window shorter than
+    /// [`Error::InvalidOption`] for a window shorter than
     /// [`MIN_MEMORY`]; otherwise as [`crate::RedisLeaseStore::connect`].
-    pub async fn connect(opts: &RedisOptions, window: Duration) -> Result<Self, RedisStoreError> {
+    pub async fn connect(opts: &RedisOptions, window: Duration) -> Result<Self, Error> {
         if window < MIN_MEMORY {
-            return Err(RedisStoreError::InvalidOption {
+            return Err(Error::InvalidOption {
                 strategy: "script",
                 option: "window",
                 reason: format!(
@@ -107,7 +107,7 @@ impl RedisScriptStore {
         self.link.server_changes()
     }
 
-    async fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, RedisStoreError> {
+    async fn try_claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, Error> {
         let during = "claiming";
         let call = Call {
             lua: &CLAIM,
@@ -125,14 +125,14 @@ impl RedisScriptStore {
             .await?
             .into_iter()
             .next()
-            .ok_or_else(|| RedisStoreError::protocol(during, "no answer"))?;
+            .ok_or_else(|| Error::protocol(during, "no answer"))?;
         let Value::Array(items) = check(reply, during)? else {
-            return Err(RedisStoreError::protocol(during, "not an array"));
+            return Err(Error::protocol(during, "not an array"));
         };
         let winner = items
             .first()
             .and_then(text)
-            .ok_or_else(|| RedisStoreError::protocol(during, "no token"))?;
+            .ok_or_else(|| Error::protocol(during, "no token"))?;
         Ok(if Token::parse(&winner) == Some(req.token) {
             ClaimOutcome::Won(Win {
                 attempt: Attempt::FIRST,

@@ -18,7 +18,7 @@ use deadpool_redis::redis::{
 };
 use deadpool_redis::{Connection, Manager, Pool, PoolError, Runtime};
 
-use crate::error::RedisStoreError;
+use crate::error::Error;
 use crate::options::{EvictionCheck, RedisOptions};
 use crate::server::{EvictionFinding, ServerInfo, info_field, parse_server};
 use crate::tls::{connection_info, secret_of};
@@ -112,9 +112,8 @@ pub(crate) fn int(v: &Value) -> Option<i64> {
 }
 
 /// A server error inside a reply, as the crate's error.
-pub(crate) fn check(v: Value, during: &'static str) -> Result<Value, RedisStoreError> {
-    v.extract_error()
-        .map_err(|e| RedisStoreError::from_redis(during, e))
+pub(crate) fn check(v: Value, during: &'static str) -> Result<Value, Error> {
+    v.extract_error().map_err(|e| Error::from_redis(during, e))
 }
 
 fn is_noscript(v: &Value) -> bool {
@@ -133,7 +132,7 @@ impl Link {
         opts: &RedisOptions,
         backend: &'static str,
         scripts: &'static [&'static Lua],
-    ) -> Result<Self, RedisStoreError> {
+    ) -> Result<Self, Error> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
             .set_response_timeout(Some(opts.response_timeout));
@@ -143,7 +142,7 @@ impl Link {
             if secret_of(&opts.url).is_some_and(|s| reason.contains(s)) {
                 reason = e.category().to_owned();
             }
-            RedisStoreError::InvalidUrl {
+            Error::InvalidUrl {
                 reason: format!("{reason} (got {})", redact(&opts.url)),
             }
         })?;
@@ -154,9 +153,7 @@ impl Link {
             .create_timeout(Some(opts.connect_timeout))
             .recycle_timeout(Some(opts.response_timeout))
             .build()
-            .map_err(|e| {
-                RedisStoreError::protocol("building the connection pool", e.to_string())
-            })?;
+            .map_err(|e| Error::protocol("building the connection pool", e.to_string()))?;
 
         let during = "starting up";
         let obj = checkout(&pool, opts.connect_timeout, during).await?;
@@ -170,11 +167,11 @@ impl Link {
         }
         let mut replies = query(&mut conn, &pipe, during).await?.into_iter();
         let (Some(info), Some(policy)) = (replies.next(), replies.next()) else {
-            return Err(RedisStoreError::protocol(during, "too few answers"));
+            return Err(Error::protocol(during, "too few answers"));
         };
         for (lua, reply) in scripts.iter().zip(replies) {
             check(reply, "loading the scripts").map_err(|e| match e {
-                RedisStoreError::Server { detail, .. } => RedisStoreError::Server {
+                Error::Server { detail, .. } => Error::Server {
                     during: "loading the scripts",
                     detail: format!("script {}: {detail}", lua.name),
                     source: None,
@@ -183,9 +180,9 @@ impl Link {
             })?;
         }
         let info = text(&check(info, "reading INFO")?)
-            .ok_or_else(|| RedisStoreError::protocol("reading INFO", "INFO is not text"))?;
+            .ok_or_else(|| Error::protocol("reading INFO", "INFO is not text"))?;
         let (product, version, run_id) = parse_server(&info).ok_or_else(|| {
-            RedisStoreError::protocol(
+            Error::protocol(
                 "reading INFO",
                 "INFO has no redis_version or run_id: is this a Redis or Valkey server?",
             )
@@ -243,7 +240,7 @@ impl Link {
     }
 
     /// The connection in use, or a new one.
-    async fn conn(&self) -> Result<(u64, MultiplexedConnection), RedisStoreError> {
+    async fn conn(&self) -> Result<(u64, MultiplexedConnection), Error> {
         if let Some(current) = self.cached() {
             return Ok(current);
         }
@@ -321,7 +318,7 @@ impl Link {
         &self,
         pipe: &Pipeline,
         during: &'static str,
-    ) -> Result<Vec<Value>, RedisStoreError> {
+    ) -> Result<Vec<Value>, Error> {
         let (generation, mut conn) = self.conn().await?;
         query(&mut conn, pipe, during).await.inspect_err(|e| {
             if e.is_temporary() {
@@ -340,7 +337,7 @@ impl Link {
         prelude: &[Cmd],
         calls: &[Call],
         during: &'static str,
-    ) -> Result<Vec<Value>, RedisStoreError> {
+    ) -> Result<Vec<Value>, Error> {
         let (prelude, answers) = self.eval_with_prelude(prelude, calls, during).await?;
         for reply in prelude {
             check(reply, during)?;
@@ -356,7 +353,7 @@ impl Link {
         prelude: &[Cmd],
         calls: &[Call],
         during: &'static str,
-    ) -> Result<(Vec<Value>, Vec<Value>), RedisStoreError> {
+    ) -> Result<(Vec<Value>, Vec<Value>), Error> {
         let mut prelude_replies = Vec::new();
         let mut answers: Vec<Option<Value>> = vec![None; calls.len()];
         let mut pending: Vec<usize> = (0..calls.len()).collect();
@@ -377,7 +374,7 @@ impl Link {
             let replies = self.query(&pipe, during).await?;
             let expected = reload.len() + prelude_len + pending.len();
             if replies.len() != expected {
-                return Err(RedisStoreError::protocol(
+                return Err(Error::protocol(
                     during,
                     format!("{} answers to {expected} commands", replies.len()),
                 ));
@@ -402,9 +399,7 @@ impl Link {
             if again.is_empty() {
                 let answers = answers
                     .into_iter()
-                    .map(|a| {
-                        a.ok_or_else(|| RedisStoreError::protocol(during, "an answer is missing"))
-                    })
+                    .map(|a| a.ok_or_else(|| Error::protocol(during, "an answer is missing")))
                     .collect::<Result<_, _>>()?;
                 return Ok((prelude_replies, answers));
             }
@@ -415,7 +410,7 @@ impl Link {
             );
             pending = again;
         }
-        Err(RedisStoreError::Server {
+        Err(Error::Server {
             during,
             detail: format!(
                 "NOSCRIPT after loading the scripts {MAX_RELOADS} times: something keeps flushing them"
@@ -426,7 +421,7 @@ impl Link {
 
     /// Re-reads the server's `run_id` now (one `INFO server`), logging loudly
     /// and counting it if the server changed since the store last looked.
-    pub(crate) async fn check_server(&self) -> Result<bool, RedisStoreError> {
+    pub(crate) async fn check_server(&self) -> Result<bool, Error> {
         let before = self.server_changes();
         let mut pipe = redis::pipe();
         pipe.cmd("INFO").arg("server");
@@ -436,11 +431,11 @@ impl Link {
             .await?
             .into_iter()
             .next()
-            .ok_or_else(|| RedisStoreError::protocol(during, "no answer"))?;
+            .ok_or_else(|| Error::protocol(during, "no answer"))?;
         let info = text(&check(reply, during)?)
-            .ok_or_else(|| RedisStoreError::protocol(during, "INFO is not text"))?;
-        let (_, _, run_id) = parse_server(&info)
-            .ok_or_else(|| RedisStoreError::protocol(during, "INFO has no run_id"))?;
+            .ok_or_else(|| Error::protocol(during, "INFO is not text"))?;
+        let (_, _, run_id) =
+            parse_server(&info).ok_or_else(|| Error::protocol(during, "INFO has no run_id"))?;
         self.observe_run_id(run_id);
         Ok(self.server_changes() > before)
     }
@@ -451,7 +446,7 @@ fn judge_server(
     server: &ServerInfo,
     opts: &RedisOptions,
     backend: &'static str,
-) -> Result<(), RedisStoreError> {
+) -> Result<(), Error> {
     let policy = server.eviction.policy().unwrap_or("unknown").to_owned();
     match &server.eviction {
         EvictionFinding::NoEviction => {}
@@ -462,7 +457,7 @@ fn judge_server(
              run can be evicted and run a second time"
         ),
         finding if opts.eviction == EvictionCheck::Refuse => {
-            return Err(RedisStoreError::EvictionPolicy {
+            return Err(Error::EvictionPolicy {
                 policy,
                 why: finding.risk(),
             });
@@ -504,15 +499,15 @@ async fn checkout(
     pool: &Pool,
     timeout: Duration,
     during: &'static str,
-) -> Result<Connection, RedisStoreError> {
+) -> Result<Connection, Error> {
     // The pool has its own timeouts; this one also covers a hung DNS lookup.
     let got = tokio::time::timeout(timeout + Duration::from_secs(1), pool.get())
         .await
-        .map_err(|_| RedisStoreError::timeout(during, timeout))?;
+        .map_err(|_| Error::timeout(during, timeout))?;
     got.map_err(|e| match e {
-        PoolError::Backend(e) => RedisStoreError::from_redis(during, e),
-        PoolError::Timeout(_) => RedisStoreError::timeout(during, timeout),
-        other => RedisStoreError::Unavailable {
+        PoolError::Backend(e) => Error::from_redis(during, e),
+        PoolError::Timeout(_) => Error::timeout(during, timeout),
+        other => Error::Unavailable {
             during,
             cause: other.to_string(),
             source: None,
@@ -524,12 +519,12 @@ async fn query(
     conn: &mut MultiplexedConnection,
     pipe: &Pipeline,
     during: &'static str,
-) -> Result<Vec<Value>, RedisStoreError> {
+) -> Result<Vec<Value>, Error> {
     pipe.query_async::<Vec<Value>>(conn).await.map_err(|e| {
         if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
-            RedisStoreError::protocol(during, "NOSCRIPT outside a script call")
+            Error::protocol(during, "NOSCRIPT outside a script call")
         } else {
-            RedisStoreError::from_redis(during, e)
+            Error::from_redis(during, e)
         }
     })
 }

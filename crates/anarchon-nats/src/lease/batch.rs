@@ -1,0 +1,221 @@
+//! Batching: the claims of a batch settled job by job, each job's claims
+//! with one compare-and-swap of its document.
+
+use std::collections::HashMap;
+
+use anarchon_core::time::millis;
+use anarchon_core::{ClaimOutcome, JobName, LeaseClaim, RunKey, StoreError, StoreErrorKind};
+use futures::future::join_all;
+use tokio::sync::OnceCell;
+
+use super::clock::ServerClock;
+use super::kv::JobRead;
+use super::records::{Effect, Outside, RunDoc, decide, needs_time};
+use super::{Counters, LEASE_BACKEND, MAX_ROUNDS, NatsLeaseStore};
+
+impl NatsLeaseStore {
+    /// Claims a batch: one round trip to read every job's document (and
+    /// write the clock), one to read the clock and any run keys, one to
+    /// write; more only for jobs whose write lost a race.
+    /// Settles a batch job by job. A job whose claims fail (its document
+    /// unreadable, its swaps lost) answers each of its claims with that
+    /// error; the other jobs' answers, wins included, stand.
+    pub(super) async fn claim_batch(
+        &self,
+        reqs: &[LeaseClaim],
+    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut groups: Vec<(&JobName, Vec<(usize, &LeaseClaim)>)> = Vec::new();
+        let mut index: HashMap<&JobName, usize> = HashMap::new();
+        for (i, req) in reqs.iter().enumerate() {
+            let job = &req.run().job;
+            let g = *index.entry(job).or_insert_with(|| {
+                groups.push((job, Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push((i, req));
+        }
+        let (tick, reads) = tokio::join!(
+            self.tick(),
+            join_all(groups.iter().map(|(job, _)| self.read_job(job)))
+        );
+        let clock = ServerClock {
+            store: self,
+            tick: tick.map_err(|e| e.to_string()),
+            now: OnceCell::new(),
+        };
+        let settled = join_all(
+            groups
+                .iter()
+                .zip(reads)
+                .map(|((job, claims), read)| self.claim_job(job, claims, read, &clock)),
+        )
+        .await;
+        let mut out: Vec<Option<Result<ClaimOutcome, StoreError>>> =
+            (0..reqs.len()).map(|_| None).collect();
+        let mut depth = 0;
+        for ((job, claims), result) in groups.iter().zip(settled) {
+            match result {
+                Ok((answers, d)) => {
+                    depth = depth.max(d);
+                    for (i, outcome) in answers {
+                        out[i] = Some(Ok(outcome));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, job = %job, "the job's claims failed; the batch's other jobs go on");
+                    for (i, _) in claims {
+                        out[*i] = Some(Err(same_error(&e)));
+                    }
+                }
+            }
+        }
+        self.round_trips(1 + depth);
+        Ok(out
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(self.protocol("a claim of the batch got no answer"))))
+            .collect())
+    }
+
+    /// Settles the claims of one job, starting from `first`, the read of
+    /// its document. Returns the answers and how many round trips it
+    /// waited after that read.
+    async fn claim_job(
+        &self,
+        job: &JobName,
+        claims: &[(usize, &LeaseClaim)],
+        first: Result<JobRead, StoreError>,
+        clock: &ServerClock<'_>,
+    ) -> Result<(Vec<(usize, ClaimOutcome)>, u64), StoreError> {
+        let key = Self::job_key(job);
+        let mut read = first?;
+        let mut depth = 0;
+        for round in 0..MAX_ROUNDS {
+            if round > 0 {
+                read = self.read_job(job).await?;
+                depth += 1;
+            }
+            let doc = &read.doc;
+            let in_doc = |slot: i64| doc.live.contains_key(&slot) || doc.ended.contains_key(&slot);
+            // Run keys matter only for slots the document once had.
+            let mut to_read: Vec<&RunKey> = Vec::new();
+            for (_, claim) in claims {
+                let slot = claim.run().slot.as_millis();
+                if !in_doc(slot)
+                    && doc.high.is_some_and(|high| slot <= high)
+                    && !to_read.contains(&claim.run())
+                {
+                    to_read.push(claim.run());
+                }
+            }
+            let timed = claims.iter().any(|(_, c)| needs_time(doc, None, c));
+            // Ended runs move to their run keys before the swap that drops
+            // them from the document; only a call that may write does it.
+            let flush: Vec<(i64, &RunDoc)> = if timed {
+                doc.ended.iter().map(|(s, r)| (*s, r)).collect()
+            } else {
+                Vec::new()
+            };
+            let mut outside: HashMap<i64, Outside> = HashMap::new();
+            let mut flushed = Vec::new();
+            let mut now = None;
+            // The clock is read once per call; a later round reuses it.
+            let asks = (timed && clock.now.get().is_none()) || !flush.is_empty();
+            if timed || !to_read.is_empty() {
+                let time = async {
+                    if timed {
+                        clock.now().await.map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                };
+                let (runs, puts, time) = tokio::join!(
+                    join_all(to_read.iter().map(|run| self.outside(run))),
+                    join_all(
+                        flush
+                            .iter()
+                            .map(|(slot, rec)| self.put_run(job, *slot, rec))
+                    ),
+                    time,
+                );
+                if asks || !to_read.is_empty() {
+                    depth += 1;
+                }
+                for (run, found) in to_read.iter().zip(runs) {
+                    outside.insert(run.slot.as_millis(), found?);
+                }
+                for ((slot, _), put) in flush.iter().zip(puts) {
+                    match put {
+                        Ok(()) => flushed.push(*slot),
+                        Err(error) => {
+                            tracing::debug!(%error, job = %job, slot, "could not move an ended run to its key yet");
+                        }
+                    }
+                }
+                // Both are server times from before this decision.
+                now = time?.map(|t| read.written_at.map_or(t, |w| w.max(t)));
+            }
+            let mut next = read.doc.clone();
+            let mut answers = Vec::with_capacity(claims.len());
+            let mut write_job = false;
+            let mut missed: Vec<&RunKey> = Vec::new();
+            for (i, claim) in claims {
+                let slot = claim.run().slot.as_millis();
+                let found = outside.get(&slot).copied().unwrap_or(Outside::NoneOrMissed);
+                let (outcome, effect) = match decide(&mut next, found, now, claim) {
+                    None => {
+                        return Err(
+                            self.protocol("a claim needed the server's time, which was not read")
+                        );
+                    }
+                    Some(Err(m)) => return Err(self.protocol(format!("{key}: {m}"))),
+                    Some(Ok(decided)) => decided,
+                };
+                match effect {
+                    Effect::Job => write_job = true,
+                    Effect::CreateMissed => missed.push(claim.run()),
+                    Effect::None => {}
+                }
+                answers.push((*i, outcome));
+            }
+            if write_job {
+                for slot in &flushed {
+                    next.ended.remove(slot);
+                }
+                // The write records the job's longest late window too.
+                let longest = claims.iter().map(|(_, c)| millis(c.claim.max_late)).max();
+                next.window = next.window.max(longest);
+                let written = self.write(&key, next.encode(), Some(read.revision)).await?;
+                depth += 1;
+                if written.is_none() {
+                    Counters::add(&self.counters.conflicts, 1);
+                    continue;
+                }
+            }
+            if !missed.is_empty() {
+                let created = join_all(missed.iter().map(|run| self.create_missed(run))).await;
+                depth += 1;
+                for result in created {
+                    result?;
+                }
+            }
+            return Ok((answers, depth));
+        }
+        Err(self.unavailable(format!(
+            "the claims of job {job} lost {MAX_ROUNDS} compare-and-swap races in a row; try again"
+        )))
+    }
+}
+
+/// The same error again, for each claim of a job that failed as a whole
+/// (a `StoreError` is not `Clone`: it may hold a source).
+fn same_error(error: &StoreError) -> StoreError {
+    let message = error.message().to_owned();
+    match error.kind() {
+        StoreErrorKind::Unavailable => StoreError::unavailable(LEASE_BACKEND, message),
+        StoreErrorKind::Invalid => StoreError::invalid(LEASE_BACKEND, message),
+        _ => StoreError::protocol(LEASE_BACKEND, message),
+    }
+}

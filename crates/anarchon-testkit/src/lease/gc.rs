@@ -1,0 +1,249 @@
+//! Garbage collection: what it forgets and what it must keep.
+
+use std::time::Duration;
+
+use anarchon_core::{
+    ClaimOutcome, FinalState, LeaseStore, RunKey, RunOutcome, RunRecord, Slot, Token,
+};
+
+use crate::claim::job;
+use crate::factory::StoreFactory;
+
+use super::{lease_claim, wait_out, won};
+
+/// How long after its claim a run claimed with [`closing_window`] becomes
+/// too old for any claim: its window then lies behind it.
+const WINDOW_LEFT: Duration = Duration::from_secs(1);
+
+/// A late window that lets a claim sent now win `slot` and ends
+/// [`WINDOW_LEFT`] from now, so a collection after [`wait_out_windows`] may
+/// take the run.
+fn closing_window(now_ms: i64, slot: Slot) -> Duration {
+    Duration::from_millis(u64::try_from(now_ms - slot.as_millis()).expect("a past slot"))
+        + WINDOW_LEFT
+}
+
+/// Waits until every window made by [`closing_window`] before the call has
+/// ended on the store's clock.
+async fn wait_out_windows() {
+    wait_out(WINDOW_LEFT).await;
+}
+
+/// `collect_garbage(keep)` deletes ended runs older than `keep` and older
+/// than their job's late window, and nothing else: recent runs stay, and so
+/// does an old running run whose lease has not been over for `keep`. (That
+/// the scheduler's `keep` covers its jobs' late windows is the scheduler's
+/// part, checked in the kit's scheduler tests.)
+pub async fn garbage_collection_forgets_old_ended_runs_only<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let store = factory.instance().await;
+    let job = job("gc");
+    let now = factory.clock().now().as_millis();
+    let old = Slot::from_millis(now - now.rem_euclid(1000) - 7_200_000);
+    // Just older than `old`, so that one window covers both at the claims
+    // and neither at the collection.
+    let old_running = Slot::from_millis(old.as_millis() - 50);
+    let recent = Slot::from_millis(now - now.rem_euclid(1000) - 60_000);
+    // The job's window ends shortly: after it only `keep` decides.
+    let window = closing_window(now, old_running);
+    let catch_up = |slot: Slot| {
+        let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
+        c.claim.max_late = window;
+        c
+    };
+    let c_old = catch_up(old);
+    let c_running = catch_up(old_running);
+    let c_recent = catch_up(recent);
+    won(store.claim_lease(&c_old).await.expect("claim"));
+    store
+        .finish(c_old.run(), c_old.claim.token, RunOutcome::Succeeded)
+        .await
+        .expect("finish");
+    let last = won(store.claim_lease(&c_running).await.expect("claim"));
+    won(store.claim_lease(&c_recent).await.expect("claim"));
+    store
+        .finish(c_recent.run(), c_recent.claim.token, RunOutcome::Succeeded)
+        .await
+        .expect("finish");
+    wait_out_windows().await;
+    let deleted = store
+        .collect_garbage(Duration::from_secs(3600))
+        .await
+        .expect("gc");
+    assert_eq!(deleted, 1, "only the old finished run goes");
+    let left: Vec<Slot> = store
+        .history(&job, 10)
+        .await
+        .expect("history")
+        .iter()
+        .map(|r| r.run.slot)
+        .collect();
+    assert_eq!(left, [recent, old_running]);
+    let next = Slot::from_millis(recent.as_millis() + 1000);
+    let mut claim = catch_up(next);
+    claim.claim.max_late = Duration::from_secs(3600);
+    let after = won(store.claim_lease(&claim).await.expect("claim"));
+    assert!(
+        after.fence > last.fence,
+        "fences keep growing after a collection"
+    );
+}
+
+/// Collection keeps each job's runs for as long as the job's own late
+/// window, whatever `keep` the collecting scheduler passes: another
+/// service's scheduler, whose jobs have short windows, shares the
+/// namespace. A run kept is never run again; a run whose window is over
+/// goes.
+pub async fn garbage_collection_keeps_each_jobs_late_window<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let store = factory.instance().await;
+    let now = factory.clock().now().as_millis();
+    let slot = Slot::from_millis(now - now.rem_euclid(1000) - 7_200_000);
+    let keep = Duration::from_secs(3600);
+    let long_window = Duration::from_secs(24 * 3600);
+    let short = job("gc-window-short");
+    let long = job("gc-window-long");
+    let claim = |job: &anarchon_core::JobName, max_late: Duration| {
+        let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
+        c.claim.max_late = max_late;
+        c
+    };
+    for c in [
+        claim(&short, closing_window(now, slot)),
+        claim(&long, long_window),
+    ] {
+        won(store.claim_lease(&c).await.expect("claim"));
+        store
+            .finish(c.run(), c.claim.token, RunOutcome::Succeeded)
+            .await
+            .expect("finish");
+    }
+    wait_out_windows().await;
+    store.collect_garbage(keep).await.expect("gc");
+    let slots = |records: Vec<RunRecord>| records.iter().map(|r| r.run.slot).collect::<Vec<_>>();
+    assert_eq!(
+        slots(store.history(&long, 10).await.expect("history")),
+        [slot],
+        "a collection with keep = {keep:?} took a run that its job's late window \
+         ({long_window:?}) still covers"
+    );
+    assert_eq!(
+        store
+            .claim_lease(&claim(&long, long_window))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Done(FinalState::Succeeded),
+        "a late claim inside the job's window must find the run done"
+    );
+    assert!(
+        store.history(&short, 10).await.expect("history").is_empty(),
+        "a run older than both `keep` and its job's window is collected"
+    );
+}
+
+/// Collecting every run of a job forgets none of its fences: the next win
+/// of the job gets a fence above every earlier one, whether collection took
+/// all the job's runs or only its highest-fenced one.
+pub async fn fences_outlive_garbage_collection<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let store = factory.instance().await;
+    let now = factory.clock().now().as_millis();
+    let second = now - now.rem_euclid(1000);
+    // Old slots lie close together, so one window can cover them all at the
+    // claims and none of them at the collection.
+    let old = |i: i64| Slot::from_millis(second - 7_200_000 + i * 50);
+    let recent = |i: i64| Slot::from_millis(second - 60_000 + i * 1000);
+    let keep = Duration::from_secs(3600);
+    // Every window ends shortly, so `keep` decides what is collected.
+    let window = closing_window(now, old(0));
+    let catch_up = |job: &anarchon_core::JobName, slot: Slot| {
+        let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
+        c.claim.max_late = window;
+        c
+    };
+    let fence_of = |outcome: ClaimOutcome| won(outcome).fence.expect("lease stores fence");
+
+    let later = |job: &anarchon_core::JobName, slot: Slot| {
+        let mut c = catch_up(job, slot);
+        c.claim.max_late = keep;
+        c
+    };
+
+    // Job one: every run is collected.
+    let all_gone = job("gc-fence-all");
+    let mut highest = None;
+    for i in 0..3 {
+        let claim = catch_up(&all_gone, old(i));
+        highest = highest.max(Some(fence_of(
+            store.claim_lease(&claim).await.expect("claim"),
+        )));
+        store
+            .finish(claim.run(), claim.claim.token, RunOutcome::Succeeded)
+            .await
+            .expect("finish");
+    }
+    // Job two: only the highest-fenced run is collected; an older fence stays.
+    let top_gone = job("gc-fence-top");
+    let kept = catch_up(&top_gone, recent(0));
+    let kept_fence = fence_of(store.claim_lease(&kept).await.expect("claim"));
+    let collected = catch_up(&top_gone, old(0));
+    let top = fence_of(store.claim_lease(&collected).await.expect("claim"));
+    assert!(top > kept_fence);
+    store
+        .finish(
+            collected.run(),
+            collected.claim.token,
+            RunOutcome::Succeeded,
+        )
+        .await
+        .expect("finish");
+
+    wait_out_windows().await;
+    store.collect_garbage(keep).await.expect("gc");
+
+    assert!(
+        store
+            .history(&all_gone, 10)
+            .await
+            .expect("history")
+            .is_empty(),
+        "collection takes every finished run older than `keep`"
+    );
+    let next = fence_of(
+        store
+            .claim_lease(&later(&all_gone, recent(0)))
+            .await
+            .expect("claim after collection"),
+    );
+    assert!(
+        Some(next) > highest,
+        "after collecting every run of a job its next fence {next:?} must exceed every \
+         earlier one (up to {highest:?})"
+    );
+
+    let left: Vec<Slot> = store
+        .history(&top_gone, 10)
+        .await
+        .expect("history")
+        .iter()
+        .map(|r| r.run.slot)
+        .collect();
+    assert_eq!(left, [recent(0)], "collection took the old run only");
+    let next = fence_of(
+        store
+            .claim_lease(&later(&top_gone, recent(1)))
+            .await
+            .expect("claim after collection"),
+    );
+    assert!(
+        next > top,
+        "the next fence {next:?} must exceed the collected run's {top:?}, not only the \
+         fences of the runs that remain ({kept_fence:?})"
+    );
+}
