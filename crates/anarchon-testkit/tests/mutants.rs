@@ -38,6 +38,10 @@ enum Mutation {
     /// `release` also clears the holder, as `give_back` does, so the next
     /// takeover runs the same attempt again.
     ReleaseGivesBack,
+    /// A claim judges the lease before the token: the holder's own claim,
+    /// sent again after its lease ran out, takes the run over as the next
+    /// attempt instead of being answered as its own win.
+    LeaseBeforeToken,
     /// `claim_many` answers a batch rotated by one place.
     ClaimManyRotated,
     /// `claim_many` swaps two answers of the same kind (two `Running`, or
@@ -172,6 +176,19 @@ impl LeaseLayer for Mutant {
                 }),
                 other => other,
             });
+        }
+        if self.mutation == Mutation::LeaseBeforeToken {
+            let view = self.inner.peek(req.run()).await?;
+            let run_out = matches!(
+                view.state,
+                anarchon_core::RunState::Running { lease_until, .. } if lease_until < view.store_now
+            );
+            if run_out {
+                // Claimed as if by a stranger.
+                let mut stranger = req.clone();
+                stranger.claim.token = Token::generate();
+                return self.inner.claim_lease(&stranger).await;
+            }
         }
         self.shared
             .claimants
@@ -439,6 +456,13 @@ async fn a_store_that_drifts_from_the_core_decision_is_caught() {
         differential::claims_follow_the_core_decision,
         Mutation::ReleaseGivesBack,
         "building an interrupted record"
+    );
+    // Records build as they should; only the answer to a late own claim
+    // drifts, and the comparison with the core catches it.
+    caught!(
+        differential::claims_follow_the_core_decision,
+        Mutation::LeaseBeforeToken,
+        "core decision"
     );
 }
 
