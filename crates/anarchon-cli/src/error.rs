@@ -90,7 +90,7 @@ pub(crate) enum Error {
 
     /// `anarchon history` on a claim-only store.
     #[error(
-        "the `{backend}` store is claim-only and keeps no history: it can only tell which instance was first to claim a run, not record how runs ended. The commands' output and exit statuses are in the daemons' logs; for `anarchon history` use a lease store (sqlite://, postgres://, or redis:// with strategy=lease)"
+        "the `{backend}` store is claim-only and keeps no history: it can only tell which instance was first to claim a run, not record how runs ended. The commands' output and exit statuses are in the daemons' logs; for `anarchon history` use a lease store (sqlite://, postgres://, redis:// with strategy=lease, or nats-kv://)"
     )]
     NoHistory {
         /// The backend, e.g. `rabbitmq`.

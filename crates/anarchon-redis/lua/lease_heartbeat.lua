@@ -1,8 +1,8 @@
--- anarchon, Redis `lease` strategy: heartbeat, release and finish.
+-- anarchon, Redis `lease` strategy: heartbeat, release, give-back and finish.
 -- Mirrors: anarchon_core::decide::heartbeat (step 'renew'),
 -- decide::release ('release'), decide::give_back ('give_back') and
 -- decide::finish ('finish').
--- One script for the three steps a runner takes on its own run; each is
+-- One script for the four steps a runner takes on its own run; each is
 -- allowed only while the run is running under the caller's token, except
 -- that a finish sent again by the token that finished the run, with the
 -- same final state, gets the same answer as the first time.
