@@ -248,6 +248,43 @@ fn another_run_is_live(job: &JobRuns, slot: Slot, now: Timestamp) -> bool {
     })
 }
 
+/// How a holder hands its run over.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum HandOver {
+    /// The lease ends; the holder stays, so the next takeover is the next
+    /// attempt.
+    Release,
+    /// The lease ends and the holder is cleared, so the next takeover runs
+    /// the same attempt.
+    GiveBack,
+}
+
+impl MemoryStore {
+    /// `release` and `give_back`: the core decides, and a run handed over
+    /// has its lease end now and is announced to waiting backups.
+    fn hand_over(&self, run: &RunKey, token: Token, how: HandOver) -> Result<Renewal, StoreError> {
+        self.step(|state, now| {
+            let rec = record_mut(state, run);
+            let record = rec.as_deref().map(Record::lease_record);
+            let answer = match how {
+                HandOver::Release => decide::release(record.as_ref(), token),
+                HandOver::GiveBack => decide::give_back(record.as_ref(), token),
+            };
+            if let (Renewal::Renewed, Some(rec)) = (answer, rec) {
+                // Lease alive means `lease_until >= now`: one millisecond
+                // before now has run out.
+                rec.lease_until = Some(Timestamp::from_millis(now.as_millis() - 1));
+                if how == HandOver::GiveBack {
+                    rec.token = None;
+                }
+                // Told as part of the step: also when its answer is lost.
+                self.hand_overs.announce(run);
+            }
+            answer
+        })
+    }
+}
+
 /// The record of `run`, mutable.
 fn record_mut<'a>(state: &'a mut State, run: &RunKey) -> Option<&'a mut Record> {
     state.jobs.get_mut(&run.job)?.runs.get_mut(&run.slot)
@@ -325,32 +362,11 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        self.step(|state, now| {
-            let rec = record_mut(state, run);
-            let answer = decide::release(rec.as_deref().map(Record::lease_record).as_ref(), token);
-            if let (Renewal::Renewed, Some(rec)) = (answer, rec) {
-                // Lease alive means `lease_until >= now`: one millisecond
-                // before now has run out.
-                rec.lease_until = Some(Timestamp::from_millis(now.as_millis() - 1));
-                // Told as part of the step: also when its answer is lost.
-                self.hand_overs.announce(run);
-            }
-            answer
-        })
+        self.hand_over(run, token, HandOver::Release)
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        self.step(|state, now| {
-            let rec = record_mut(state, run);
-            let answer =
-                decide::give_back(rec.as_deref().map(Record::lease_record).as_ref(), token);
-            if let (Renewal::Renewed, Some(rec)) = (answer, rec) {
-                rec.lease_until = Some(Timestamp::from_millis(now.as_millis() - 1));
-                rec.token = None;
-                self.hand_overs.announce(run);
-            }
-            answer
-        })
+        self.hand_over(run, token, HandOver::GiveBack)
     }
 
     async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
