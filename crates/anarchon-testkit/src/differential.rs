@@ -170,7 +170,7 @@ async fn expect_won<S: LeaseStore + ?Sized>(store: &S, claim: &LeaseClaim, what:
     }
 }
 
-async fn renewed(answer: Result<Renewal, anarchon_core::StoreError>, what: &str) {
+fn renewed(answer: Result<Renewal, anarchon_core::StoreError>, what: &str) {
     assert_eq!(
         answer.expect(what),
         Renewal::Renewed,
@@ -205,7 +205,7 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
                     error: "planted".into(),
                 }
             };
-            renewed(store.finish(run, token, outcome).await, "finish").await;
+            renewed(store.finish(run, token, outcome).await, "finish");
             Some(token)
         }
         Prior::Ended(FinalState::Interrupted) => {
@@ -216,7 +216,7 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
                 "to interrupt",
             )
             .await;
-            renewed(store.release(run, token).await, "release").await;
+            renewed(store.release(run, token).await, "release");
             assert_eq!(
                 store
                     .claim_lease(&planting(run, Token::generate(), PLANTING_LATE, 1))
@@ -247,14 +247,14 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
                 ClaimOutcome::Overlap,
                 "building a skipped record"
             );
-            renewed(store.release(&blocker, token).await, "release").await;
+            renewed(store.release(&blocker, token).await, "release");
             None
         }
         Prior::Running { attempt, lease } => {
             let mut holder = Token::generate();
             expect_won(store, &planting(run, holder, PLANTING_LATE, 3), "to run").await;
             for _ in 1..attempt {
-                renewed(store.release(run, holder).await, "release").await;
+                renewed(store.release(run, holder).await, "release");
                 holder = Token::generate();
                 expect_won(
                     store,
@@ -266,11 +266,11 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
             match lease {
                 Lease::Alive => Some(holder),
                 Lease::Released => {
-                    renewed(store.release(run, holder).await, "release").await;
+                    renewed(store.release(run, holder).await, "release");
                     Some(holder)
                 }
                 Lease::GivenBack => {
-                    renewed(store.give_back(run, holder).await, "give back").await;
+                    renewed(store.give_back(run, holder).await, "give back");
                     Some(holder)
                 }
             }
@@ -343,18 +343,15 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
             let token = Token::generate();
             expect_won(store, &planting(&other, token, PLANTING_LATE, 3), "other").await;
             if case.other == Other::RunOut {
-                renewed(store.release(&other, token).await, "release other").await;
+                renewed(store.release(&other, token).await, "release other");
             }
         }
     }
-    let before = record_of(store, &run).await;
-    let highest_fence = store
-        .history(&job, 20)
-        .await
-        .expect("history")
-        .iter()
-        .filter_map(|r| r.fence)
-        .max();
+    // One read of the job gives the run's record and the job's highest
+    // fence, which a new win must pass.
+    let runs = store.history(&job, 20).await.expect("history");
+    let before = runs.iter().find(|r| r.run == run).cloned();
+    let highest_fence = runs.iter().filter_map(|r| r.fence).max();
     let token = match (case.from_holder, holder) {
         (true, Some(holder)) => holder,
         _ => Token::generate(),
