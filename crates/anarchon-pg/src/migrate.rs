@@ -6,6 +6,16 @@
 //! migrate one after another: the first applies what is missing, the others
 //! find nothing left to do. A failed migration rolls back completely.
 //! `<table>_migrations` records which versions are applied.
+//!
+//! Tables and functions are versioned differently. A table change is a
+//! migration file, kept forever, because an old table must be brought
+//! forward step by step. The claim function is not: `sql/claim_function.sql`
+//! is always the current one, and any run that brings a table to
+//! [`SCHEMA_VERSION`] installs it with `CREATE OR REPLACE`, once, after the
+//! table steps. A version whose only change was the function has no table
+//! step; it exists so that a store which finds the older version reinstalls
+//! the function. So an older `target` (for tests that need an old schema)
+//! builds that version's tables, without a claim function.
 
 use sqlx::{Connection, PgConnection};
 
@@ -19,29 +29,31 @@ pub const SCHEMA_VERSION: u32 = 4;
 struct Migration {
     version: u32,
     description: &'static str,
-    sql: &'static str,
+    /// The table step; `None` for a version that only changed the claim
+    /// function.
+    tables: Option<&'static str>,
 }
 
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         description: "runs and jobs tables, live-run index",
-        sql: include_str!("../migrations/0001_tables.sql"),
+        tables: Some(include_str!("../migrations/0001_tables.sql")),
     },
     Migration {
         version: 2,
         description: "claim function",
-        sql: include_str!("../migrations/0002_claim_function.sql"),
+        tables: None,
     },
     Migration {
         version: 3,
         description: "each job's late window",
-        sql: include_str!("../migrations/0003_job_late_window.sql"),
+        tables: Some(include_str!("../migrations/0003_job_late_window.sql")),
     },
     Migration {
         version: 4,
         description: "runs given back before their handler started",
-        sql: include_str!("../migrations/0004_given_back_runs.sql"),
+        tables: None,
     },
 ];
 
@@ -116,10 +128,12 @@ pub async fn migrate_to(
         .filter(|m| m.version > found && m.version <= target)
     {
         let step = || format!("{}: version {} ({})", action(), m.version, m.description);
-        sqlx::raw_sql(sql(m.sql, table))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| Error::from_sqlx(step(), e))?;
+        if let Some(tables) = m.tables {
+            sqlx::raw_sql(sql(tables, table))
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| Error::from_sqlx(step(), e))?;
+        }
         sqlx::query(sql(include_str!("../sql/record_version.sql"), table))
             .bind(i32::try_from(m.version).unwrap_or(i32::MAX))
             .bind(m.description)
@@ -127,6 +141,12 @@ pub async fn migrate_to(
             .await
             .map_err(|e| Error::from_sqlx(step(), e))?;
         tracing::info!(%table, version = m.version, description = m.description, "applied schema migration");
+    }
+    if found < SCHEMA_VERSION && target == SCHEMA_VERSION {
+        sqlx::raw_sql(sql(include_str!("../sql/claim_function.sql"), table))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| Error::from_sqlx(format!("{}: the claim function", action()), e))?;
     }
     tx.commit()
         .await
@@ -191,8 +211,9 @@ mod tests {
     fn migrations_are_numbered_in_order_up_to_the_schema_version() {
         for (i, m) in MIGRATIONS.iter().enumerate() {
             assert_eq!(m.version as usize, i + 1);
-            assert!(m.sql.contains("{{table}}"));
+            assert!(m.tables.is_none_or(|sql| sql.contains("{{table}}")));
         }
         assert_eq!(MIGRATIONS.len() as u32, SCHEMA_VERSION);
+        assert!(include_str!("../sql/claim_function.sql").contains("{{table}}_claim"));
     }
 }

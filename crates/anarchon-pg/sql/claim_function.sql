@@ -1,9 +1,14 @@
--- anarchon-pg schema, version 2: the claim, as one server-side function.
+-- The claim, as one server-side function: the lease decision of
+-- `decide::claim` (anarchon-core), which it mirrors step for step, applied
+-- to a batch of runs in one statement, so a claim costs one round trip and
+-- one transaction. The arrays are the claims' fields, element i of each
+-- belonging to claim i. One row comes back per claim, r_idx telling which.
 --
--- A call claims a batch of runs (one or many) in one statement, so a claim
--- costs one round trip and one transaction. The arrays are the claims'
--- fields, element i of each belonging to claim i. One row comes back per
--- claim, r_idx telling which.
+-- This file is not a migration: it is always the current function, and
+-- every migration run that brings a table to the current schema version
+-- installs it (see `src/migrate.rs`). Change it here, and add a schema
+-- version without a table step so that stores on the old version reinstall
+-- it when they open.
 --
 -- `{{table}}` is replaced with the store's validated table name.
 
@@ -37,6 +42,7 @@ DECLARE
     v_fence bigint;
     v_until bigint;
     v_run   record;
+    v_window bigint;
 BEGIN
     IF coalesce(array_length(p_slot, 1), 0) <> n
         OR coalesce(array_length(p_token, 1), 0) <> n
@@ -53,11 +59,16 @@ BEGIN
     -- Until this transaction ends, any other claim of these jobs waits here;
     -- and because every caller locks in the same order, two batches that
     -- share jobs cannot deadlock.
-    FOR v_job IN
-        SELECT DISTINCT u.job COLLATE "C" FROM unnest(p_job) AS u(job) ORDER BY 1
+    -- The same write records each job's longest late window.
+    FOR v_job, v_window IN
+        SELECT u.job COLLATE "C", max(u.max_late)
+          FROM unnest(p_job, p_max_late) AS u(job, max_late)
+         GROUP BY 1
+         ORDER BY 1
     LOOP
-        INSERT INTO "{{table}}_jobs" AS j (job) VALUES (v_job)
-        ON CONFLICT (job) DO UPDATE SET last_fence = j.last_fence;
+        INSERT INTO "{{table}}_jobs" AS j (job, late_window) VALUES (v_job, v_window)
+        ON CONFLICT (job) DO UPDATE
+           SET late_window = greatest(j.late_window, EXCLUDED.late_window);
     END LOOP;
 
     -- 2. Decide each claim, in the order given.
@@ -138,12 +149,15 @@ BEGIN
             -- Someone else's live lease.
             r_outcome := 'running';
             r_lease_until := coalesce(v_run.lease_until, v_now);
-        ELSIF coalesce(v_run.attempt, 1) < p_max_attempts[i] THEN
+        ELSIF v_run.token IS NULL OR coalesce(v_run.attempt, 1) < p_max_attempts[i] THEN
             -- The lease ran out and attempts are left: take the run over.
+            -- A run given back before its handler started (no holder)
+            -- runs the same attempt again.
             UPDATE "{{table}}_jobs" AS j SET last_fence = j.last_fence + 1
              WHERE j.job = v_job
             RETURNING j.last_fence INTO v_fence;
-            r_attempt := coalesce(v_run.attempt, 1) + 1;
+            r_attempt := coalesce(v_run.attempt, 1)
+                         + CASE WHEN v_run.token IS NULL THEN 0 ELSE 1 END;
             UPDATE "{{table}}" AS t
                SET attempt = r_attempt, token = p_token[i], fence = v_fence,
                    instance = p_instance[i], lease_until = v_until
