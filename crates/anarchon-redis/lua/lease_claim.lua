@@ -14,20 +14,11 @@
 --
 -- Returns {kind, attempt, fence, lease_until, now, state}; kind is one of
 -- won, running, done, late, overlap.
+-- Runs after lease_prelude.lua (check, int, now).
 
-local function check(key, want)
-  local found = redis.call('TYPE', key)['ok']
-  if found ~= 'none' and found ~= want then
-    return 'WRONGTYPE anarchon: key ' .. key .. ' holds a ' .. found .. ' but must be a ' .. want
-  end
-end
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
   or check(KEYS[4], 'string') or check(KEYS[5], 'string')
 if bad then return redis.error_reply(bad) end
-
-local function int(n) return string.format('%.0f', n) end
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 local slot, token, instance = ARGV[1], ARGV[2], ARGV[3]
 local max_late, lease = tonumber(ARGV[4]), tonumber(ARGV[5])

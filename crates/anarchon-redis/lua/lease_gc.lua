@@ -9,20 +9,12 @@
 -- ARGV[1] keep (ms)  ARGV[2] the most records to delete in this call
 --
 -- Returns {deleted, more}: more is 1 when the limit stopped the collection.
+-- Runs after lease_prelude.lua (check, int, now).
 
-local function check(key, want)
-  local found = redis.call('TYPE', key)['ok']
-  if found ~= 'none' and found ~= want then
-    return 'WRONGTYPE anarchon: key ' .. key .. ' holds a ' .. found .. ' but must be a ' .. want
-  end
-end
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
   or check(KEYS[4], 'string')
 if bad then return redis.error_reply(bad) end
 
-local function int(n) return string.format('%.0f', n) end
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local window = tonumber(redis.call('GET', KEYS[4]) or '0') or 0
 local cutoff = now - math.max(tonumber(ARGV[1]), window)
 local lease_cutoff = now - tonumber(ARGV[1])

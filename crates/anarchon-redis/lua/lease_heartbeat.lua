@@ -14,19 +14,11 @@
 -- finish:  ARGV[4] final state  ARGV[5] '1' if there is an error  ARGV[6] error
 --
 -- Returns {1, now} if the token holds the run (the step was done), else {0, now}.
+-- Runs after lease_prelude.lua (check, int, now).
 
-local function check(key, want)
-  local found = redis.call('TYPE', key)['ok']
-  if found ~= 'none' and found ~= want then
-    return 'WRONGTYPE anarchon: key ' .. key .. ' holds a ' .. found .. ' but must be a ' .. want
-  end
-end
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset')
 if bad then return redis.error_reply(bad) end
 
-local function int(n) return string.format('%.0f', n) end
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local slot, token, step = ARGV[1], ARGV[2], ARGV[3]
 
 local raw = redis.call('HGET', KEYS[1], slot)

@@ -7,18 +7,10 @@
 -- Returns {now, record, record, ...}; a record is
 -- {slot, state, attempt, fence, instance, started, finished, lease, has_error, error}
 -- with '' for what the run does not have. peek returns {now} for no record.
+-- Runs after lease_prelude.lua (check, int, now).
 
-local function check(key, want)
-  local found = redis.call('TYPE', key)['ok']
-  if found ~= 'none' and found ~= want then
-    return 'WRONGTYPE anarchon: key ' .. key .. ' holds a ' .. found .. ' but must be a ' .. want
-  end
-end
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset')
 if bad then return redis.error_reply(bad) end
-
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
 local function record(slot)
   local raw = redis.call('HGET', KEYS[1], slot)

@@ -24,13 +24,24 @@ use crate::tls::connection_info;
 
 const BACKEND: &str = "redis-lease";
 
-static CLAIM: Lua = Lua::new("lease_claim", include_str!("../lua/lease_claim.lua"));
-static STEP: Lua = Lua::new(
-    "lease_heartbeat",
-    include_str!("../lua/lease_heartbeat.lua"),
-);
-static READ: Lua = Lua::new("lease_read", include_str!("../lua/lease_read.lua"));
-static GC: Lua = Lua::new("lease_gc", include_str!("../lua/lease_gc.lua"));
+/// A lease script: `lua/lease_prelude.lua` (the type check, `int`, the
+/// store's `now`) followed by the script's own file.
+macro_rules! lease_script {
+    ($name:literal) => {
+        Lua::new(
+            $name,
+            concat!(
+                include_str!("../lua/lease_prelude.lua"),
+                include_str!(concat!("../lua/", $name, ".lua"))
+            ),
+        )
+    };
+}
+
+static CLAIM: Lua = lease_script!("lease_claim");
+static STEP: Lua = lease_script!("lease_heartbeat");
+static READ: Lua = lease_script!("lease_read");
+static GC: Lua = lease_script!("lease_gc");
 static SCRIPTS: [&Lua; 4] = [&CLAIM, &STEP, &READ, &GC];
 
 /// How many records one garbage-collection script deletes at most, so a
