@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use anarchon_core::{ClaimStore, LeaseStore, RunKey, StoreError, StoreErrorKind, Token};
@@ -86,36 +88,38 @@ fn options(url: String, admin_url: &str) -> (RedisOptions, Cleanup) {
 
 /// Connects each strategy and returns the errors.
 async fn connect_all(opts: &RedisOptions) -> Vec<(&'static str, Error)> {
+    type Connecting<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + 'a>>;
+    let strategies: [(&'static str, Connecting<'_>); 4] = [
+        (
+            "lease",
+            Box::pin(async { RedisLeaseStore::connect(opts).await.map(drop) }),
+        ),
+        (
+            "stream-id",
+            Box::pin(async { RedisStreamIdStore::connect(opts).await.map(drop) }),
+        ),
+        (
+            "script",
+            Box::pin(async {
+                RedisScriptStore::connect(opts, RedisScriptStore::DEFAULT_WINDOW)
+                    .await
+                    .map(drop)
+            }),
+        ),
+        (
+            "idmp",
+            Box::pin(async {
+                RedisIdmpStore::connect(opts, RedisIdmpStore::DEFAULT_DURATION)
+                    .await
+                    .map(drop)
+            }),
+        ),
+    ];
     let mut errors = Vec::new();
-    if let Err(e) = within(BOUND, "lease connect", RedisLeaseStore::connect(opts)).await {
-        errors.push(("lease", e));
-    }
-    if let Err(e) = within(
-        BOUND,
-        "stream-id connect",
-        RedisStreamIdStore::connect(opts),
-    )
-    .await
-    {
-        errors.push(("stream-id", e));
-    }
-    if let Err(e) = within(
-        BOUND,
-        "script connect",
-        RedisScriptStore::connect(opts, RedisScriptStore::DEFAULT_WINDOW),
-    )
-    .await
-    {
-        errors.push(("script", e));
-    }
-    if let Err(e) = within(
-        BOUND,
-        "idmp connect",
-        RedisIdmpStore::connect(opts, RedisIdmpStore::DEFAULT_DURATION),
-    )
-    .await
-    {
-        errors.push(("idmp", e));
+    for (strategy, connecting) in strategies {
+        if let Err(e) = within(BOUND, &format!("{strategy} connect"), connecting).await {
+            errors.push((strategy, e));
+        }
     }
     errors
 }
@@ -199,12 +203,7 @@ async fn an_acl_denial_on_the_keys_is_named() {
 async fn a_refused_config_get_is_tolerated_and_a_refused_info_is_not() {
     let url = common::url().await;
     let mut admin = raw(&url).await;
-    let policy: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let policy = common::config_get(&mut admin, "maxmemory-policy").await;
 
     // Managed services often refuse CONFIG: the policy comes from INFO instead.
     let no_config = AclUser::create(&url, &["~*", "+@all", "-config"]).await;
@@ -212,7 +211,7 @@ async fn a_refused_config_get_is_tolerated_and_a_refused_info_is_not() {
     let store = RedisLeaseStore::connect(&opts).await.unwrap();
     assert_eq!(
         store.server().eviction,
-        EvictionFinding::from_policy(&policy[1])
+        EvictionFinding::from_policy(&policy)
     );
     let run = RunKey::new(
         job("no-config"),
@@ -491,13 +490,7 @@ async fn one_jobs_broken_keys_cost_its_batch_nothing() {
         .iter()
         .map(|name| lease_claim(RunKey::new(job(name), slot), Token::generate(), "a"))
         .collect();
-    let answers: Vec<_> = store
-        .claim_many(&batch)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
-    assert_eq!(answers.len(), 3);
+    let answers = anarchon_testkit::fleet::answers_to_a_batch(&*store, &batch).await;
     let err = answers[0].as_ref().unwrap_err();
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
     assert!(

@@ -385,15 +385,10 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
     let _log = captured.install();
     let url = common::url().await;
     let mut admin = raw(&url).await;
-    let original: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let original = common::config_get(&mut admin, "maxmemory-policy").await;
     let _guard = PolicyGuard {
         url: url.clone(),
-        original: original[1].clone(),
+        original,
     };
     let prefix = unique_prefix("evict");
     let _cleanup = Cleanup::new(&url, &prefix);
@@ -403,13 +398,7 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
         ("allkeys-lru", "REDIS MAY EVICT THE STORE'S KEYS"),
         ("volatile-ttl", "maxmemory-policy is not `noeviction`"),
     ] {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory-policy")
-            .arg(policy)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
+        common::set_eviction_policy(&mut admin, policy).await;
         let store = RedisLeaseStore::connect(&opts).await.unwrap();
         assert_eq!(
             store.server().eviction,
@@ -428,13 +417,7 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
         assert!(err.to_string().contains("noeviction"), "{err}");
     }
 
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    common::set_eviction_policy(&mut admin, "noeviction").await;
     let store = RedisLeaseStore::connect(&opts.clone().eviction_check(EvictionCheck::Refuse))
         .await
         .unwrap();

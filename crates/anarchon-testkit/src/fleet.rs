@@ -12,7 +12,9 @@
 //! [`claims_resume_across_a_cut`]), and what every claim-only store's
 //! scheduler must refuse: jobs that claim later than the store remembers
 //! ([`jobs_later_than_a_minute_of_memory_are_refused`]) and the lease-only
-//! options ([`lease_only_options_are_refused_at_run_time`]).
+//! options ([`lease_only_options_are_refused_at_run_time`]); and the
+//! answers to a batch of lease claims, one per claim
+//! ([`answers_to_a_batch`]), that the bad-input tests inspect one by one.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,8 +23,8 @@ use std::time::Duration;
 use anarchon_core::scheduler::IntoDynClaim;
 use anarchon_core::{
     ClaimOutcome, ClaimRequest, ClaimStore, Clock, ConfigError, InstanceId, JobName, JobOptions,
-    Overlap, RunContext, RunKey, Schedule, Scheduler, SchedulerBuilder, SchedulerOptions, Slot,
-    StoreError, Token,
+    LeaseClaim, LeaseStore, Overlap, RunContext, RunKey, Schedule, Scheduler, SchedulerBuilder,
+    SchedulerOptions, Slot, StoreError, Token,
 };
 use futures::future::join_all;
 use tokio::time::Instant;
@@ -310,6 +312,36 @@ pub fn winners(outcomes: &[ClaimOutcome]) -> usize {
         .count()
 }
 
+/// After a claim `req` whose reply was lost on its way back through a
+/// cut line: another instance's claim of the run, straight to the store
+/// through `direct`, loses (the store took the lost claim); then `req` is
+/// sent again through `store` with its own token, retried as `retry`
+/// allows, and its answer is handed back for the caller to judge.
+///
+/// # Panics
+///
+/// When the other instance does not lose, or the retry stays unanswered.
+pub async fn retry_after_a_lost_reply<S: ClaimStore + ?Sized, D: ClaimStore + ?Sized>(
+    store: &S,
+    direct: &D,
+    req: &ClaimRequest,
+    retry: ClaimRetry,
+) -> ClaimOutcome {
+    let other = ClaimRequest {
+        token: Token::generate(),
+        instance: InstanceId::new("b").expect("a valid instance id"),
+        ..req.clone()
+    };
+    let other = direct
+        .claim(&other)
+        .await
+        .expect("the other claim is answered");
+    assert_eq!(other, ClaimOutcome::Lost, "the store took the lost claim");
+    claim_retrying(store, req, retry)
+        .await
+        .expect("the retried claim is answered")
+}
+
 /// Two stores whose connections go through `proxy` race for the job
 /// `cut`: slots 0..5 each get one winner; while the proxy cuts the line,
 /// each claim of slots 5..8 gets an answer `while_cut` accepts; after it
@@ -372,6 +404,25 @@ pub async fn claims_resume_across_a_cut<S: ClaimStore + ?Sized>(
             );
         }
     }
+}
+
+/// What a claim-only `store` says of itself: it names `backend`,
+/// remembers a run for `window`, and is no lease store. Hands back how it
+/// shows itself in `Debug`, for the caller to check no secret shows.
+///
+/// # Panics
+///
+/// When it says otherwise.
+pub fn claim_only_store_reports<S: ClaimStore + std::fmt::Debug>(
+    store: &Arc<S>,
+    backend: &str,
+    window: Duration,
+) -> String {
+    let info = store.info();
+    assert_eq!(info.name, backend);
+    assert_eq!(info.memory, anarchon_core::Memory::Window(window));
+    assert!(store.clone().as_lease_store().is_none());
+    format!("{store:?}")
 }
 
 /// On a claim-only store that remembers a run for one minute, a
@@ -473,4 +524,24 @@ pub fn lease_only_options_are_refused_at_run_time(
 
 fn every_minute() -> Schedule {
     Schedule::every(Duration::from_secs(60)).expect("one minute is a valid interval")
+}
+
+/// Sends `batch` to `store` in one `claim_many` and hands back its answers,
+/// one per claim in the order sent, checking there is one for each.
+///
+/// # Panics
+///
+/// When the batch as a whole fails, or the answers are not one per claim.
+pub async fn answers_to_a_batch<S: LeaseStore + ?Sized>(
+    store: &S,
+    batch: &[LeaseClaim],
+) -> Vec<Result<ClaimOutcome, StoreError>> {
+    let answers: Vec<_> = store
+        .claim_many(batch)
+        .await
+        .expect("the batch is answered")
+        .into_iter()
+        .collect();
+    assert_eq!(answers.len(), batch.len(), "one answer per claim");
+    answers
 }

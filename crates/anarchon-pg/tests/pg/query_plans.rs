@@ -29,6 +29,18 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
     )
     .await;
     let template = |text: &str| text.replace("{{table}}", &t);
+    // One of the statement files under `sql/`: its name, parameter types
+    // and the arguments the plan is asked for.
+    macro_rules! statement {
+        ($name:literal, $types:literal, $args:literal) => {
+            (
+                $name,
+                template(include_str!(concat!("../../sql/", $name, ".sql"))),
+                $types,
+                $args.to_owned(),
+            )
+        };
+    }
     let checks: Vec<(&str, String, &str, String)> = vec![
         (
             "claim: the run under lock",
@@ -48,35 +60,22 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
             "text, bigint, bigint",
             "'busy', 0, 5000".into(),
         ),
-        (
-            "peek",
-            template(include_str!("../../sql/peek.sql")),
-            "text, bigint",
-            "'busy', 5000".into(),
-        ),
-        (
-            "history",
-            template(include_str!("../../sql/history.sql")),
-            "text, bigint",
-            "'busy', 10".into(),
-        ),
-        (
+        statement!("peek", "text, bigint", "'busy', 5000"),
+        statement!("history", "text, bigint", "'busy', 10"),
+        statement!(
             "heartbeat",
-            template(include_str!("../../sql/heartbeat.sql")),
             "text, bigint, uuid, bigint",
-            "'busy', 5000, gen_random_uuid(), 1000".into(),
+            "'busy', 5000, gen_random_uuid(), 1000"
         ),
-        (
+        statement!(
             "finish",
-            template(include_str!("../../sql/finish.sql")),
             "text, bigint, uuid, text, text",
-            "'busy', 5000, gen_random_uuid(), 'succeeded', NULL".into(),
+            "'busy', 5000, gen_random_uuid(), 'succeeded', NULL"
         ),
-        (
+        statement!(
             "release",
-            template(include_str!("../../sql/release.sql")),
             "text, bigint, uuid",
-            "'busy', 5000, gen_random_uuid()".into(),
+            "'busy', 5000, gen_random_uuid()"
         ),
     ];
     for (i, (what, sql, types, args)) in checks.iter().enumerate() {
