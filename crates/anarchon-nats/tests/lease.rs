@@ -657,13 +657,7 @@ async fn retention_keeps_the_job_document_small_and_purges_old_records() {
             "{key} is purged, no marker left"
         );
     }
-    let left: Vec<Slot> = store
-        .history(&job, 100)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.run.slot)
-        .collect();
+    let left = history_slots(&store, &job).await;
     assert_eq!(left, [recent, dead]);
     // What a late claim inside the kept hour asks about is still there.
     assert!(matches!(
@@ -691,14 +685,14 @@ async fn retention_keeps_the_job_document_small_and_purges_old_records() {
         .await
         .unwrap();
     assert_eq!(deleted, 1, "only the run whose lease died");
-    let left: Vec<Slot> = store
-        .history(&job, 100)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.run.slot)
-        .collect();
+    let left = history_slots(&store, &job).await;
     assert_eq!(left, [next, recent]);
+}
+
+/// The slots `store` has in `job`'s history (up to 100), newest first.
+async fn history_slots(store: &NatsLeaseStore, job: &JobName) -> Vec<Slot> {
+    let history = store.history(job, 100).await.unwrap();
+    history.iter().map(|r| r.run.slot).collect()
 }
 
 /// What each call costs, in round trips and requests, as the docs say.
@@ -867,13 +861,7 @@ async fn one_jobs_unreadable_document_costs_its_batch_nothing() {
         lease_claim(RunKey::new(broken, slot), Token::generate(), "a"),
         lease_claim(RunKey::new(job("sound"), slot), Token::generate(), "a"),
     ];
-    let answers: Vec<_> = store
-        .claim_many(&batch)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
-    assert_eq!(answers.len(), 2);
+    let answers = anarchon_testkit::fleet::answers_to_a_batch(&*store, &batch).await;
     let err = answers[0].as_ref().unwrap_err();
     assert!(
         err.to_string().contains(&key),
