@@ -124,6 +124,22 @@ async fn connect_all(opts: &RedisOptions) -> Vec<(&'static str, Error)> {
     errors
 }
 
+/// The error a new claim of `run` by instance `a` gets from `store`.
+async fn claim_refused(store: &(impl ClaimStore + ?Sized), run: &RunKey) -> StoreError {
+    store
+        .claim(&claim_request(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap_err()
+}
+
+/// The error a new lease claim of `run` by instance `a` gets from `store`.
+async fn lease_claim_refused(store: &(impl LeaseStore + ?Sized), run: &RunKey) -> StoreError {
+    store
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap_err()
+}
+
 fn assert_secret_hidden(secret: &str, shown: &str) {
     assert!(!shown.contains(secret), "the password leaked into: {shown}");
 }
@@ -176,26 +192,17 @@ async fn an_acl_denial_on_the_keys_is_named() {
         assert_secret_hidden(&user.password, &format!("{err:?}"));
     };
     let lease = RedisLeaseStore::connect(&opts).await.unwrap();
-    let err = lease
-        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = lease_claim_refused(&lease, &run).await;
     check("lease", err);
     let err = lease.peek(&run).await.unwrap_err();
     check("lease peek", err);
     let sid = RedisStreamIdStore::connect(&opts).await.unwrap();
-    let err = sid
-        .claim(&claim_request(run.clone(), Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = claim_refused(&sid, &run).await;
     check("stream-id", err);
     let script = RedisScriptStore::connect(&opts, RedisScriptStore::DEFAULT_WINDOW)
         .await
         .unwrap();
-    let err = script
-        .claim(&claim_request(run, Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = claim_refused(&script, &run).await;
     check("script", err);
 }
 
@@ -339,10 +346,7 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
     let runs = format!("{{{p}:strings}}:runs");
     let _: () = conn.set(&runs, "not a hash").await.unwrap();
     let run = RunKey::new(job("strings"), slot);
-    let err = store
-        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = lease_claim_refused(&*store, &run).await;
     wrong_type("claim", err, &runs);
     let err = store
         .heartbeat(&run, Token::generate(), Duration::from_secs(1))
@@ -359,10 +363,7 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
     let live = format!("{{{p}:lists}}:live");
     let _: () = conn.rpush(&live, "x").await.unwrap();
     let run = RunKey::new(job("lists"), slot);
-    let err = store
-        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = lease_claim_refused(&*store, &run).await;
     wrong_type("claim", err, &live);
     let written: bool = conn.exists(format!("{{{p}:lists}}:runs")).await.unwrap();
     assert!(!written, "a refused claim writes nothing");
@@ -374,10 +375,7 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
         .await
         .unwrap();
     let run = RunKey::new(job("corrupt"), slot);
-    let err = store
-        .claim_lease(&lease_claim(run, Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = lease_claim_refused(&*store, &run).await;
     assert_eq!(err.kind(), StoreErrorKind::Protocol, "{err}");
     assert!(err.to_string().contains("not valid JSON"), "{err}");
 
@@ -411,31 +409,13 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
     let sid = StreamIdFactory::new().await;
     let key = format!("{{{}:sid}}:stream-id", sid.prefix);
     let _: () = conn.set(&key, "not a stream").await.unwrap();
-    let err = sid
-        .instance()
-        .await
-        .claim(&claim_request(
-            RunKey::new(job("sid"), slot),
-            Token::generate(),
-            "a",
-        ))
-        .await
-        .unwrap_err();
+    let err = claim_refused(&*sid.instance().await, &RunKey::new(job("sid"), slot)).await;
     assert_eq!(err.kind(), StoreErrorKind::Invalid, "{err}");
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
     let script = ScriptFactory::new().await;
     let key = format!("{{{}:script}}:script", script.prefix);
     let _: () = conn.hset(&key, "f", "v").await.unwrap();
-    let err = script
-        .instance()
-        .await
-        .claim(&claim_request(
-            RunKey::new(job("script"), slot),
-            Token::generate(),
-            "a",
-        ))
-        .await
-        .unwrap_err();
+    let err = claim_refused(&*script.instance().await, &RunKey::new(job("script"), slot)).await;
     wrong_type("script claim", err, &key);
 }
 
