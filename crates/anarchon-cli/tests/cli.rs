@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Fleet, anarchon, is_gone, wait_for};
+use common::{Fleet, anarchon, is_gone, run_in, sqlite_crontab_head, wait_for};
 use nix::sys::signal::Signal;
 
 fn write(path: &Path, text: &str) {
@@ -42,15 +42,7 @@ fn a_daemon_runs_commands_and_records_how_they_ended() {
     write(
         &config,
         &format!(
-            r#"
-store = "sqlite://{db}"
-
-[scheduler]
-lease = "2s"
-heartbeat = "500ms"
-shutdown_grace = "1s"
-kill_grace = "700ms"
-
+            r#"{head}
 [[job]]
 name = "env"
 every = "1s"
@@ -87,7 +79,7 @@ every = "2s"
 timeout = "300ms"
 command = "sh -c 'trap \"\" TERM; echo $$ >> {dir}/tree.pids; sleep 30' & wait"
 "#,
-            db = db.display(),
+            head = sqlite_crontab_head(&db, ["2s", "500ms", "1s", "700ms"]),
             dir = d.display()
         ),
     );
@@ -196,20 +188,6 @@ fn the_example_crontab_checks_out() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("job(s) OK"), "{stdout}");
-}
-
-/// Runs `anarchon args…` in `dir` and returns (exit code, stdout, stderr).
-fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = anarchon()
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run anarchon");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]
@@ -365,22 +343,14 @@ fn stops_the_command_and_hands_the_run_over(stop: Signal) {
     write(
         &config,
         &format!(
-            r#"
-store = "sqlite://{db}"
-
-[scheduler]
-lease = "3s"
-heartbeat = "1s"
-shutdown_grace = "300ms"
-kill_grace = "1s"
-
+            r#"{head}
 [[job]]
 name = "long"
 every = "1h"
 catch_up = "1h"
 command = "trap '' TERM; echo \"$ANARCHON_SLOT $ANARCHON_ATTEMPT $PPID $$\" >> {log}; sleep 60 & wait"
 "#,
-            db = d.join("cron.db").display(),
+            head = sqlite_crontab_head(&d.join("cron.db"), ["3s", "1s", "300ms", "1s"]),
             log = log.display()
         ),
     );
