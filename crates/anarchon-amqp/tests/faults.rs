@@ -307,33 +307,40 @@ async fn claims_retried_across_a_broker_restart_never_win_a_run_twice() {
     let guard = restart_broker().await;
     back.store(true, Ordering::SeqCst);
 
-    for (won, retried) in own_runs.iter().zip(join_all(own).await) {
-        let retried = retried.unwrap();
-        assert!(
-            retried.interrupted > 0,
-            "the winner's retries of {} never saw the broker go away",
-            won.run
-        );
-        assert!(
-            matches!(retried.after, ClaimOutcome::Won(_)),
-            "the winner of {} retried its claim after the restart and was told {:?}",
-            won.run,
-            retried.after
-        );
-    }
-    for (won, retried) in other_runs.iter().zip(join_all(others).await) {
-        let retried = retried.unwrap();
-        assert!(
-            retried.interrupted > 0,
-            "b's retries of {} never saw the broker go away",
-            won.run
-        );
-        assert!(
-            matches!(retried.after, ClaimOutcome::Lost | ClaimOutcome::Unknown),
-            "{} was won before the restart, and another claim retried right after it was told {:?}",
-            won.run,
-            retried.after
-        );
+    // Each group of retries saw the broker go away, and after it the
+    // answer its group expects.
+    type Expected = fn(&ClaimOutcome) -> bool;
+    let groups: [(&str, &[ClaimRequest], _, Expected, &str); 2] = [
+        (
+            "the winner's",
+            &own_runs,
+            own,
+            |after| matches!(after, ClaimOutcome::Won(_)),
+            "the winner retried its claim after the restart",
+        ),
+        (
+            "b's",
+            &other_runs,
+            others,
+            |after| matches!(after, ClaimOutcome::Lost | ClaimOutcome::Unknown),
+            "it was won before the restart, and another claim retried right after it",
+        ),
+    ];
+    for (whose, runs, tries, expected, what) in groups {
+        for (won, retried) in runs.iter().zip(join_all(tries).await) {
+            let retried = retried.unwrap();
+            assert!(
+                retried.interrupted > 0,
+                "{whose} retries of {} never saw the broker go away",
+                won.run
+            );
+            assert!(
+                expected(&retried.after),
+                "{}: {what} and was told {:?}",
+                won.run,
+                retried.after
+            );
+        }
     }
     let fresh = fresh.await.unwrap();
     for pair in fresh.chunks(2) {
