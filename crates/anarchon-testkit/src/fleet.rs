@@ -14,7 +14,9 @@
 //! ([`jobs_later_than_a_minute_of_memory_are_refused`]) and the lease-only
 //! options ([`lease_only_options_are_refused_at_run_time`]); and the
 //! answers to a batch of lease claims, one per claim
-//! ([`answers_to_a_batch`]), that the bad-input tests inspect one by one.
+//! ([`answers_to_a_batch`]), that the bad-input tests inspect one by one,
+//! or all of them ([`outcomes_of_a_batch`]) where a batch sent again must
+//! get the same answers ([`assert_same_outcomes_but_for_the_store_clock`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -544,4 +546,43 @@ pub async fn answers_to_a_batch<S: LeaseStore + ?Sized>(
         .collect();
     assert_eq!(answers.len(), batch.len(), "one answer per claim");
     answers
+}
+
+/// Every outcome of one `claim_many` of `batch` on `store`, in order.
+///
+/// # Panics
+///
+/// When the batch, or any claim in it, fails.
+pub async fn outcomes_of_a_batch<S: LeaseStore + ?Sized>(
+    store: &S,
+    batch: &[LeaseClaim],
+) -> Vec<ClaimOutcome> {
+    store
+        .claim_many(batch)
+        .await
+        .expect("the batch is answered")
+        .all()
+        .expect("every claim in the batch is answered")
+}
+
+/// Fails unless `first` and `again`, the outcomes of one batch sent twice,
+/// are the same but for the store's clock a `Running` answer carries
+/// (`store_now`, which moved between the two): the same lease ends, the
+/// same wins and ends.
+///
+/// # Panics
+///
+/// When they differ otherwise.
+pub fn assert_same_outcomes_but_for_the_store_clock(
+    first: &[ClaimOutcome],
+    again: &[ClaimOutcome],
+) {
+    let without_clock = |o: &ClaimOutcome| match o {
+        ClaimOutcome::Running { lease_until, .. } => format!("running until {lease_until}"),
+        other => format!("{other:?}"),
+    };
+    assert_eq!(
+        first.iter().map(without_clock).collect::<Vec<_>>(),
+        again.iter().map(without_clock).collect::<Vec<_>>()
+    );
 }

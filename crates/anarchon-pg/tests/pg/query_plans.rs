@@ -16,15 +16,15 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
     exec(
         &mut conn,
         format!(
-            r#"INSERT INTO "{t}" (job, slot, state, attempt, fence, finished_at)
-                 SELECT 'busy', g * 1000, 'succeeded', 1, g, g * 1000 FROM generate_series(1, 20000) AS g;
+            r#"{finished}
                INSERT INTO "{t}" (job, slot, state, attempt, token, fence, lease_until)
                  SELECT 'busy', 30000000 + g * 1000, 'running', 1, gen_random_uuid(), 20000 + g, 0
                    FROM generate_series(1, 5) AS g;
                INSERT INTO "{t}" (job, slot, state, attempt, fence, finished_at)
                  SELECT 'other-' || (g % 50), g * 1000, 'succeeded', 1, g, 0 FROM generate_series(1, 5000) AS g;
                ANALYZE "{t}";
-               SET plan_cache_mode = force_generic_plan;"#
+               SET plan_cache_mode = force_generic_plan;"#,
+            finished = twenty_thousand_finished_runs(&t)
         ),
     )
     .await;
@@ -130,9 +130,9 @@ async fn the_claim_function_never_scans_the_runs_table() {
         exec(
             &mut conn,
             format!(
-                r#"INSERT INTO "{t}" (job, slot, state, attempt, fence, finished_at)
-                     SELECT 'busy', g * 1000, 'succeeded', 1, g, g * 1000 FROM generate_series(1, 20000) AS g;
-                   ANALYZE "{t}";"#
+                r#"{finished}
+                   ANALYZE "{t}";"#,
+                finished = twenty_thousand_finished_runs(&t)
             ),
         )
         .await;
@@ -228,4 +228,13 @@ async fn the_claim_function_never_scans_the_runs_table() {
         after.1 >= before.1 + 150,
         "index scans: {before:?} -> {after:?}"
     );
+}
+
+/// The statement that stores 20,000 finished runs of the job `busy` in
+/// the runs table `t`: the history both plan tests look through.
+fn twenty_thousand_finished_runs(t: &str) -> String {
+    format!(
+        r#"INSERT INTO "{t}" (job, slot, state, attempt, fence, finished_at)
+             SELECT 'busy', g * 1000, 'succeeded', 1, g, g * 1000 FROM generate_series(1, 20000) AS g;"#
+    )
 }
