@@ -124,6 +124,21 @@ async fn connect_all(opts: &RedisOptions) -> Vec<(&'static str, Error)> {
     errors
 }
 
+/// A lease store on a fresh prefix, a raw connection to its server to
+/// plant broken keys under that prefix, and a slot ahead.
+async fn a_store_to_plant_keys_under() -> (
+    LeaseFactory,
+    std::sync::Arc<RedisLeaseStore>,
+    redis::aio::MultiplexedConnection,
+    anarchon_core::Slot,
+) {
+    let factory = LeaseFactory::new().await;
+    let store = factory.instance().await;
+    let conn = raw(&factory.url).await;
+    let slot = future_slot(&factory, 0);
+    (factory, store, conn, slot)
+}
+
 /// The error a new claim of `run` by instance `a` gets from `store`.
 async fn claim_refused(store: &(impl ClaimStore + ?Sized), run: &RunKey) -> StoreError {
     store
@@ -328,10 +343,7 @@ async fn the_documented_acl_rules_are_enough() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_of_the_wrong_type_are_clear_errors() {
-    let factory = LeaseFactory::new().await;
-    let store = factory.instance().await;
-    let mut conn = raw(&factory.url).await;
-    let slot = future_slot(&factory, 0);
+    let (factory, store, mut conn, slot) = a_store_to_plant_keys_under().await;
     let p = &factory.prefix;
 
     let wrong_type = |what: &str, err: StoreError, key: &str| {
@@ -449,10 +461,7 @@ async fn bad_prefixes_and_urls_are_refused_without_showing_the_password() {
 /// broken job gets its own error, naming what is wrong.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_jobs_broken_keys_cost_its_batch_nothing() {
-    let factory = LeaseFactory::new().await;
-    let store = factory.instance().await;
-    let mut conn = raw(&factory.url).await;
-    let slot = future_slot(&factory, 0);
+    let (factory, store, mut conn, slot) = a_store_to_plant_keys_under().await;
     let p = &factory.prefix;
     let _: () = conn
         .set(format!("{{{p}:wrong-type}}:live"), "not a sorted set")

@@ -109,6 +109,17 @@ async fn an_unreachable_redis_is_a_temporary_error_in_bounded_time() {
     );
 }
 
+/// The error `claim` ends in, within [`BOUND`], checked to be
+/// `Unavailable`; `what` names the claim.
+async fn unavailable_within<T: std::fmt::Debug>(
+    what: &str,
+    claim: impl std::future::Future<Output = Result<T, anarchon_core::StoreError>>,
+) -> anarchon_core::StoreError {
+    let err = within(BOUND, what, claim).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    err
+}
+
 #[tokio::test]
 async fn a_dropped_line_is_unavailable_and_the_next_connection_recovers() {
     let (proxy, opts, _cleanup) = behind_proxy("cut").await;
@@ -123,23 +134,12 @@ async fn a_dropped_line_is_unavailable_and_the_next_connection_recovers() {
     // Connections drop, new ones are refused: Redis is gone.
     proxy.cut();
     for _ in 0..2 {
-        let err = within(
-            BOUND,
-            "a claim over a cut line",
-            lease.claim_lease(&lease_claim(run.clone(), Token::generate(), "a")),
-        )
-        .await
-        .unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+        let cut_claim = lease_claim(run.clone(), Token::generate(), "a");
+        let err =
+            unavailable_within("a claim over a cut line", lease.claim_lease(&cut_claim)).await;
         assert!(err.is_temporary());
-        let err = within(
-            BOUND,
-            "a stream-id claim over a cut line",
-            sid.claim(&claim_request(run.clone(), Token::generate(), "a")),
-        )
-        .await
-        .unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+        let sid_claim = claim_request(run.clone(), Token::generate(), "a");
+        unavailable_within("a stream-id claim over a cut line", sid.claim(&sid_claim)).await;
     }
 
     // A line that drops but accepts again: the store reconnects by itself.
