@@ -13,6 +13,13 @@ fn write(path: &Path, text: &str) {
     std::fs::write(path, text).expect("write a test file");
 }
 
+/// Writes `text` as the crontab `anarchon.toml` in `dir`: its path.
+fn write_crontab(dir: &Path, text: &str) -> std::path::PathBuf {
+    let config = dir.join("anarchon.toml");
+    write(&config, text);
+    config
+}
+
 fn history(db: &Path, job: &str) -> String {
     let out = anarchon()
         .args(["history", job, "-n", "200", "--store"])
@@ -38,9 +45,8 @@ fn a_daemon_runs_commands_and_records_how_they_ended() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let db = d.join("cron.db");
-    let config = d.join("anarchon.toml");
-    write(
-        &config,
+    let config = write_crontab(
+        d,
         &format!(
             r#"{head}
 [[job]]
@@ -339,9 +345,8 @@ fn stops_the_command_and_hands_the_run_over(stop: Signal) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let log = d.join("long.log");
-    let config = d.join("anarchon.toml");
-    write(
-        &config,
+    let config = write_crontab(
+        d,
         &format!(
             r#"{head}
 [[job]]
@@ -510,9 +515,8 @@ fn the_store_url_can_come_from_the_environment() {
 fn a_clean_environment_holds_only_env_and_the_runs_variables() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let config = d.join("anarchon.toml");
-    write(
-        &config,
+    let config = write_crontab(
+        d,
         &format!(
             r#"
 store = "sqlite://{db}"
