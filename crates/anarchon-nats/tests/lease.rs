@@ -53,6 +53,17 @@ impl Raw {
         }
     }
 
+    /// Writes `document` under `key` straight to the bucket, as someone
+    /// else (or a broken writer) would, and waits for the server to store it.
+    async fn plant(&self, key: &str, document: String) {
+        self.jetstream
+            .publish(format!("$KV.{}.{key}", self.bucket), document.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
     /// The latest message of `key`: (revision, server time in ms, payload).
     async fn get(&self, key: &str) -> Option<(u64, i64, String)> {
         let subject = format!("$KV.{}.{key}", self.bucket);
@@ -850,12 +861,7 @@ async fn one_jobs_unreadable_document_costs_its_batch_nothing() {
     let store = factory.instance().await;
     let broken = job("broken-doc");
     let key = NatsLeaseStore::job_key(&broken);
-    raw.jetstream
-        .publish(format!("$KV.{}.{key}", raw.bucket), "{not json".into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    raw.plant(&key, "{not json".to_owned()).await;
     let slot = future_slot(&factory, 0);
     let batch = [
         lease_claim(RunKey::new(broken, slot), Token::generate(), "a"),
@@ -888,15 +894,7 @@ async fn a_fence_counter_at_its_maximum_is_refused() {
     let store = factory.instance().await;
     let planted = job("planted-fence");
     let key = NatsLeaseStore::job_key(&planted);
-    raw.jetstream
-        .publish(
-            format!("$KV.{}.{key}", raw.bucket),
-            format!("{{\"fence\":{}}}", u64::MAX).into(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    raw.plant(&key, format!("{{\"fence\":{}}}", u64::MAX)).await;
     let run = RunKey::new(planted, future_slot(&factory, 0));
     let err = store
         .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
