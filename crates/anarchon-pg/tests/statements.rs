@@ -135,13 +135,7 @@ async fn every_store_call_is_one_statement() {
     let first = &held[0];
     let (run, token) = (first.run().clone(), first.claim.token);
     let before = mark();
-    assert_eq!(
-        store
-            .heartbeat(&run, token, Duration::from_secs(30))
-            .await
-            .expect("heartbeat"),
-        Renewal::Renewed
-    );
+    common::heartbeat_renews(&store, &run, token, "heartbeat").await;
     expect_one("heartbeat", before);
     let before = mark();
     store.peek(&run).await.expect("peek");
