@@ -180,3 +180,20 @@ kill_grace = "{kill_grace}"
         db = db.display()
     )
 }
+
+/// `anarchon check` with the crontab `config` and a MySQL store URL whose
+/// password is `password`: refused with status 2, the URL shown masked and
+/// `never_shown` (the password or a part of it) nowhere. Its stderr.
+pub fn unknown_scheme_is_refused_masked(
+    dir: &Path,
+    config: &str,
+    password: &str,
+    never_shown: &str,
+) -> String {
+    let url = format!("mysql://app:{password}@db/cron");
+    let (code, _, stderr) = run_in(dir, &["check", "--config", config, "--store", &url]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("mysql://app:***@db/cron"), "{stderr}");
+    assert!(!stderr.contains(never_shown), "{stderr}");
+    stderr
+}
