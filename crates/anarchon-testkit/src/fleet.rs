@@ -1,22 +1,23 @@
-//! A fleet of schedulers on one per-second job, for the backends' tests
-//! that disturb the store under running schedulers (a cut connection, a
-//! restarted server) and then check that no slot ran twice.
+//! Scaffolding the backends' own tests share, kept once here because the
+//! backends differ only in how they make their stores and what they
+//! disturb.
 //!
-//! Every such test starts N schedulers on the job `tick`, logs each run as
-//! (slot, scheduler, fence), waits for runs before and after the
-//! disturbance, shuts the schedulers down and checks each slot ran once.
-//! The backends differ only in how they make the stores and what they
-//! disturb, so the fleet and its run log live here, once; so do the
-//! claim races those tests run around a cut connection, retrying claims as
-//! the scheduler does ([`claim_retrying`], [`race`],
-//! [`claims_resume_across_a_cut`]), and what every claim-only store's
-//! scheduler must refuse: jobs that claim later than the store remembers
-//! ([`jobs_later_than_a_minute_of_memory_are_refused`]) and the lease-only
-//! options ([`lease_only_options_are_refused_at_run_time`]); and the
-//! answers to a batch of lease claims, one per claim
-//! ([`answers_to_a_batch`]), that the bad-input tests inspect one by one,
-//! or all of them ([`outcomes_of_a_batch`]) where a batch sent again must
-//! get the same answers ([`assert_same_outcomes_but_for_the_store_clock`]).
+//! * [`Fleet`] and [`RunLog`]: N schedulers on the per-second job `tick`,
+//!   each run logged as (slot, scheduler, fence), for tests that cut a
+//!   connection or restart a server under running schedulers and then
+//!   check that no slot ran twice ([`fleet_runs_each_slot_once_across_a_cut`]).
+//! * Claims retried as the scheduler retries them ([`claim_retrying`]),
+//!   races between stores ([`race`], [`winners`]), the race around a cut
+//!   line ([`claims_resume_across_a_cut`]) and the retry after a lost reply
+//!   ([`retry_after_a_lost_reply`]).
+//! * What a claim-only store says of itself ([`claim_only_store_reports`])
+//!   and what its scheduler refuses: jobs that claim later than the store
+//!   remembers ([`jobs_later_than_a_minute_of_memory_are_refused`]) and the
+//!   lease-only options ([`lease_only_options_are_refused_at_run_time`]).
+//! * A batch of lease claims: its answers one by one, for the bad-input
+//!   tests ([`answers_to_a_batch`]), or its outcomes
+//!   ([`outcomes_of_a_batch`]) where a batch sent twice must get the same
+//!   ([`assert_same_outcomes_but_for_the_store_clock`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
