@@ -65,14 +65,10 @@ impl AclUser {
 
 impl Drop for AclUser {
     fn drop(&mut self) {
-        let deleted = redis::Client::open(self.admin_url.as_str())
-            .and_then(|c| c.get_connection())
-            .and_then(|mut c| {
-                redis::cmd("ACL")
-                    .arg("DELUSER")
-                    .arg(&self.name)
-                    .query::<i64>(&mut c)
-            });
+        let deleted = common::query_blocking::<i64>(
+            &self.admin_url,
+            redis::cmd("ACL").arg("DELUSER").arg(&self.name),
+        );
         if let Err(e) = deleted {
             eprintln!("could not delete test ACL user {}: {e}", self.name);
         }

@@ -364,15 +364,13 @@ struct PolicyGuard {
 
 impl Drop for PolicyGuard {
     fn drop(&mut self) {
-        let restored = redis::Client::open(self.url.as_str())
-            .and_then(|c| c.get_connection())
-            .and_then(|mut c| {
-                redis::cmd("CONFIG")
-                    .arg("SET")
-                    .arg("maxmemory-policy")
-                    .arg(&self.original)
-                    .query::<()>(&mut c)
-            });
+        let restored = common::query_blocking::<()>(
+            &self.url,
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory-policy")
+                .arg(&self.original),
+        );
         if let Err(e) = restored {
             eprintln!("could not restore maxmemory-policy {}: {e}", self.original);
         }

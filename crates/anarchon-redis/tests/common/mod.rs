@@ -81,6 +81,17 @@ pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
         .expect("the test server answers")
 }
 
+/// Runs `command` on a new blocking connection to `url`: for the guards
+/// that put the server back when dropped, where nothing can be awaited.
+pub fn query_blocking<T: redis::FromRedisValue>(
+    url: &str,
+    command: &redis::Cmd,
+) -> redis::RedisResult<T> {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .and_then(|mut c| command.query::<T>(&mut c))
+}
+
 /// The server's setting `name`, as `CONFIG GET` reads it.
 pub async fn config_get(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> String {
     let pair: Vec<String> = redis::cmd("CONFIG")
