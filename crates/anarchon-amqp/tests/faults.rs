@@ -11,17 +11,18 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anarchon_amqp::{AmqpOptions, AmqpStore};
-use anarchon_core::{
-    ClaimOutcome, ClaimRequest, ClaimStore, Clock, InstanceId, JobName, RunKey, Schedule,
-    Scheduler, Slot, StoreError, SystemClock, Token,
-};
+use anarchon_core::{ClaimOutcome, ClaimRequest, ClaimStore, Scheduler, StoreError};
 use anarchon_testkit::FaultProxy;
+use anarchon_testkit::fleet::{
+    ClaimRetry, Fleet, claim_retrying, claims_resume_across_a_cut,
+    fleet_runs_each_slot_once_across_a_cut, now_ms, retry_after_a_lost_reply, slot_request,
+    winners,
+};
 use anarchon_testkit::restart::{RestartGuard, ServerControl};
 use anarchon_testkit::servers::Service;
 use futures::future::join_all;
@@ -54,43 +55,13 @@ async fn start_proxy() -> FaultProxy {
     FaultProxy::start(upstream).await.expect("a proxy")
 }
 
-fn request(job: &str, slot: i64, instance: &str) -> ClaimRequest {
-    ClaimRequest {
-        run: RunKey::new(JobName::new(job).unwrap(), Slot::from_millis(slot)),
-        token: Token::generate(),
-        instance: InstanceId::new(instance).unwrap(),
-        max_late: Duration::from_secs(60),
-    }
-}
+/// How the tests retry a claim that met a temporary error.
+const RETRY: ClaimRetry = ClaimRetry::Times(10);
 
 /// Claims as the scheduler does: temporary errors are retried with the same
 /// token (a few times, briefly).
 async fn claim(store: &AmqpStore, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-    let mut tries = 0;
-    loop {
-        match store.claim(req).await {
-            Err(e) if e.is_temporary() && tries < 10 => {
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            other => return other,
-        }
-    }
-}
-
-async fn race(stores: &[&AmqpStore], job: &str, slot: i64) -> Vec<ClaimOutcome> {
-    join_all(stores.iter().enumerate().map(|(i, store)| async move {
-        let req = request(job, slot, &format!("racer-{i}"));
-        claim(store, &req).await.unwrap()
-    }))
-    .await
-}
-
-fn winners(outcomes: &[ClaimOutcome]) -> usize {
-    outcomes
-        .iter()
-        .filter(|o| matches!(o, ClaimOutcome::Won(_)))
-        .count()
+    claim_retrying(store, req, RETRY).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,54 +70,13 @@ async fn claims_resume_after_the_connection_is_cut() {
     let prefix = anarchon_testkit::servers::unique_prefix("t");
     let a = proxied_store(&proxy, &prefix, Duration::from_secs(2)).await;
     let b = proxied_store(&proxy, &prefix, Duration::from_secs(2)).await;
-
-    for slot in 0..5 {
-        assert_eq!(
-            winners(&race(&[&a, &b], "cut", slot).await),
-            1,
-            "slot {slot}"
-        );
-    }
-
-    proxy.cut();
-    for slot in 5..8 {
-        for store in [&a, &b] {
-            match store.claim(&request("cut", slot, "during")).await {
-                Err(e) => assert!(e.is_temporary(), "{e}"),
-                Ok(outcome) => assert_eq!(outcome, ClaimOutcome::Unknown),
-            }
-        }
-    }
-
-    proxy.restore();
-    for slot in 10..15 {
-        assert_eq!(
-            winners(&race(&[&a, &b], "cut", slot).await),
-            1,
-            "slot {slot} after the cut"
-        );
-    }
+    claims_resume_across_a_cut(&proxy, &a, &b, RETRY, |during| match during {
+        Err(e) => assert!(e.is_temporary(), "{e}"),
+        Ok(outcome) => assert_eq!(outcome, ClaimOutcome::Unknown),
+    })
+    .await;
     assert!(a.connections_opened() >= 2, "a reconnected");
     assert!(b.connections_opened() >= 2, "b reconnected");
-
-    // The slots tried during the cut: at most one winner now.
-    for slot in 5..8 {
-        assert!(
-            winners(&race(&[&a, &b], "cut", slot).await) <= 1,
-            "slot {slot}"
-        );
-    }
-    // The runs won before the cut are still remembered.
-    for slot in 0..5 {
-        for store in [&a, &b] {
-            let again = claim(store, &request("cut", slot, "late")).await.unwrap();
-            assert_eq!(
-                again,
-                ClaimOutcome::Lost,
-                "slot {slot} was won before the cut"
-            );
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,7 +84,7 @@ async fn a_claim_whose_confirm_is_lost_is_unknown_and_never_won_twice() {
     let proxy = start_proxy().await;
     let prefix = anarchon_testkit::servers::unique_prefix("t");
     let store = proxied_store(&proxy, &prefix, Duration::from_secs(1)).await;
-    let req = request("doubt", 1_000, "a");
+    let req = slot_request("doubt", 1_000, "a");
 
     proxy.stall_replies_after(b"anarchon claim");
     let first = store.claim(&req).await.unwrap();
@@ -162,13 +92,11 @@ async fn a_claim_whose_confirm_is_lost_is_unknown_and_never_won_twice() {
     proxy.cut();
     proxy.restore();
 
-    // The broker did take the claim: anyone else loses the run.
+    // The broker did take the claim: anyone else loses the run. The same
+    // token, sent again after the reconnect, cannot be told it won (its
+    // mark was never left) and is not told a false "lost" either.
     let direct = connect(options().await.prefix(&prefix)).await;
-    let other = direct.claim(&request("doubt", 1_000, "b")).await.unwrap();
-    assert_eq!(other, ClaimOutcome::Lost);
-    // The same token, sent again after the reconnect, cannot be told it
-    // won (its mark was never left) and is not told a false "lost" either.
-    let again = claim(&store, &req).await.unwrap();
+    let again = retry_after_a_lost_reply(&store, &direct, &req, RETRY).await;
     assert_eq!(again, ClaimOutcome::Unknown);
     assert!(store.connections_opened() >= 2);
 }
@@ -177,64 +105,14 @@ async fn a_claim_whose_confirm_is_lost_is_unknown_and_never_won_twice() {
 async fn schedulers_keep_claiming_across_a_cut() {
     let proxy = start_proxy().await;
     let prefix = anarchon_testkit::servers::unique_prefix("t");
-    let ran: Arc<Mutex<Vec<(Slot, usize)>>> = Arc::default();
     let mut stores = Vec::new();
-    let mut schedulers = Vec::new();
-    for index in 0..2 {
-        let store = Arc::new(proxied_store(&proxy, &prefix, Duration::from_secs(2)).await);
-        stores.push(store.clone());
-        let mut builder = Scheduler::builder(store);
-        let ran = ran.clone();
-        builder
-            .job("tick", Schedule::every(Duration::from_secs(1)).unwrap())
-            .unwrap()
-            .run(move |ctx| {
-                let ran = ran.clone();
-                async move {
-                    ran.lock().unwrap().push((ctx.slot(), index));
-                    Ok::<_, String>(())
-                }
-            })
-            .unwrap();
-        schedulers.push(builder.start().unwrap());
+    for _ in 0..2 {
+        stores.push(Arc::new(
+            proxied_store(&proxy, &prefix, Duration::from_secs(2)).await,
+        ));
     }
-    let slots_after = |t: i64| {
-        let mut slots: Vec<Slot> = ran
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(s, _)| *s)
-            .filter(|s| s.as_millis() > t)
-            .collect();
-        slots.dedup();
-        slots.len()
-    };
-    let wait_for = |what: &'static str, t: i64, n: usize| async move {
-        let start = Instant::now();
-        while slots_after(t) < n {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "gave up waiting for {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    wait_for("two runs before the cut", i64::MIN, 2).await;
-    proxy.cut();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    proxy.restore();
-    let restored = SystemClock.now().as_millis();
-    wait_for("three runs after the cut", restored, 3).await;
-    for scheduler in schedulers {
-        scheduler.shutdown().await;
-    }
-    let mut runs: BTreeMap<Slot, Vec<usize>> = BTreeMap::new();
-    for (slot, index) in ran.lock().unwrap().iter() {
-        runs.entry(*slot).or_default().push(*index);
-    }
-    for (slot, by) in &runs {
-        assert_eq!(by.len(), 1, "slot {slot} ran {} times: {runs:?}", by.len());
-    }
+    fleet_runs_each_slot_once_across_a_cut(&proxy, stores.iter().cloned().map(Scheduler::builder))
+        .await;
     for store in &stores {
         assert!(store.connections_opened() >= 2, "each store reconnected");
     }
@@ -273,67 +151,22 @@ async fn direct_store(prefix: &str) -> AmqpStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn schedulers_keep_claiming_across_a_broker_restart() {
     let prefix = anarchon_testkit::servers::unique_prefix("t");
-    let ran: Arc<Mutex<Vec<(Slot, usize)>>> = Arc::default();
     let mut stores = Vec::new();
-    let mut schedulers = Vec::new();
-    for index in 0..3 {
-        let store = Arc::new(direct_store(&prefix).await);
-        stores.push(store.clone());
-        let mut builder = Scheduler::builder(store);
-        let ran = ran.clone();
-        builder
-            .job("tick", Schedule::every(Duration::from_secs(1)).unwrap())
-            .unwrap()
-            .run(move |ctx| {
-                let ran = ran.clone();
-                async move {
-                    ran.lock().unwrap().push((ctx.slot(), index));
-                    Ok::<_, String>(())
-                }
-            })
-            .unwrap();
-        schedulers.push(builder.start().unwrap());
+    for _ in 0..3 {
+        stores.push(Arc::new(direct_store(&prefix).await));
     }
-    let slots_after = |t: i64| {
-        let mut slots: Vec<Slot> = ran
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(s, _)| *s)
-            .filter(|s| s.as_millis() > t)
-            .collect();
-        slots.sort();
-        slots.dedup();
-        slots
-    };
-    let wait_for = |what: &'static str, t: i64, n: usize| async move {
-        let start = Instant::now();
-        while slots_after(t).len() < n {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "gave up waiting for {what}; slots run: {:?}",
-                slots_after(i64::MIN)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-
-    wait_for("two runs before the restart", i64::MIN, 2).await;
-    let before = slots_after(i64::MIN);
+    let fleet = Fleet::start(stores.iter().cloned().map(Scheduler::builder));
+    let within = Duration::from_secs(30);
+    fleet
+        .wait_for_slots(i64::MIN, 2, within, "two runs before the restart")
+        .await;
+    let before = fleet.log().slots_after(i64::MIN);
     let guard = restart_broker().await;
-    let back = SystemClock.now().as_millis();
-    wait_for("three runs after the restart", back, 3).await;
-    for scheduler in schedulers {
-        scheduler.shutdown().await;
-    }
-
-    let mut runs: BTreeMap<Slot, Vec<usize>> = BTreeMap::new();
-    for (slot, index) in ran.lock().unwrap().iter() {
-        runs.entry(*slot).or_default().push(*index);
-    }
-    for (slot, by) in &runs {
-        assert_eq!(by.len(), 1, "slot {slot} ran {} times: {runs:?}", by.len());
-    }
+    let back = now_ms();
+    fleet
+        .wait_for_slots(back, 3, within, "three runs after the restart")
+        .await;
+    fleet.shutdown().await.assert_each_slot_ran_once();
     for store in &stores {
         assert!(
             store.connections_opened() >= 2,
@@ -344,7 +177,7 @@ async fn schedulers_keep_claiming_across_a_broker_restart() {
     // for it now (as a late or retried claim would) loses.
     let late = direct_store(&prefix).await;
     for slot in before {
-        let outcome = claim(&late, &request("tick", slot.as_millis(), "late"))
+        let outcome = claim(&late, &slot_request("tick", slot, "late"))
             .await
             .unwrap();
         assert_eq!(
@@ -405,9 +238,9 @@ async fn claims_retried_across_a_broker_restart_never_win_a_run_twice() {
     // Runs 0..WON: a wins each, b loses each.
     let mut won_runs = Vec::new();
     for slot in 0..WON {
-        let won = request("gate", slot, "a");
+        let won = slot_request("gate", slot, "a");
         assert!(matches!(a.claim(&won).await.unwrap(), ClaimOutcome::Won(_)));
-        let lost = request("gate", slot, "b");
+        let lost = slot_request("gate", slot, "b");
         assert_eq!(b.claim(&lost).await.unwrap(), ClaimOutcome::Lost);
         won_runs.push(won);
     }
@@ -428,7 +261,7 @@ async fn claims_retried_across_a_broker_restart_never_win_a_run_twice() {
     let others: Vec<_> = other_runs
         .iter()
         .map(|won| {
-            let other = request("gate", won.run.slot.as_millis(), "b");
+            let other = slot_request("gate", won.run.slot.as_millis(), "b");
             tokio::spawn(retry_across(b.clone(), other, back.clone()))
         })
         .collect();
@@ -445,7 +278,7 @@ async fn claims_retried_across_a_broker_restart_never_win_a_run_twice() {
                     start.elapsed() < Duration::from_secs(30),
                     "the broker never went away"
                 );
-                match probe.claim(&request("probe", 0, "probe")).await {
+                match probe.claim(&slot_request("probe", 0, "probe")).await {
                     Err(_) | Ok(ClaimOutcome::Unknown) => break,
                     Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
                 }
@@ -454,12 +287,12 @@ async fn claims_retried_across_a_broker_restart_never_win_a_run_twice() {
             for slot in 100..104 {
                 tries.push(tokio::spawn(retry_across(
                     a.clone(),
-                    request("gate", slot, "a"),
+                    slot_request("gate", slot, "a"),
                     back.clone(),
                 )));
                 tries.push(tokio::spawn(retry_across(
                     b.clone(),
-                    request("gate", slot, "b"),
+                    slot_request("gate", slot, "b"),
                     back.clone(),
                 )));
             }
@@ -474,33 +307,40 @@ async fn claims_retried_across_a_broker_restart_never_win_a_run_twice() {
     let guard = restart_broker().await;
     back.store(true, Ordering::SeqCst);
 
-    for (won, retried) in own_runs.iter().zip(join_all(own).await) {
-        let retried = retried.unwrap();
-        assert!(
-            retried.interrupted > 0,
-            "the winner's retries of {} never saw the broker go away",
-            won.run
-        );
-        assert!(
-            matches!(retried.after, ClaimOutcome::Won(_)),
-            "the winner of {} retried its claim after the restart and was told {:?}",
-            won.run,
-            retried.after
-        );
-    }
-    for (won, retried) in other_runs.iter().zip(join_all(others).await) {
-        let retried = retried.unwrap();
-        assert!(
-            retried.interrupted > 0,
-            "b's retries of {} never saw the broker go away",
-            won.run
-        );
-        assert!(
-            matches!(retried.after, ClaimOutcome::Lost | ClaimOutcome::Unknown),
-            "{} was won before the restart, and another claim retried right after it was told {:?}",
-            won.run,
-            retried.after
-        );
+    // Each group of retries saw the broker go away, and after it the
+    // answer its group expects.
+    type Expected = fn(&ClaimOutcome) -> bool;
+    let groups: [(&str, &[ClaimRequest], _, Expected, &str); 2] = [
+        (
+            "the winner's",
+            &own_runs,
+            own,
+            |after| matches!(after, ClaimOutcome::Won(_)),
+            "the winner retried its claim after the restart",
+        ),
+        (
+            "b's",
+            &other_runs,
+            others,
+            |after| matches!(after, ClaimOutcome::Lost | ClaimOutcome::Unknown),
+            "it was won before the restart, and another claim retried right after it",
+        ),
+    ];
+    for (whose, runs, tries, expected, what) in groups {
+        for (won, retried) in runs.iter().zip(join_all(tries).await) {
+            let retried = retried.unwrap();
+            assert!(
+                retried.interrupted > 0,
+                "{whose} retries of {} never saw the broker go away",
+                won.run
+            );
+            assert!(
+                expected(&retried.after),
+                "{}: {what} and was told {:?}",
+                won.run,
+                retried.after
+            );
+        }
     }
     let fresh = fresh.await.unwrap();
     for pair in fresh.chunks(2) {
@@ -516,7 +356,9 @@ async fn claims_retried_across_a_broker_restart_never_win_a_run_twice() {
     for won in &won_runs {
         let slot = won.run.slot.as_millis();
         assert_eq!(
-            claim(&late, &request("gate", slot, "late")).await.unwrap(),
+            claim(&late, &slot_request("gate", slot, "late"))
+                .await
+                .unwrap(),
             ClaimOutcome::Lost,
             "slot {slot}"
         );

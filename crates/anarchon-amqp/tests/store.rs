@@ -11,9 +11,10 @@ use std::time::Duration;
 use anarchon_amqp::{AmqpOptions, AmqpStore, BACKEND, Error, MAX_PREFIX_LEN};
 use anarchon_core::name::MAX_JOB_NAME_LEN;
 use anarchon_core::{
-    ClaimOutcome, ClaimRequest, ClaimStore, ConfigError, InstanceId, JobName, JobOptions, Memory,
-    Overlap, RunKey, Schedule, Scheduler, SchedulerOptions, Slot, StoreErrorKind, Token,
+    ClaimOutcome, ClaimRequest, ClaimStore, InstanceId, JobName, RunKey, Slot, StoreErrorKind,
+    Token,
 };
+use anarchon_testkit::fleet;
 use anarchon_testkit::servers::unique_prefix;
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
@@ -22,9 +23,6 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 
 use crate::common::{TEST_SLOT_TTL, connect, options, url};
-
-/// Sets one lease-only option on job options read from configuration.
-type SetOption = fn(&mut JobOptions);
 
 fn request(job: &str, slot: i64) -> ClaimRequest {
     ClaimRequest {
@@ -206,11 +204,7 @@ async fn a_slot_ttl_below_the_minimum_is_refused() {
 #[tokio::test]
 async fn it_reports_its_memory_and_is_claim_only() {
     let store = Arc::new(connect(options().await).await);
-    let info = store.info();
-    assert_eq!(info.name, BACKEND);
-    assert_eq!(info.memory, Memory::Window(TEST_SLOT_TTL));
-    assert!(store.clone().as_lease_store().is_none());
-    let shown = format!("{store:?}");
+    let shown = fleet::claim_only_store_reports(&store, BACKEND, TEST_SLOT_TTL);
     assert!(shown.contains(":***@"), "{shown}");
     assert!(!shown.contains("guest:guest"), "{shown}");
 }
@@ -218,97 +212,17 @@ async fn it_reports_its_memory_and_is_claim_only() {
 #[tokio::test]
 async fn jobs_later_than_the_slot_ttl_allows_are_refused() {
     let store = Arc::new(connect(options().await.slot_ttl(Duration::from_secs(60))).await);
-    let mut builder = Scheduler::builder(store);
-    let err = builder
-        .job(
-            "too-late",
-            Schedule::every(Duration::from_secs(60)).unwrap(),
-        )
-        .unwrap()
-        .max_late(Duration::from_secs(55))
-        .run(|_ctx| async { Ok::<_, String>(()) })
-        .unwrap_err();
-    match err {
-        ConfigError::MemoryTooShort {
-            backend, memory, ..
-        } => {
-            assert_eq!(backend, BACKEND);
-            assert_eq!(memory, Duration::from_secs(60));
-        }
-        other => panic!("expected MemoryTooShort, got {other:?}"),
-    }
-    builder
-        .job("in-time", Schedule::every(Duration::from_secs(60)).unwrap())
-        .unwrap()
-        .max_late(Duration::from_secs(50))
-        .run(|_ctx| async { Ok::<_, String>(()) })
-        .unwrap();
+    fleet::jobs_later_than_a_minute_of_memory_are_refused(
+        store,
+        BACKEND,
+        Some(Duration::from_secs(55)),
+    );
 }
 
 #[tokio::test]
 async fn lease_only_options_are_refused_at_run_time() {
     let store: Arc<dyn ClaimStore> = Arc::new(connect(options().await).await);
-    let every = || Schedule::every(Duration::from_secs(60)).unwrap();
-    let cases: [(&str, SetOption); 3] = [
-        ("overlap", |o| o.overlap = Some(Overlap::Skip)),
-        ("max_attempts", |o| o.max_attempts = Some(2)),
-        ("catch_up", |o| o.catch_up = Some(Duration::from_secs(30))),
-    ];
-    for (option, set) in cases {
-        let mut job_options = JobOptions::default();
-        set(&mut job_options);
-        let mut builder = Scheduler::builder(store.clone());
-        let err = builder
-            .job("configured", every())
-            .unwrap()
-            .options(&job_options)
-            .run(|_ctx| async { Ok::<_, String>(()) })
-            .unwrap_err();
-        match &err {
-            ConfigError::UnsupportedOption {
-                option: named,
-                backend,
-            } => {
-                assert_eq!(*named, option);
-                assert_eq!(*backend, BACKEND);
-            }
-            other => panic!("{option}: expected UnsupportedOption, got {other:?}"),
-        }
-        let text = err.to_string();
-        assert!(text.contains(option) && text.contains("rabbitmq"), "{text}");
-    }
-    let mut scheduler_options = SchedulerOptions::default();
-    scheduler_options.lease = Some(Duration::from_secs(30));
-    let err = Scheduler::builder(store.clone())
-        .options(&scheduler_options)
-        .start()
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ConfigError::UnsupportedOption {
-                option: "lease",
-                backend: BACKEND
-            }
-        ),
-        "{err:?}"
-    );
-    let mut scheduler_options = SchedulerOptions::default();
-    scheduler_options.heartbeat = Some(Duration::from_secs(5));
-    let err = Scheduler::builder(store)
-        .options(&scheduler_options)
-        .start()
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ConfigError::UnsupportedOption {
-                option: "heartbeat",
-                backend: BACKEND
-            }
-        ),
-        "{err:?}"
-    );
+    fleet::lease_only_options_are_refused_at_run_time(&store, BACKEND, "rabbitmq");
 }
 
 /// Why the store never reads the gate to recognise its own retry: a

@@ -23,7 +23,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anarchon_testkit::servers::{Service, require, unique_prefix};
-use common::{Fleet, anarchon, wait_for};
+use common::{Fleet, anarchon, run_in, unknown_scheme_is_refused_masked, wait_for};
 use nix::sys::signal::Signal;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -43,20 +43,6 @@ fn server(service: Service) -> String {
 fn with_params(url: &str, params: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}{params}")
-}
-
-/// Runs `anarchon args…` in `dir`: (exit code, stdout, stderr).
-fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = anarchon()
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run anarchon");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// A crontab on `store` with one per-second job `tick` that appends
@@ -205,6 +191,15 @@ struct NatsStream {
     stream: String,
 }
 
+impl NatsStream {
+    fn named(url: &str, stream: String) -> Self {
+        Self {
+            url: url.to_owned(),
+            stream,
+        }
+    }
+}
+
 impl Drop for NatsStream {
     fn drop(&mut self) {
         let deleted = runtime().block_on(async {
@@ -228,6 +223,15 @@ impl Drop for NatsStream {
 struct RedisKeys {
     url: String,
     prefix: String,
+}
+
+impl RedisKeys {
+    fn under(url: &str, prefix: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            prefix: prefix.to_owned(),
+        }
+    }
 }
 
 impl Drop for RedisKeys {
@@ -258,6 +262,15 @@ impl Drop for RedisKeys {
 struct PgTable {
     url: String,
     table: String,
+}
+
+impl PgTable {
+    fn named(url: &str, table: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            table: table.to_owned(),
+        }
+    }
 }
 
 impl Drop for PgTable {
@@ -354,10 +367,7 @@ fn a_per_second_job_runs_on_rabbitmq() {
 fn a_per_second_job_runs_on_nats() {
     let base = server(Service::Nats);
     let prefix = unique_prefix("cli");
-    let _stream = NatsStream {
-        url: base.clone(),
-        stream: format!("{prefix}-claims"),
-    };
+    let _stream = NatsStream::named(&base, format!("{prefix}-claims"));
     let url = with_params(
         &base,
         &format!("prefix={prefix}&duplicate_window_ms=20000&storage=memory"),
@@ -369,10 +379,7 @@ fn a_per_second_job_runs_on_nats() {
 fn a_per_second_job_runs_on_redis_stream_id() {
     let base = server(Service::Redis);
     let prefix = unique_prefix("cli");
-    let _keys = RedisKeys {
-        url: base.clone(),
-        prefix: prefix.clone(),
-    };
+    let _keys = RedisKeys::under(&base, &prefix);
     let url = with_params(&base, &format!("strategy=stream-id&prefix={prefix}"));
     two_daemons_share_a_claim_only_store(&url, "strategy stream-id");
 }
@@ -452,10 +459,7 @@ fn a_lease_store_records_runs(url: &str, describes: &str) {
 fn a_per_second_job_runs_on_redis_lease() {
     let base = server(Service::Redis);
     let prefix = unique_prefix("cli");
-    let _keys = RedisKeys {
-        url: base.clone(),
-        prefix: prefix.clone(),
-    };
+    let _keys = RedisKeys::under(&base, &prefix);
     let url = with_params(&base, &format!("prefix={prefix}"));
     a_lease_store_records_runs(&url, "strategy lease");
 }
@@ -464,10 +468,7 @@ fn a_per_second_job_runs_on_redis_lease() {
 fn a_per_second_job_runs_on_postgres() {
     let base = server(Service::Postgres);
     let table = unique_prefix("cli");
-    let _table = PgTable {
-        url: base.clone(),
-        table: table.clone(),
-    };
+    let _table = PgTable::named(&base, &table);
     let url = with_params(&base, &format!("table={table}&pool_size=2"));
     // `history` before anything ran creates nothing.
     let dir = tempfile::tempdir().unwrap();
@@ -484,10 +485,7 @@ fn a_per_second_job_runs_on_postgres() {
 fn a_per_second_job_runs_on_nats_kv() {
     let base = server(Service::Nats);
     let bucket = unique_prefix("cli");
-    let _bucket = NatsStream {
-        url: base.clone(),
-        stream: format!("KV_{bucket}"),
-    };
+    let _bucket = NatsStream::named(&base, format!("KV_{bucket}"));
     let url = with_params(
         &base.replacen("nats://", "nats-kv://", 1),
         &format!("bucket={bucket}"),
@@ -569,19 +567,7 @@ fn passwords_in_store_urls_are_never_printed() {
         }
     }
     // An unknown scheme lists the known ones.
-    let (code, _, stderr) = run_in(
-        d,
-        &[
-            "check",
-            "--config",
-            c,
-            "--store",
-            "mysql://app:Sentinel-Pw-8@db/cron",
-        ],
-    );
-    assert_eq!(code, 2, "{stderr}");
-    assert!(stderr.contains("mysql://app:***@db/cron"), "{stderr}");
-    assert!(!stderr.contains("Sentinel"), "{stderr}");
+    let stderr = unknown_scheme_is_refused_masked(d, c, "Sentinel-Pw-8", "Sentinel");
     for scheme in ["sqlite://", "postgres://", "redis://", "amqp://", "nats://"] {
         assert!(stderr.contains(scheme), "{stderr}");
     }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{Fleet, wait_for};
+use common::{Fleet, sqlite_crontab_head, wait_for};
 use nix::sys::signal::Signal;
 
 const PROCESSES: usize = 4;
@@ -69,15 +69,7 @@ fn four_processes_run_each_slot_once_and_take_over_a_killed_runner() {
     std::fs::write(
         &config,
         format!(
-            r#"
-store = "sqlite://{db}"
-
-[scheduler]
-lease = "1s"
-heartbeat = "300ms"
-shutdown_grace = "500ms"
-kill_grace = "500ms"
-
+            r#"{head}
 [[job]]
 name = "tick"
 every = "1s"
@@ -89,7 +81,7 @@ every = "10s"
 overlap = "skip"
 command = ["sh", "-c", "{long}; exec sleep 60"]
 "#,
-            db = d.join("shared.db").display(),
+            head = sqlite_crontab_head(&d.join("shared.db"), ["1s", "300ms", "500ms", "500ms"]),
             tick = line("tick"),
             long = line("long"),
         ),

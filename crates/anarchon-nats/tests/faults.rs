@@ -9,22 +9,24 @@
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anarchon_core::{
-    ClaimOutcome, ClaimRequest, ClaimStore, Clock, InstanceId, JobName, RunKey, Schedule,
-    Scheduler, Slot, StoreError, SystemClock, Token,
+    ClaimOutcome, ClaimRequest, ClaimStore, Clock, JobName, RunKey, Scheduler, SchedulerBuilder,
+    Slot, StoreError, SystemClock, Token,
 };
 use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsOptions, Storage};
 use anarchon_testkit::FaultProxy;
-use anarchon_testkit::StoreFactory;
+use anarchon_testkit::fleet::{
+    ClaimRetry, Fleet, RunLog, claim_retrying, claims_resume_across_a_cut,
+    fleet_runs_each_slot_once_across_a_cut, now_ms, retry_after_a_lost_reply, slot_request,
+};
 use anarchon_testkit::restart::{RestartGuard, ServerControl};
 use anarchon_testkit::servers::Service;
+use anarchon_testkit::{Proxyable, StoreFactory};
 use async_nats::jetstream::stream::StorageType;
-use futures::future::join_all;
 use tokio::time::Instant;
 
 use crate::common::{NatsFactory, NatsLeaseFactory, StreamGuard, claims, connect, upstream, url};
@@ -46,43 +48,14 @@ fn connects(store: &NatsClaimStore) -> u64 {
     store.client().statistics().connects.load(Ordering::SeqCst)
 }
 
-fn request(job: &str, slot: i64, instance: &str) -> ClaimRequest {
-    ClaimRequest {
-        run: RunKey::new(JobName::new(job).unwrap(), Slot::from_millis(slot)),
-        token: Token::generate(),
-        instance: InstanceId::new(instance).unwrap(),
-        max_late: Duration::from_secs(60),
-    }
-}
+/// How the tests retry a claim that met a temporary error.
+const RETRY: ClaimRetry = ClaimRetry::For(Duration::from_secs(20));
 
 /// Claims as the scheduler does, with the same token, retrying temporary
 /// errors (here for up to 20 s: the client reconnects with a back-off of
 /// up to 4 s).
 async fn claim(store: &NatsClaimStore, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-    let start = Instant::now();
-    loop {
-        match store.claim(req).await {
-            Err(e) if e.is_temporary() && start.elapsed() < Duration::from_secs(20) => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            other => return other,
-        }
-    }
-}
-
-async fn race(stores: &[&NatsClaimStore], job: &str, slot: i64) -> Vec<ClaimOutcome> {
-    join_all(stores.iter().enumerate().map(|(i, store)| async move {
-        let req = request(job, slot, &format!("racer-{i}"));
-        claim(store, &req).await.unwrap()
-    }))
-    .await
-}
-
-fn winners(outcomes: &[ClaimOutcome]) -> usize {
-    outcomes
-        .iter()
-        .filter(|o| matches!(o, ClaimOutcome::Won(_)))
-        .count()
+    claim_retrying(store, req, RETRY).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,54 +65,13 @@ async fn claims_resume_after_the_connection_is_cut() {
     let _guard = StreamGuard::new(&url().await, claims.stream_name());
     let a = proxied_store(&proxy, &claims).await;
     let b = proxied_store(&proxy, &claims).await;
-
-    for slot in 0..5 {
-        assert_eq!(
-            winners(&race(&[&a, &b], "cut", slot).await),
-            1,
-            "slot {slot}"
-        );
-    }
-
-    proxy.cut();
-    for slot in 5..8 {
-        for store in [&a, &b] {
-            let during = store.claim(&request("cut", slot, "during")).await;
-            let e = during.expect_err("no claim can be answered while the connection is cut");
-            assert!(e.is_temporary(), "{e}");
-        }
-    }
-
-    proxy.restore();
-    for slot in 10..15 {
-        assert_eq!(
-            winners(&race(&[&a, &b], "cut", slot).await),
-            1,
-            "slot {slot} after the cut"
-        );
-    }
+    claims_resume_across_a_cut(&proxy, &a, &b, RETRY, |during| {
+        let e = during.expect_err("no claim can be answered while the connection is cut");
+        assert!(e.is_temporary(), "{e}");
+    })
+    .await;
     assert!(connects(&a) >= 2, "a reconnected");
     assert!(connects(&b) >= 2, "b reconnected");
-
-    // The slots tried during the cut: at most one winner (a claim the client
-    // held back while it was away may have won one since).
-    for slot in 5..8 {
-        assert!(
-            winners(&race(&[&a, &b], "cut", slot).await) <= 1,
-            "slot {slot}"
-        );
-    }
-    // The runs won before the cut are still remembered.
-    for slot in 0..5 {
-        for store in [&a, &b] {
-            let again = claim(store, &request("cut", slot, "late")).await.unwrap();
-            assert_eq!(
-                again,
-                ClaimOutcome::Lost,
-                "slot {slot} was won before the cut"
-            );
-        }
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,7 +81,7 @@ async fn a_retry_after_a_lost_acknowledgement_is_won() {
     let url = url().await;
     let _guard = StreamGuard::new(&url, claims.stream_name());
     let store = proxied_store(&proxy, &claims).await;
-    let req = request("lost-ack", 1_000, "a");
+    let req = slot_request("lost-ack", 1_000, "a");
 
     proxy.stall_replies_after(b"anarchon-claim");
     let first = store.claim(&req).await;
@@ -158,15 +90,10 @@ async fn a_retry_after_a_lost_acknowledgement_is_won() {
     proxy.cut();
     proxy.restore();
 
-    // The server did store it: anyone else loses the run ...
+    // The server did store it: anyone else loses the run, and the same
+    // token, sent again, finds its own claim: won.
     let direct = connect(&NatsOptions::new(&url), claims.clone()).await;
-    let other = direct
-        .claim(&request("lost-ack", 1_000, "b"))
-        .await
-        .unwrap();
-    assert_eq!(other, ClaimOutcome::Lost);
-    // ... and the same token, sent again, finds its own claim: won.
-    let again = claim(&store, &req).await.unwrap();
+    let again = retry_after_a_lost_reply(&store, &direct, &req, RETRY).await;
     assert!(matches!(again, ClaimOutcome::Won(_)), "{again:?}");
     assert!(connects(&store) >= 2);
 }
@@ -176,64 +103,12 @@ async fn schedulers_keep_claiming_across_a_cut() {
     let proxy = start_proxy().await;
     let claims = claims();
     let _guard = StreamGuard::new(&url().await, claims.stream_name());
-    let ran: Arc<Mutex<Vec<(Slot, usize)>>> = Arc::default();
     let mut stores = Vec::new();
-    let mut schedulers = Vec::new();
-    for index in 0..2 {
-        let store = Arc::new(proxied_store(&proxy, &claims).await);
-        stores.push(store.clone());
-        let mut builder = Scheduler::builder(store);
-        let ran = ran.clone();
-        builder
-            .job("tick", Schedule::every(Duration::from_secs(1)).unwrap())
-            .unwrap()
-            .run(move |ctx| {
-                let ran = ran.clone();
-                async move {
-                    ran.lock().unwrap().push((ctx.slot(), index));
-                    Ok::<_, String>(())
-                }
-            })
-            .unwrap();
-        schedulers.push(builder.start().unwrap());
+    for _ in 0..2 {
+        stores.push(Arc::new(proxied_store(&proxy, &claims).await));
     }
-    let slots_after = |t: i64| {
-        let mut slots: Vec<Slot> = ran
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(s, _)| *s)
-            .filter(|s| s.as_millis() > t)
-            .collect();
-        slots.dedup();
-        slots.len()
-    };
-    let wait_for = |what: &'static str, t: i64, n: usize| async move {
-        let start = Instant::now();
-        while slots_after(t) < n {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "gave up waiting for {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    wait_for("two runs before the cut", i64::MIN, 2).await;
-    proxy.cut();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    proxy.restore();
-    let restored = SystemClock.now().as_millis();
-    wait_for("three runs after the cut", restored, 3).await;
-    for scheduler in schedulers {
-        scheduler.shutdown().await;
-    }
-    let mut runs: BTreeMap<Slot, Vec<usize>> = BTreeMap::new();
-    for (slot, index) in ran.lock().unwrap().iter() {
-        runs.entry(*slot).or_default().push(*index);
-    }
-    for (slot, by) in &runs {
-        assert_eq!(by.len(), 1, "slot {slot} ran {} times: {runs:?}", by.len());
-    }
+    fleet_runs_each_slot_once_across_a_cut(&proxy, stores.iter().cloned().map(Scheduler::builder))
+        .await;
     for store in &stores {
         assert!(connects(store) >= 2, "each store reconnected");
     }
@@ -364,9 +239,9 @@ async fn kv_lease_lost_acknowledgements_are_recognised() {
 // testkit's guard starts it again should a test fail half-way.
 // ---------------------------------------------------------------------
 
-/// Every run the schedulers of a restart test ran: (slot ms, scheduler,
-/// fence).
-type Ran = Arc<Mutex<Vec<(i64, usize, Option<u64>)>>>;
+/// How long a restart test waits for its fleet's runs before and after
+/// the restart.
+const RESTART_WAIT: Duration = Duration::from_secs(30);
 
 /// Stops nats-server and starts it again, waiting until it answers.
 async fn restart_nats() -> RestartGuard {
@@ -396,65 +271,53 @@ async fn storage_of(stream: &str) -> StorageType {
     stream.info().await.unwrap().config.storage
 }
 
-fn now_ms() -> i64 {
-    SystemClock.now().as_millis()
-}
-
-/// The handler of the per-second job `tick` of scheduler `index`: records
-/// every run.
-fn record(
-    ran: &Ran,
-    index: usize,
-) -> impl Fn(anarchon_core::RunContext) -> std::future::Ready<Result<(), String>> + Send + Sync + 'static
-{
-    let ran = ran.clone();
-    move |ctx| {
-        ran.lock()
-            .unwrap()
-            .push((ctx.slot().as_millis(), index, ctx.fence().map(|f| f.get())));
-        std::future::ready(Ok(()))
+/// Three instances of `factory`, each with its own connection, and a
+/// fleet of schedulers over them (`configure`d) that has run two slots:
+/// the set-up of a restart test.
+async fn fleet_before_the_restart<F: StoreFactory>(
+    factory: &F,
+    configure: impl Fn(SchedulerBuilder<F::Store>) -> SchedulerBuilder<F::Store>,
+) -> (Vec<Arc<F::Store>>, Fleet) {
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(factory.instance().await);
     }
+    let fleet = Fleet::start(
+        stores
+            .iter()
+            .cloned()
+            .map(Scheduler::builder)
+            .map(configure),
+    );
+    fleet
+        .wait_for_slots(i64::MIN, 2, RESTART_WAIT, "two runs before the restart")
+        .await;
+    (stores, fleet)
 }
 
-fn every_second() -> Schedule {
-    Schedule::every(Duration::from_secs(1)).unwrap()
+/// Waits until `fleet` ran three slots from a second after the restart at
+/// `restarted_at` (ms) on, shuts it down and checks no slot ran twice.
+async fn fleet_after_the_restart(fleet: Fleet, restarted_at: i64) -> RunLog {
+    fleet
+        .wait_for_slots(
+            restarted_at + 1000,
+            3,
+            RESTART_WAIT,
+            "three runs after the restart",
+        )
+        .await;
+    let ran = fleet.shutdown().await;
+    ran.assert_each_slot_ran_once();
+    ran
 }
 
-/// The distinct slots after `after` (ms) that ran.
-fn slots_after(ran: &Ran, after: i64) -> Vec<i64> {
-    let mut slots: Vec<i64> = ran
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(slot, _, _)| *slot)
-        .filter(|slot| *slot > after)
-        .collect();
-    slots.sort_unstable();
-    slots.dedup();
-    slots
-}
-
-async fn wait_for_runs(ran: &Ran, after: i64, n: usize, what: &str) {
-    let start = Instant::now();
-    while slots_after(ran, after).len() < n {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "gave up waiting for {what}: {:?}",
-            ran.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Fails unless every slot in `ran` ran exactly once.
-fn assert_each_slot_ran_once(ran: &Ran) {
-    let mut runs: BTreeMap<i64, Vec<usize>> = BTreeMap::new();
-    for (slot, index, _) in ran.lock().unwrap().iter() {
-        runs.entry(*slot).or_default().push(*index);
-    }
-    for (slot, by) in &runs {
-        assert_eq!(by.len(), 1, "slot {slot} ran {} times: {runs:?}", by.len());
-    }
+/// A proxy in front of the server and an instance of `factory` whose
+/// connection goes through it: where a claim's acknowledgement is held
+/// back before a restart.
+async fn instance_behind_a_proxy<F: Proxyable>(factory: &F) -> (FaultProxy, Arc<F::Store>) {
+    let proxy = start_proxy().await;
+    let via = factory.through_proxy(&proxy).instance().await;
+    (proxy, via)
 }
 
 /// The claim store across a real restart of nats-server: three
@@ -474,30 +337,12 @@ async fn claim_store_survives_a_server_restart() {
         StorageType::File,
         "the claims stream is kept on disk by default"
     );
-    let ran: Ran = Arc::default();
-    let mut stores = Vec::new();
-    let mut schedulers = Vec::new();
-    for index in 0..3 {
-        let store = factory.instance().await;
-        stores.push(store.clone());
-        let mut builder = Scheduler::builder(store);
-        builder
-            .job("tick", every_second())
-            .unwrap()
-            .run(record(&ran, index))
-            .unwrap();
-        schedulers.push(builder.start().unwrap());
-    }
-    wait_for_runs(&ran, i64::MIN, 2, "two runs before the restart").await;
+    let (stores, fleet) = fleet_before_the_restart(&factory, |builder| builder).await;
 
     // A claim the server stores but whose acknowledgement never comes.
-    let proxy = start_proxy().await;
-    let via = factory
-        .through(format!("nats://{}", proxy.address()))
-        .instance()
-        .await;
+    let (proxy, via) = instance_behind_a_proxy(&factory).await;
     let slot = anarchon_testkit::claim::future_slot(&factory, 0).as_millis();
-    let held = request("held", slot, "held");
+    let held = slot_request("held", slot, "held");
     proxy.stall_replies_after(b"anarchon-claim");
     let first = via.claim(&held).await;
     let e = first.expect_err("the acknowledgement was held back");
@@ -512,7 +357,7 @@ async fn claim_store_survives_a_server_restart() {
         "the server stored the held claim before the restart"
     );
 
-    let before = slots_after(&ran, i64::MIN);
+    let before = fleet.log().slots_after(i64::MIN);
     let _guard = restart_nats().await;
     let restarted_at = now_ms();
     proxy.cut_connections();
@@ -524,13 +369,13 @@ async fn claim_store_survives_a_server_restart() {
         matches!(again, ClaimOutcome::Won(_)),
         "the held claim, sent again with its token after the restart: {again:?}"
     );
-    let other = claim(&direct, &request("held", slot, "other"))
+    let other = claim(&direct, &slot_request("held", slot, "other"))
         .await
         .unwrap();
     assert_eq!(other, ClaimOutcome::Lost, "another token after the restart");
     // The runs claimed before the restart stay claimed.
     for slot in &before {
-        let late = claim(&direct, &request("tick", *slot, "late"))
+        let late = claim(&direct, &slot_request("tick", *slot, "late"))
             .await
             .unwrap();
         assert_eq!(
@@ -540,11 +385,7 @@ async fn claim_store_survives_a_server_restart() {
         );
     }
 
-    wait_for_runs(&ran, restarted_at + 1000, 3, "three runs after the restart").await;
-    for scheduler in schedulers {
-        scheduler.shutdown().await;
-    }
-    assert_each_slot_ran_once(&ran);
+    fleet_after_the_restart(fleet, restarted_at).await;
     for store in stores.iter().chain([&direct, &via]) {
         assert!(connects(store) >= 2, "each store reconnected by itself");
     }
@@ -568,30 +409,15 @@ async fn kv_lease_store_survives_a_server_restart() {
         StorageType::File,
         "the lease bucket is kept on disk by default"
     );
-    let ran: Ran = Arc::default();
-    let mut stores = Vec::new();
-    let mut schedulers = Vec::new();
-    for index in 0..3 {
-        let store = factory.instance().await;
-        stores.push(store.clone());
-        let mut builder = Scheduler::builder(store)
-            .lease(Duration::from_secs(3))
-            .heartbeat(Duration::from_millis(500));
+    let (stores, fleet) = fleet_before_the_restart(&factory, |builder| {
         builder
-            .job("tick", every_second())
-            .unwrap()
-            .run(record(&ran, index))
-            .unwrap();
-        schedulers.push(builder.start().unwrap());
-    }
-    wait_for_runs(&ran, i64::MIN, 2, "two runs before the restart").await;
+            .lease(Duration::from_secs(3))
+            .heartbeat(Duration::from_millis(500))
+    })
+    .await;
 
     // A claim whose swap the server stores but never acknowledges.
-    let proxy = start_proxy().await;
-    let via = factory
-        .through(format!("nats://{}", proxy.address()))
-        .instance()
-        .await;
+    let (proxy, via) = instance_behind_a_proxy(&factory).await;
     let run = RunKey::new(
         JobName::new("held").unwrap(),
         anarchon_testkit::claim::future_slot(&factory, 0),
@@ -613,12 +439,11 @@ async fn kv_lease_store_survives_a_server_restart() {
         "the server stored the held claim's swap before the restart"
     );
 
-    let before = slots_after(&ran, i64::MIN);
-    let fence_before = ran
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|(_, _, fence)| *fence)
+    let before = fleet.log().slots_after(i64::MIN);
+    let fence_before = fleet
+        .log()
+        .fences_after(i64::MIN)
+        .into_iter()
         .max()
         .expect("runs before the restart have fences");
     let _guard = restart_nats().await;
@@ -653,18 +478,8 @@ async fn kv_lease_store_survives_a_server_restart() {
         );
     }
 
-    wait_for_runs(&ran, restarted_at + 1000, 3, "three runs after the restart").await;
-    for scheduler in schedulers {
-        scheduler.shutdown().await;
-    }
-    assert_each_slot_ran_once(&ran);
-    let fences_after: Vec<u64> = ran
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(slot, _, _)| *slot > restarted_at + 1000)
-        .filter_map(|(_, _, fence)| *fence)
-        .collect();
+    let ran = fleet_after_the_restart(fleet, restarted_at).await;
+    let fences_after = ran.fences_after(restarted_at + 1000);
     assert!(
         fences_after.iter().all(|fence| *fence > fence_before),
         "fences after the restart continue from {fence_before}: {fences_after:?}"
@@ -701,7 +516,7 @@ async fn memory_storage_forgets_every_run_across_a_restart() {
 
     let slot = now_ms() + 600_000;
     let run = RunKey::new(JobName::new("forgotten").unwrap(), Slot::from_millis(slot));
-    let first = claim(&claim_store, &request("forgotten", slot, "a"))
+    let first = claim(&claim_store, &slot_request("forgotten", slot, "a"))
         .await
         .unwrap();
     assert!(matches!(first, ClaimOutcome::Won(_)), "{first:?}");
@@ -716,7 +531,7 @@ async fn memory_storage_forgets_every_run_across_a_restart() {
 
     let _guard = restart_nats().await;
 
-    let again = claim(&claim_store, &request("forgotten", slot, "b"))
+    let again = claim(&claim_store, &slot_request("forgotten", slot, "b"))
         .await
         .unwrap();
     assert!(

@@ -53,6 +53,17 @@ impl Raw {
         }
     }
 
+    /// Writes `document` under `key` straight to the bucket, as someone
+    /// else (or a broken writer) would, and waits for the server to store it.
+    async fn plant(&self, key: &str, document: String) {
+        self.jetstream
+            .publish(format!("$KV.{}.{key}", self.bucket), document.into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
     /// The latest message of `key`: (revision, server time in ms, payload).
     async fn get(&self, key: &str) -> Option<(u64, i64, String)> {
         let subject = format!("$KV.{}.{key}", self.bucket);
@@ -657,13 +668,7 @@ async fn retention_keeps_the_job_document_small_and_purges_old_records() {
             "{key} is purged, no marker left"
         );
     }
-    let left: Vec<Slot> = store
-        .history(&job, 100)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.run.slot)
-        .collect();
+    let left = history_slots(&store, &job).await;
     assert_eq!(left, [recent, dead]);
     // What a late claim inside the kept hour asks about is still there.
     assert!(matches!(
@@ -691,14 +696,14 @@ async fn retention_keeps_the_job_document_small_and_purges_old_records() {
         .await
         .unwrap();
     assert_eq!(deleted, 1, "only the run whose lease died");
-    let left: Vec<Slot> = store
-        .history(&job, 100)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.run.slot)
-        .collect();
+    let left = history_slots(&store, &job).await;
     assert_eq!(left, [next, recent]);
+}
+
+/// The slots `store` has in `job`'s history (up to 100), newest first.
+async fn history_slots(store: &NatsLeaseStore, job: &JobName) -> Vec<Slot> {
+    let history = store.history(job, 100).await.unwrap();
+    history.iter().map(|r| r.run.slot).collect()
 }
 
 /// What each call costs, in round trips and requests, as the docs say.
@@ -856,24 +861,13 @@ async fn one_jobs_unreadable_document_costs_its_batch_nothing() {
     let store = factory.instance().await;
     let broken = job("broken-doc");
     let key = NatsLeaseStore::job_key(&broken);
-    raw.jetstream
-        .publish(format!("$KV.{}.{key}", raw.bucket), "{not json".into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    raw.plant(&key, "{not json".to_owned()).await;
     let slot = future_slot(&factory, 0);
     let batch = [
         lease_claim(RunKey::new(broken, slot), Token::generate(), "a"),
         lease_claim(RunKey::new(job("sound"), slot), Token::generate(), "a"),
     ];
-    let answers: Vec<_> = store
-        .claim_many(&batch)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
-    assert_eq!(answers.len(), 2);
+    let answers = anarchon_testkit::fleet::answers_to_a_batch(&*store, &batch).await;
     let err = answers[0].as_ref().unwrap_err();
     assert!(
         err.to_string().contains(&key),
@@ -900,15 +894,7 @@ async fn a_fence_counter_at_its_maximum_is_refused() {
     let store = factory.instance().await;
     let planted = job("planted-fence");
     let key = NatsLeaseStore::job_key(&planted);
-    raw.jetstream
-        .publish(
-            format!("$KV.{}.{key}", raw.bucket),
-            format!("{{\"fence\":{}}}", u64::MAX).into(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+    raw.plant(&key, format!("{{\"fence\":{}}}", u64::MAX)).await;
     let run = RunKey::new(planted, future_slot(&factory, 0));
     let err = store
         .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))

@@ -18,17 +18,14 @@ use std::time::{Duration, Instant};
 
 use anarchon_core::name::MAX_JOB_NAME_LEN;
 use anarchon_core::{
-    ClaimOutcome, ClaimRequest, ClaimStore, ConfigError, InstanceId, JobName, JobOptions, Memory,
-    Overlap, RunKey, Schedule, Scheduler, SchedulerOptions, Slot, Token,
+    ClaimOutcome, ClaimRequest, ClaimStore, InstanceId, JobName, Memory, RunKey, Slot, Token,
 };
 use anarchon_nats::{BACKEND, ClaimOptions, Error, MAX_PREFIX_LEN, NatsClaimStore, NatsOptions};
+use anarchon_testkit::fleet;
 use anarchon_testkit::servers::unique_prefix;
 use async_nats::jetstream::{self, stream};
 
 use crate::common::{StreamGuard, TEST_WINDOW, claims, connect, url};
-
-/// Sets one lease-only option on job options read from configuration.
-type SetOption = fn(&mut JobOptions);
 
 fn request(job: &str, slot: i64) -> ClaimRequest {
     ClaimRequest {
@@ -147,24 +144,36 @@ async fn an_unreachable_server_is_a_temporary_error() {
     assert!(err.to_string().contains("127.0.0.1:1"), "{err}");
 }
 
+/// Creates the stream `made_first` as someone else would, then connects a
+/// claim store with `claims`: the error it is refused with.
+async fn refused_after_another_stream(
+    url: &str,
+    made_first: stream::Config,
+    claims: &ClaimOptions,
+) -> Error {
+    let jetstream = jetstream::new(async_nats::connect(url).await.unwrap());
+    jetstream.create_stream(made_first).await.unwrap();
+    NatsClaimStore::connect(&NatsOptions::new(url), claims.clone())
+        .await
+        .unwrap_err()
+}
+
 #[tokio::test]
 async fn a_stream_with_other_subjects_is_named() {
     let url = url().await;
     let claims = claims();
     let _guard = StreamGuard::new(&url, claims.stream_name());
-    let jetstream = jetstream::new(async_nats::connect(url.as_str()).await.unwrap());
-    jetstream
-        .create_stream(stream::Config {
+    let err = refused_after_another_stream(
+        &url,
+        stream::Config {
             name: claims.stream_name(),
             subjects: vec![format!("{}.>", claims.get_prefix())],
             duplicate_window: TEST_WINDOW,
             ..Default::default()
-        })
-        .await
-        .unwrap();
-    let err = NatsClaimStore::connect(&NatsOptions::new(&url), claims.clone())
-        .await
-        .unwrap_err();
+        },
+        &claims,
+    )
+    .await;
     assert!(matches!(err, Error::StreamMismatch { .. }), "{err:?}");
     let text = err.to_string();
     assert!(text.contains(&claims.stream_name()), "{text}");
@@ -203,18 +212,16 @@ async fn subjects_taken_by_another_stream_are_named() {
     let claims = claims();
     let squatter = format!("{}-squatter", claims.get_prefix());
     let _guard = StreamGuard::new(&url, squatter.clone());
-    let jetstream = jetstream::new(async_nats::connect(url.as_str()).await.unwrap());
-    jetstream
-        .create_stream(stream::Config {
+    let err = refused_after_another_stream(
+        &url,
+        stream::Config {
             name: squatter,
             subjects: vec![claims.subject_filter()],
             ..Default::default()
-        })
-        .await
-        .unwrap();
-    let err = NatsClaimStore::connect(&NatsOptions::new(&url), claims.clone())
-        .await
-        .unwrap_err();
+        },
+        &claims,
+    )
+    .await;
     assert!(matches!(err, Error::SubjectsOverlap { .. }), "{err:?}");
     assert!(err.to_string().contains(&claims.subject_filter()), "{err}");
 }
@@ -291,11 +298,7 @@ async fn it_reports_its_memory_and_is_claim_only() {
         )
         .await,
     );
-    let info = store.info();
-    assert_eq!(info.name, BACKEND);
-    assert_eq!(info.memory, Memory::Window(TEST_WINDOW));
-    assert!(store.clone().as_lease_store().is_none());
-    let shown = format!("{store:?}");
+    let shown = fleet::claim_only_store_reports(&store, BACKEND, TEST_WINDOW);
     assert!(!shown.contains("secret-3b"), "{shown}");
 }
 
@@ -305,26 +308,11 @@ async fn jobs_later_than_the_window_allows_are_refused() {
     let claims = claims().duplicate_window(Duration::from_secs(60));
     let _guard = StreamGuard::new(&url, claims.stream_name());
     let store = Arc::new(connect(&NatsOptions::new(&url), claims).await);
-    let mut builder = Scheduler::builder(store);
-    let err = builder
-        .job(
-            "too-late",
-            Schedule::every(Duration::from_secs(60)).unwrap(),
-        )
-        .unwrap()
-        .max_late(Duration::from_secs(55))
-        .run(|_ctx| async { Ok::<_, String>(()) })
-        .unwrap_err();
-    assert!(
-        matches!(err, ConfigError::MemoryTooShort { backend: BACKEND, memory, .. } if memory == Duration::from_secs(60)),
-        "{err:?}"
+    fleet::jobs_later_than_a_minute_of_memory_are_refused(
+        store,
+        BACKEND,
+        Some(Duration::from_secs(55)),
     );
-    builder
-        .job("in-time", Schedule::every(Duration::from_secs(60)).unwrap())
-        .unwrap()
-        .max_late(Duration::from_secs(50))
-        .run(|_ctx| async { Ok::<_, String>(()) })
-        .unwrap();
 }
 
 #[tokio::test]
@@ -333,48 +321,5 @@ async fn lease_only_options_are_refused_at_run_time() {
     let claims = claims();
     let _guard = StreamGuard::new(&url, claims.stream_name());
     let store: Arc<dyn ClaimStore> = Arc::new(connect(&NatsOptions::new(&url), claims).await);
-    let cases: [(&str, SetOption); 3] = [
-        ("overlap", |o| o.overlap = Some(Overlap::Skip)),
-        ("max_attempts", |o| o.max_attempts = Some(2)),
-        ("catch_up", |o| o.catch_up = Some(Duration::from_secs(30))),
-    ];
-    for (option, set) in cases {
-        let mut job_options = JobOptions::default();
-        set(&mut job_options);
-        let mut builder = Scheduler::builder(store.clone());
-        let err = builder
-            .job(
-                "configured",
-                Schedule::every(Duration::from_secs(60)).unwrap(),
-            )
-            .unwrap()
-            .options(&job_options)
-            .run(|_ctx| async { Ok::<_, String>(()) })
-            .unwrap_err();
-        assert!(
-            matches!(err, ConfigError::UnsupportedOption { option: named, backend: BACKEND } if named == option),
-            "{option}: {err:?}"
-        );
-        let text = err.to_string();
-        assert!(text.contains(option) && text.contains("`nats`"), "{text}");
-    }
-    for (option, set) in [
-        (
-            "lease",
-            (|o: &mut SchedulerOptions| o.lease = Some(Duration::from_secs(30)))
-                as fn(&mut SchedulerOptions),
-        ),
-        ("heartbeat", |o| o.heartbeat = Some(Duration::from_secs(5))),
-    ] {
-        let mut scheduler_options = SchedulerOptions::default();
-        set(&mut scheduler_options);
-        let err = Scheduler::builder(store.clone())
-            .options(&scheduler_options)
-            .start()
-            .unwrap_err();
-        assert!(
-            matches!(err, ConfigError::UnsupportedOption { option: named, backend: BACKEND } if named == option),
-            "{option}: {err:?}"
-        );
-    }
+    fleet::lease_only_options_are_refused_at_run_time(&store, BACKEND, "`nats`");
 }

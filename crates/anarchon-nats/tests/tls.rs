@@ -37,6 +37,24 @@ fn run(job: &str) -> RunKey {
     )
 }
 
+/// The claim store wins the first claim of `job`'s run.
+async fn claim_is_won(store: &NatsClaimStore, job: &str) {
+    let outcome = store
+        .claim(&claim_request(run(job), Token::generate(), "a"))
+        .await
+        .unwrap();
+    assert!(matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
+}
+
+/// The lease store wins the first claim of `job`'s run.
+async fn lease_is_won(store: &NatsLeaseStore, job: &str) {
+    let outcome = store
+        .claim_lease(&lease_claim(run(job), Token::generate(), "a"))
+        .await
+        .unwrap();
+    assert!(matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
+}
+
 /// Both stores on `connection` win a claim: one on a fresh stream, one on a
 /// fresh bucket.
 async fn both_stores_win(connection: &NatsOptions) {
@@ -44,20 +62,12 @@ async fn both_stores_win(connection: &NatsOptions) {
     let claims = claims();
     let _stream = StreamGuard::new(&url, claims.stream_name());
     let store = NatsClaimStore::connect(connection, claims).await.unwrap();
-    let outcome = store
-        .claim(&claim_request(run("tls"), Token::generate(), "a"))
-        .await
-        .unwrap();
-    assert!(matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
+    claim_is_won(&store, "tls").await;
 
     let leases = leases();
     let _bucket = StreamGuard::new(&url, leases.stream_name());
     let store = NatsLeaseStore::connect(connection, leases).await.unwrap();
-    let outcome = store
-        .claim_lease(&lease_claim(run("tls"), Token::generate(), "a"))
-        .await
-        .unwrap();
-    assert!(matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
+    lease_is_won(&store, "tls").await;
 }
 
 #[tokio::test]
@@ -103,11 +113,7 @@ async fn store_urls_carry_the_tls_options() {
     let store = NatsClaimStore::connect(&connection, from_url)
         .await
         .unwrap();
-    let outcome = store
-        .claim(&claim_request(run("url"), Token::generate(), "a"))
-        .await
-        .unwrap();
-    assert!(matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
+    claim_is_won(&store, "url").await;
 
     let leases = leases();
     let _bucket = StreamGuard::new(&url, leases.stream_name());
@@ -120,11 +126,7 @@ async fn store_urls_carry_the_tls_options() {
     let store = NatsLeaseStore::connect(&connection, from_url)
         .await
         .unwrap();
-    let outcome = store
-        .claim_lease(&lease_claim(run("url"), Token::generate(), "a"))
-        .await
-        .unwrap();
-    assert!(matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
+    lease_is_won(&store, "url").await;
     assert!(tls.handshakes() >= 2, "{}", tls.handshakes());
 }
 

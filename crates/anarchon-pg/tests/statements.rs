@@ -128,25 +128,14 @@ async fn every_store_call_is_one_statement() {
         .map(|i| claim(&format!("batch-{i}"), base))
         .collect();
     let before = mark();
-    let outcomes = store
-        .claim_many(&batch)
-        .await
-        .expect("claim_many")
-        .all()
-        .expect("every claim answered");
+    let outcomes = anarchon_testkit::fleet::outcomes_of_a_batch(&*store, &batch).await;
     assert_eq!(outcomes.len(), 50);
     expect_one("a batch of 50 claims", before);
 
     let first = &held[0];
     let (run, token) = (first.run().clone(), first.claim.token);
     let before = mark();
-    assert_eq!(
-        store
-            .heartbeat(&run, token, Duration::from_secs(30))
-            .await
-            .expect("heartbeat"),
-        Renewal::Renewed
-    );
+    common::heartbeat_renews(&store, &run, token, "heartbeat").await;
     expect_one("heartbeat", before);
     let before = mark();
     store.peek(&run).await.expect("peek");

@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use anarchon_core::{ClaimStore, LeaseStore, RunKey, StoreError, StoreErrorKind, Token};
@@ -63,14 +65,10 @@ impl AclUser {
 
 impl Drop for AclUser {
     fn drop(&mut self) {
-        let deleted = redis::Client::open(self.admin_url.as_str())
-            .and_then(|c| c.get_connection())
-            .and_then(|mut c| {
-                redis::cmd("ACL")
-                    .arg("DELUSER")
-                    .arg(&self.name)
-                    .query::<i64>(&mut c)
-            });
+        let deleted = common::query_blocking::<i64>(
+            &self.admin_url,
+            redis::cmd("ACL").arg("DELUSER").arg(&self.name),
+        );
         if let Err(e) = deleted {
             eprintln!("could not delete test ACL user {}: {e}", self.name);
         }
@@ -86,38 +84,71 @@ fn options(url: String, admin_url: &str) -> (RedisOptions, Cleanup) {
 
 /// Connects each strategy and returns the errors.
 async fn connect_all(opts: &RedisOptions) -> Vec<(&'static str, Error)> {
+    type Connecting<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + 'a>>;
+    let strategies: [(&'static str, Connecting<'_>); 4] = [
+        (
+            "lease",
+            Box::pin(async { RedisLeaseStore::connect(opts).await.map(drop) }),
+        ),
+        (
+            "stream-id",
+            Box::pin(async { RedisStreamIdStore::connect(opts).await.map(drop) }),
+        ),
+        (
+            "script",
+            Box::pin(async {
+                RedisScriptStore::connect(opts, RedisScriptStore::DEFAULT_WINDOW)
+                    .await
+                    .map(drop)
+            }),
+        ),
+        (
+            "idmp",
+            Box::pin(async {
+                RedisIdmpStore::connect(opts, RedisIdmpStore::DEFAULT_DURATION)
+                    .await
+                    .map(drop)
+            }),
+        ),
+    ];
     let mut errors = Vec::new();
-    if let Err(e) = within(BOUND, "lease connect", RedisLeaseStore::connect(opts)).await {
-        errors.push(("lease", e));
-    }
-    if let Err(e) = within(
-        BOUND,
-        "stream-id connect",
-        RedisStreamIdStore::connect(opts),
-    )
-    .await
-    {
-        errors.push(("stream-id", e));
-    }
-    if let Err(e) = within(
-        BOUND,
-        "script connect",
-        RedisScriptStore::connect(opts, RedisScriptStore::DEFAULT_WINDOW),
-    )
-    .await
-    {
-        errors.push(("script", e));
-    }
-    if let Err(e) = within(
-        BOUND,
-        "idmp connect",
-        RedisIdmpStore::connect(opts, RedisIdmpStore::DEFAULT_DURATION),
-    )
-    .await
-    {
-        errors.push(("idmp", e));
+    for (strategy, connecting) in strategies {
+        if let Err(e) = within(BOUND, &format!("{strategy} connect"), connecting).await {
+            errors.push((strategy, e));
+        }
     }
     errors
+}
+
+/// A lease store on a fresh prefix, a raw connection to its server to
+/// plant broken keys under that prefix, and a slot ahead.
+async fn a_store_to_plant_keys_under() -> (
+    LeaseFactory,
+    std::sync::Arc<RedisLeaseStore>,
+    redis::aio::MultiplexedConnection,
+    anarchon_core::Slot,
+) {
+    let factory = LeaseFactory::new().await;
+    let store = factory.instance().await;
+    let conn = raw(&factory.url).await;
+    let slot = future_slot(&factory, 0);
+    (factory, store, conn, slot)
+}
+
+/// The error a new claim of `run` by instance `a` gets from `store`.
+async fn claim_refused(store: &(impl ClaimStore + ?Sized), run: &RunKey) -> StoreError {
+    store
+        .claim(&claim_request(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap_err()
+}
+
+/// The error a new lease claim of `run` by instance `a` gets from `store`.
+async fn lease_claim_refused(store: &(impl LeaseStore + ?Sized), run: &RunKey) -> StoreError {
+    store
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap_err()
 }
 
 fn assert_secret_hidden(secret: &str, shown: &str) {
@@ -172,26 +203,17 @@ async fn an_acl_denial_on_the_keys_is_named() {
         assert_secret_hidden(&user.password, &format!("{err:?}"));
     };
     let lease = RedisLeaseStore::connect(&opts).await.unwrap();
-    let err = lease
-        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = lease_claim_refused(&lease, &run).await;
     check("lease", err);
     let err = lease.peek(&run).await.unwrap_err();
     check("lease peek", err);
     let sid = RedisStreamIdStore::connect(&opts).await.unwrap();
-    let err = sid
-        .claim(&claim_request(run.clone(), Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = claim_refused(&sid, &run).await;
     check("stream-id", err);
     let script = RedisScriptStore::connect(&opts, RedisScriptStore::DEFAULT_WINDOW)
         .await
         .unwrap();
-    let err = script
-        .claim(&claim_request(run, Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = claim_refused(&script, &run).await;
     check("script", err);
 }
 
@@ -199,12 +221,7 @@ async fn an_acl_denial_on_the_keys_is_named() {
 async fn a_refused_config_get_is_tolerated_and_a_refused_info_is_not() {
     let url = common::url().await;
     let mut admin = raw(&url).await;
-    let policy: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let policy = common::config_get(&mut admin, "maxmemory-policy").await;
 
     // Managed services often refuse CONFIG: the policy comes from INFO instead.
     let no_config = AclUser::create(&url, &["~*", "+@all", "-config"]).await;
@@ -212,7 +229,7 @@ async fn a_refused_config_get_is_tolerated_and_a_refused_info_is_not() {
     let store = RedisLeaseStore::connect(&opts).await.unwrap();
     assert_eq!(
         store.server().eviction,
-        EvictionFinding::from_policy(&policy[1])
+        EvictionFinding::from_policy(&policy)
     );
     let run = RunKey::new(
         job("no-config"),
@@ -322,10 +339,7 @@ async fn the_documented_acl_rules_are_enough() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_of_the_wrong_type_are_clear_errors() {
-    let factory = LeaseFactory::new().await;
-    let store = factory.instance().await;
-    let mut conn = raw(&factory.url).await;
-    let slot = future_slot(&factory, 0);
+    let (factory, store, mut conn, slot) = a_store_to_plant_keys_under().await;
     let p = &factory.prefix;
 
     let wrong_type = |what: &str, err: StoreError, key: &str| {
@@ -340,10 +354,7 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
     let runs = format!("{{{p}:strings}}:runs");
     let _: () = conn.set(&runs, "not a hash").await.unwrap();
     let run = RunKey::new(job("strings"), slot);
-    let err = store
-        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = lease_claim_refused(&*store, &run).await;
     wrong_type("claim", err, &runs);
     let err = store
         .heartbeat(&run, Token::generate(), Duration::from_secs(1))
@@ -360,10 +371,7 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
     let live = format!("{{{p}:lists}}:live");
     let _: () = conn.rpush(&live, "x").await.unwrap();
     let run = RunKey::new(job("lists"), slot);
-    let err = store
-        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = lease_claim_refused(&*store, &run).await;
     wrong_type("claim", err, &live);
     let written: bool = conn.exists(format!("{{{p}:lists}}:runs")).await.unwrap();
     assert!(!written, "a refused claim writes nothing");
@@ -375,10 +383,7 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
         .await
         .unwrap();
     let run = RunKey::new(job("corrupt"), slot);
-    let err = store
-        .claim_lease(&lease_claim(run, Token::generate(), "a"))
-        .await
-        .unwrap_err();
+    let err = lease_claim_refused(&*store, &run).await;
     assert_eq!(err.kind(), StoreErrorKind::Protocol, "{err}");
     assert!(err.to_string().contains("not valid JSON"), "{err}");
 
@@ -412,31 +417,13 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
     let sid = StreamIdFactory::new().await;
     let key = format!("{{{}:sid}}:stream-id", sid.prefix);
     let _: () = conn.set(&key, "not a stream").await.unwrap();
-    let err = sid
-        .instance()
-        .await
-        .claim(&claim_request(
-            RunKey::new(job("sid"), slot),
-            Token::generate(),
-            "a",
-        ))
-        .await
-        .unwrap_err();
+    let err = claim_refused(&*sid.instance().await, &RunKey::new(job("sid"), slot)).await;
     assert_eq!(err.kind(), StoreErrorKind::Invalid, "{err}");
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
     let script = ScriptFactory::new().await;
     let key = format!("{{{}:script}}:script", script.prefix);
     let _: () = conn.hset(&key, "f", "v").await.unwrap();
-    let err = script
-        .instance()
-        .await
-        .claim(&claim_request(
-            RunKey::new(job("script"), slot),
-            Token::generate(),
-            "a",
-        ))
-        .await
-        .unwrap_err();
+    let err = claim_refused(&*script.instance().await, &RunKey::new(job("script"), slot)).await;
     wrong_type("script claim", err, &key);
 }
 
@@ -470,10 +457,7 @@ async fn bad_prefixes_and_urls_are_refused_without_showing_the_password() {
 /// broken job gets its own error, naming what is wrong.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_jobs_broken_keys_cost_its_batch_nothing() {
-    let factory = LeaseFactory::new().await;
-    let store = factory.instance().await;
-    let mut conn = raw(&factory.url).await;
-    let slot = future_slot(&factory, 0);
+    let (factory, store, mut conn, slot) = a_store_to_plant_keys_under().await;
     let p = &factory.prefix;
     let _: () = conn
         .set(format!("{{{p}:wrong-type}}:live"), "not a sorted set")
@@ -491,13 +475,7 @@ async fn one_jobs_broken_keys_cost_its_batch_nothing() {
         .iter()
         .map(|name| lease_claim(RunKey::new(job(name), slot), Token::generate(), "a"))
         .collect();
-    let answers: Vec<_> = store
-        .claim_many(&batch)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
-    assert_eq!(answers.len(), 3);
+    let answers = anarchon_testkit::fleet::answers_to_a_batch(&*store, &batch).await;
     let err = answers[0].as_ref().unwrap_err();
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
     assert!(

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_core::{
-    Attempt, ClaimOutcome, ClaimStore, ConfigError, Fence, FinalState, JobName, LeaseStore, Memory,
-    RecordState, RunKey, RunOutcome, Schedule, Scheduler, Slot, Token, Win,
+    Attempt, ClaimOutcome, ClaimStore, Fence, FinalState, JobName, LeaseStore, Memory, RecordState,
+    RunKey, RunOutcome, Slot, Token, Win,
 };
 use anarchon_redis::{
     Error, EvictionFinding, MIN_MEMORY, RedisIdmpStore, RedisLeaseStore, RedisOptions,
@@ -398,31 +398,11 @@ async fn claim_only_memories_are_checked_when_built_and_by_the_scheduler() {
             .await
             .unwrap(),
     );
-    let mut builder = Scheduler::builder(store.clone());
-    let refused = builder
-        .job(
-            "too-late",
-            Schedule::every(Duration::from_secs(60)).unwrap(),
-        )
-        .unwrap()
-        .run(|_ctx| async { Ok::<_, String>(()) })
-        .unwrap_err();
-    assert!(
-        matches!(
-            refused,
-            ConfigError::MemoryTooShort {
-                backend: "redis-script",
-                ..
-            }
-        ),
-        "{refused}"
+    anarchon_testkit::fleet::jobs_later_than_a_minute_of_memory_are_refused(
+        store,
+        "redis-script",
+        None,
     );
-    builder
-        .job("in-time", Schedule::every(Duration::from_secs(60)).unwrap())
-        .unwrap()
-        .max_late(Duration::from_secs(50))
-        .run(|_ctx| async { Ok::<_, String>(()) })
-        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -437,21 +417,11 @@ async fn the_store_reports_the_server_it_found() {
     );
     assert!(!server.run_id.is_empty());
     let mut conn = raw(&factory.url).await;
-    let policy: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(server.eviction, EvictionFinding::from_policy(&policy[1]));
-    assert_eq!(server.eviction.policy(), Some(policy[1].as_str()));
-    let aof: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("appendonly")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(server.aof_enabled, Some(aof[1] == "yes"));
+    let policy = common::config_get(&mut conn, "maxmemory-policy").await;
+    assert_eq!(server.eviction, EvictionFinding::from_policy(&policy));
+    assert_eq!(server.eviction.policy(), Some(policy.as_str()));
+    let aof = common::config_get(&mut conn, "appendonly").await;
+    assert_eq!(server.aof_enabled, Some(aof == "yes"));
     assert!(
         !store.check_server().await.unwrap(),
         "the same server is not news"

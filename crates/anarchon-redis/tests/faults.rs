@@ -109,6 +109,17 @@ async fn an_unreachable_redis_is_a_temporary_error_in_bounded_time() {
     );
 }
 
+/// The error `claim` ends in, within [`BOUND`], checked to be
+/// `Unavailable`; `what` names the claim.
+async fn unavailable_within<T: std::fmt::Debug>(
+    what: &str,
+    claim: impl std::future::Future<Output = Result<T, anarchon_core::StoreError>>,
+) -> anarchon_core::StoreError {
+    let err = within(BOUND, what, claim).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    err
+}
+
 #[tokio::test]
 async fn a_dropped_line_is_unavailable_and_the_next_connection_recovers() {
     let (proxy, opts, _cleanup) = behind_proxy("cut").await;
@@ -123,23 +134,12 @@ async fn a_dropped_line_is_unavailable_and_the_next_connection_recovers() {
     // Connections drop, new ones are refused: Redis is gone.
     proxy.cut();
     for _ in 0..2 {
-        let err = within(
-            BOUND,
-            "a claim over a cut line",
-            lease.claim_lease(&lease_claim(run.clone(), Token::generate(), "a")),
-        )
-        .await
-        .unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+        let cut_claim = lease_claim(run.clone(), Token::generate(), "a");
+        let err =
+            unavailable_within("a claim over a cut line", lease.claim_lease(&cut_claim)).await;
         assert!(err.is_temporary());
-        let err = within(
-            BOUND,
-            "a stream-id claim over a cut line",
-            sid.claim(&claim_request(run.clone(), Token::generate(), "a")),
-        )
-        .await
-        .unwrap_err();
-        assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+        let sid_claim = claim_request(run.clone(), Token::generate(), "a");
+        unavailable_within("a stream-id claim over a cut line", sid.claim(&sid_claim)).await;
     }
 
     // A line that drops but accepts again: the store reconnects by itself.
@@ -364,15 +364,13 @@ struct PolicyGuard {
 
 impl Drop for PolicyGuard {
     fn drop(&mut self) {
-        let restored = redis::Client::open(self.url.as_str())
-            .and_then(|c| c.get_connection())
-            .and_then(|mut c| {
-                redis::cmd("CONFIG")
-                    .arg("SET")
-                    .arg("maxmemory-policy")
-                    .arg(&self.original)
-                    .query::<()>(&mut c)
-            });
+        let restored = common::query_blocking::<()>(
+            &self.url,
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory-policy")
+                .arg(&self.original),
+        );
         if let Err(e) = restored {
             eprintln!("could not restore maxmemory-policy {}: {e}", self.original);
         }
@@ -385,15 +383,10 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
     let _log = captured.install();
     let url = common::url().await;
     let mut admin = raw(&url).await;
-    let original: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    let original = common::config_get(&mut admin, "maxmemory-policy").await;
     let _guard = PolicyGuard {
         url: url.clone(),
-        original: original[1].clone(),
+        original,
     };
     let prefix = unique_prefix("evict");
     let _cleanup = Cleanup::new(&url, &prefix);
@@ -403,13 +396,7 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
         ("allkeys-lru", "REDIS MAY EVICT THE STORE'S KEYS"),
         ("volatile-ttl", "maxmemory-policy is not `noeviction`"),
     ] {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory-policy")
-            .arg(policy)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
+        common::set_eviction_policy(&mut admin, policy).await;
         let store = RedisLeaseStore::connect(&opts).await.unwrap();
         assert_eq!(
             store.server().eviction,
@@ -428,13 +415,7 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
         assert!(err.to_string().contains("noeviction"), "{err}");
     }
 
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    common::set_eviction_policy(&mut admin, "noeviction").await;
     let store = RedisLeaseStore::connect(&opts.clone().eviction_check(EvictionCheck::Refuse))
         .await
         .unwrap();

@@ -10,6 +10,7 @@ use anarchon_core::{
     RunKey, RunOutcome, RunState, Slot, StoreErrorKind, Token,
 };
 use anarchon_sqlite::{Error, SqliteOptions, SqliteStore};
+use anarchon_testkit::fleet;
 use common::SqliteFactory;
 use futures::future::join_all;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
@@ -337,16 +338,9 @@ async fn a_retried_batch_gets_the_same_answers() {
             ClaimOutcome::Won(_)
         ));
     }
-    let first = a.claim_many(&batch).await.unwrap().all().unwrap();
-    let again = a.claim_many(&batch).await.unwrap().all().unwrap();
-    let strip = |o: &ClaimOutcome| match o {
-        ClaimOutcome::Running { lease_until, .. } => format!("running until {lease_until}"),
-        other => format!("{other:?}"),
-    };
-    assert_eq!(
-        first.iter().map(strip).collect::<Vec<_>>(),
-        again.iter().map(strip).collect::<Vec<_>>()
-    );
+    let first = fleet::outcomes_of_a_batch(&a, &batch).await;
+    let again = fleet::outcomes_of_a_batch(&a, &batch).await;
+    fleet::assert_same_outcomes_but_for_the_store_clock(&first, &again);
     for (i, o) in first.iter().enumerate() {
         match (i % 2, o) {
             (0, ClaimOutcome::Running { .. }) | (1, ClaimOutcome::Won(_)) => {}
@@ -387,13 +381,7 @@ async fn one_jobs_unreadable_record_costs_its_batch_nothing() {
         claim("zero-attempt", slot, Token::generate()),
         claim("sound-2", slot, Token::generate()),
     ];
-    let answers: Vec<_> = store
-        .claim_many(&batch)
-        .await
-        .expect("the batch is answered")
-        .into_iter()
-        .collect();
-    assert_eq!(answers.len(), 3);
+    let answers = anarchon_testkit::fleet::answers_to_a_batch(&store, &batch).await;
     let err = answers[1].as_ref().expect_err("an unreadable attempt");
     assert!(err.to_string().contains("attempt"), "{err}");
     for i in [0, 2] {

@@ -30,6 +30,7 @@ pub mod clock;
 pub mod differential;
 pub mod factory;
 pub mod faults;
+pub mod fleet;
 pub mod history;
 pub mod lease;
 pub mod proxy;

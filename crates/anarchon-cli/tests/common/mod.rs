@@ -147,3 +147,53 @@ pub fn is_gone(pid: i32) -> bool {
             .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
     }
 }
+
+/// Runs `anarchon args…` in `dir` and returns (exit code, stdout, stderr).
+pub fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = anarchon()
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run anarchon");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The head of a test crontab on the SQLite file `db`: the `store` line
+/// and the `[scheduler]` table's `lease`, `heartbeat`, `shutdown_grace`
+/// and `kill_grace`, in that order, as `timings`. The jobs follow it.
+pub fn sqlite_crontab_head(db: &Path, timings: [&str; 4]) -> String {
+    let [lease, heartbeat, shutdown_grace, kill_grace] = timings;
+    format!(
+        r#"
+store = "sqlite://{db}"
+
+[scheduler]
+lease = "{lease}"
+heartbeat = "{heartbeat}"
+shutdown_grace = "{shutdown_grace}"
+kill_grace = "{kill_grace}"
+"#,
+        db = db.display()
+    )
+}
+
+/// `anarchon check` with the crontab `config` and a MySQL store URL whose
+/// password is `password`: refused with status 2, the URL shown masked and
+/// `never_shown` (the password or a part of it) nowhere. Its stderr.
+pub fn unknown_scheme_is_refused_masked(
+    dir: &Path,
+    config: &str,
+    password: &str,
+    never_shown: &str,
+) -> String {
+    let url = format!("mysql://app:{password}@db/cron");
+    let (code, _, stderr) = run_in(dir, &["check", "--config", config, "--store", &url]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("mysql://app:***@db/cron"), "{stderr}");
+    assert!(!stderr.contains(never_shown), "{stderr}");
+    stderr
+}

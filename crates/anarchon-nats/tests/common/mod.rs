@@ -98,31 +98,6 @@ pub(crate) struct NatsFactory {
     _guard: Option<StreamGuard>,
 }
 
-impl NatsFactory {
-    pub(crate) async fn new() -> Self {
-        let url = url().await;
-        let claims = claims();
-        Self {
-            _guard: Some(StreamGuard::new(&url, claims.stream_name())),
-            upstream: upstream(&url),
-            connection: NatsOptions::new(url),
-            claims,
-        }
-    }
-
-    /// Another factory on the same stream whose instances connect to `url`
-    /// (a proxy) with a 1 s call limit; the stream stays this one's to
-    /// delete.
-    pub(crate) fn through(&self, url: String) -> Self {
-        Self {
-            _guard: None,
-            upstream: self.upstream.clone(),
-            connection: NatsOptions::new(url).timeout(Duration::from_secs(1)),
-            claims: self.claims.clone(),
-        }
-    }
-}
-
 #[async_trait::async_trait]
 impl StoreFactory for NatsFactory {
     type Store = NatsClaimStore;
@@ -164,31 +139,6 @@ pub(crate) struct NatsLeaseFactory {
     _guard: Option<StreamGuard>,
 }
 
-impl NatsLeaseFactory {
-    pub(crate) async fn new() -> Self {
-        let url = url().await;
-        let leases = leases();
-        Self {
-            _guard: Some(StreamGuard::new(&url, leases.stream_name())),
-            upstream: upstream(&url),
-            connection: NatsOptions::new(url),
-            leases,
-        }
-    }
-
-    /// Another factory on the same bucket whose instances connect to `url`
-    /// (a proxy) with a 1 s call limit; the bucket stays this one's to
-    /// delete.
-    pub(crate) fn through(&self, url: String) -> Self {
-        Self {
-            _guard: None,
-            upstream: self.upstream.clone(),
-            connection: NatsOptions::new(url).timeout(Duration::from_secs(1)),
-            leases: self.leases.clone(),
-        }
-    }
-}
-
 #[async_trait::async_trait]
 impl StoreFactory for NatsLeaseFactory {
     type Store = NatsLeaseStore;
@@ -204,8 +154,38 @@ impl StoreFactory for NatsLeaseFactory {
     }
 }
 
-macro_rules! proxyable {
-    ($factory:ty) => {
+/// What both factories do the same way around their namespace (the
+/// field `$options`, made fresh by `$fresh()`): `new`, `through` and
+/// reaching the server through a proxy.
+macro_rules! factory_on_its_own_stream {
+    ($factory:ty, $options:ident, $fresh:path) => {
+        impl $factory {
+            /// A fresh namespace on the test server, deleted when the
+            /// factory is dropped.
+            pub(crate) async fn new() -> Self {
+                let url = url().await;
+                let $options = $fresh();
+                Self {
+                    _guard: Some(StreamGuard::new(&url, $options.stream_name())),
+                    upstream: upstream(&url),
+                    connection: NatsOptions::new(url),
+                    $options,
+                }
+            }
+
+            /// Another factory on the same namespace whose instances
+            /// connect to `url` (a proxy) with a 1 s call limit; the
+            /// namespace stays this one's to delete.
+            pub(crate) fn through(&self, url: String) -> Self {
+                Self {
+                    _guard: None,
+                    upstream: self.upstream.clone(),
+                    connection: NatsOptions::new(url).timeout(Duration::from_secs(1)),
+                    $options: self.$options.clone(),
+                }
+            }
+        }
+
         impl Proxyable for $factory {
             type Through = $factory;
 
@@ -221,5 +201,5 @@ macro_rules! proxyable {
     };
 }
 
-proxyable!(NatsFactory);
-proxyable!(NatsLeaseFactory);
+factory_on_its_own_stream!(NatsFactory, claims, claims);
+factory_on_its_own_stream!(NatsLeaseFactory, leases, leases);

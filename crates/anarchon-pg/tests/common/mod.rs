@@ -167,3 +167,19 @@ impl Drop for PgFactory {
         let _ = cleanup.join();
     }
 }
+
+/// A 30 s heartbeat of `run` with `token` on `store` renews the lease;
+/// `what` names the heartbeat, should it fail.
+pub async fn heartbeat_renews(
+    store: &PgStore,
+    run: &anarchon_core::RunKey,
+    token: anarchon_core::Token,
+    what: &str,
+) {
+    use anarchon_core::LeaseStore as _;
+    let renewal = store
+        .heartbeat(run, token, std::time::Duration::from_secs(30))
+        .await
+        .expect(what);
+    assert_eq!(renewal, anarchon_core::Renewal::Renewed, "{what}");
+}

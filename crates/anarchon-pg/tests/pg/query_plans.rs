@@ -16,19 +16,31 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
     exec(
         &mut conn,
         format!(
-            r#"INSERT INTO "{t}" (job, slot, state, attempt, fence, finished_at)
-                 SELECT 'busy', g * 1000, 'succeeded', 1, g, g * 1000 FROM generate_series(1, 20000) AS g;
+            r#"{finished}
                INSERT INTO "{t}" (job, slot, state, attempt, token, fence, lease_until)
                  SELECT 'busy', 30000000 + g * 1000, 'running', 1, gen_random_uuid(), 20000 + g, 0
                    FROM generate_series(1, 5) AS g;
                INSERT INTO "{t}" (job, slot, state, attempt, fence, finished_at)
                  SELECT 'other-' || (g % 50), g * 1000, 'succeeded', 1, g, 0 FROM generate_series(1, 5000) AS g;
                ANALYZE "{t}";
-               SET plan_cache_mode = force_generic_plan;"#
+               SET plan_cache_mode = force_generic_plan;"#,
+            finished = twenty_thousand_finished_runs(&t)
         ),
     )
     .await;
     let template = |text: &str| text.replace("{{table}}", &t);
+    // One of the statement files under `sql/`: its name, parameter types
+    // and the arguments the plan is asked for.
+    macro_rules! statement {
+        ($name:literal, $types:literal, $args:literal) => {
+            (
+                $name,
+                template(include_str!(concat!("../../sql/", $name, ".sql"))),
+                $types,
+                $args.to_owned(),
+            )
+        };
+    }
     let checks: Vec<(&str, String, &str, String)> = vec![
         (
             "claim: the run under lock",
@@ -48,35 +60,22 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
             "text, bigint, bigint",
             "'busy', 0, 5000".into(),
         ),
-        (
-            "peek",
-            template(include_str!("../../sql/peek.sql")),
-            "text, bigint",
-            "'busy', 5000".into(),
-        ),
-        (
-            "history",
-            template(include_str!("../../sql/history.sql")),
-            "text, bigint",
-            "'busy', 10".into(),
-        ),
-        (
+        statement!("peek", "text, bigint", "'busy', 5000"),
+        statement!("history", "text, bigint", "'busy', 10"),
+        statement!(
             "heartbeat",
-            template(include_str!("../../sql/heartbeat.sql")),
             "text, bigint, uuid, bigint",
-            "'busy', 5000, gen_random_uuid(), 1000".into(),
+            "'busy', 5000, gen_random_uuid(), 1000"
         ),
-        (
+        statement!(
             "finish",
-            template(include_str!("../../sql/finish.sql")),
             "text, bigint, uuid, text, text",
-            "'busy', 5000, gen_random_uuid(), 'succeeded', NULL".into(),
+            "'busy', 5000, gen_random_uuid(), 'succeeded', NULL"
         ),
-        (
+        statement!(
             "release",
-            template(include_str!("../../sql/release.sql")),
             "text, bigint, uuid",
-            "'busy', 5000, gen_random_uuid()".into(),
+            "'busy', 5000, gen_random_uuid()"
         ),
     ];
     for (i, (what, sql, types, args)) in checks.iter().enumerate() {
@@ -131,9 +130,9 @@ async fn the_claim_function_never_scans_the_runs_table() {
         exec(
             &mut conn,
             format!(
-                r#"INSERT INTO "{t}" (job, slot, state, attempt, fence, finished_at)
-                     SELECT 'busy', g * 1000, 'succeeded', 1, g, g * 1000 FROM generate_series(1, 20000) AS g;
-                   ANALYZE "{t}";"#
+                r#"{finished}
+                   ANALYZE "{t}";"#,
+                finished = twenty_thousand_finished_runs(&t)
             ),
         )
         .await;
@@ -229,4 +228,13 @@ async fn the_claim_function_never_scans_the_runs_table() {
         after.1 >= before.1 + 150,
         "index scans: {before:?} -> {after:?}"
     );
+}
+
+/// The statement that stores 20,000 finished runs of the job `busy` in
+/// the runs table `t`: the history both plan tests look through.
+fn twenty_thousand_finished_runs(t: &str) -> String {
+    format!(
+        r#"INSERT INTO "{t}" (job, slot, state, attempt, fence, finished_at)
+             SELECT 'busy', g * 1000, 'succeeded', 1, g, g * 1000 FROM generate_series(1, 20000) AS g;"#
+    )
 }

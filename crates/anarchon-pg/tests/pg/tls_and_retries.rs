@@ -21,11 +21,7 @@ async fn tls_connections_are_encrypted() {
                 .application_name(&app),
         )
         .await;
-    let run = RunKey::new(job("tls"), Slot::from_millis(future_base()));
-    won(store
-        .claim_lease(&claim(run, Token::generate(), "a", Overlap::Allow))
-        .await
-        .expect("claim over TLS"));
+    first_claim_is_won(&store, "tls", "claim over TLS").await;
     let mut conn = admin(factory.url()).await;
     let ssl: Vec<bool> = sqlx::query_scalar(
         "SELECT s.ssl FROM pg_stat_ssl AS s JOIN pg_stat_activity AS a USING (pid) WHERE a.application_name = $1",
@@ -39,6 +35,17 @@ async fn tls_connections_are_encrypted() {
         ssl.iter().all(|s| *s),
         "every session is encrypted: {ssl:?}"
     );
+}
+
+/// `store` wins the first claim of a run of `name` ahead of now; `what`
+/// says over which connection, should the claim fail.
+#[cfg(feature = "tls")]
+async fn first_claim_is_won(store: &(impl LeaseStore + ?Sized), name: &str, what: &str) {
+    let run = RunKey::new(job(name), Slot::from_millis(future_base()));
+    won(store
+        .claim_lease(&claim(run, Token::generate(), "a", Overlap::Allow))
+        .await
+        .expect(what));
 }
 
 /// The PostgreSQL server behind a TLS terminator with its own authority,
@@ -76,11 +83,7 @@ async fn verify_full_connects_with_the_servers_authority() {
             .table_name(factory.table().clone()),
         )
         .await;
-    let run = RunKey::new(job("verified"), Slot::from_millis(future_base()));
-    won(store
-        .claim_lease(&claim(run, Token::generate(), "a", Overlap::Allow))
-        .await
-        .expect("claim over verified TLS"));
+    first_claim_is_won(&store, "verified", "claim over verified TLS").await;
     assert!(terminator.handshakes() >= 1);
     assert_eq!(terminator.refused_handshakes(), 0);
 }
@@ -153,27 +156,10 @@ async fn a_retried_batch_gets_the_same_answers() {
             .await
             .expect("claim"));
     }
-    let first = a
-        .claim_many(&claims)
-        .await
-        .expect("batch")
-        .all()
-        .expect("every claim answered");
+    let first = anarchon_testkit::fleet::outcomes_of_a_batch(&*a, &claims).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let again = a
-        .claim_many(&claims)
-        .await
-        .expect("batch again")
-        .all()
-        .expect("every claim answered");
-    let without_clock = |o: &ClaimOutcome| match o {
-        ClaimOutcome::Running { lease_until, .. } => format!("running until {lease_until}"),
-        other => format!("{other:?}"),
-    };
-    assert_eq!(
-        first.iter().map(without_clock).collect::<Vec<_>>(),
-        again.iter().map(without_clock).collect::<Vec<_>>()
-    );
+    let again = anarchon_testkit::fleet::outcomes_of_a_batch(&*a, &claims).await;
+    anarchon_testkit::fleet::assert_same_outcomes_but_for_the_store_clock(&first, &again);
     assert_eq!(
         first
             .iter()
@@ -209,13 +195,7 @@ async fn one_jobs_unreadable_answer_costs_its_batch_nothing() {
             Overlap::Allow,
         ),
     ];
-    let answers: Vec<_> = store
-        .claim_many(&batch)
-        .await
-        .expect("the batch is answered")
-        .into_iter()
-        .collect();
-    assert_eq!(answers.len(), 2);
+    let answers = anarchon_testkit::fleet::answers_to_a_batch(&*store, &batch).await;
     let err = answers[0].as_ref().expect_err("an unreadable fence");
     assert!(
         err.to_string().contains(&broken.to_string()) && err.to_string().contains("negative"),

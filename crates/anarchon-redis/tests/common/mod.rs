@@ -81,6 +81,40 @@ pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
         .expect("the test server answers")
 }
 
+/// Runs `command` on a new blocking connection to `url`: for the guards
+/// that put the server back when dropped, where nothing can be awaited.
+pub fn query_blocking<T: redis::FromRedisValue>(
+    url: &str,
+    command: &redis::Cmd,
+) -> redis::RedisResult<T> {
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .and_then(|mut c| command.query::<T>(&mut c))
+}
+
+/// The server's setting `name`, as `CONFIG GET` reads it.
+pub async fn config_get(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> String {
+    let pair: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg(name)
+        .query_async(conn)
+        .await
+        .unwrap();
+    pair[1].clone()
+}
+
+/// Sets the server's `maxmemory-policy` (the eviction tests change it and
+/// put it back).
+pub async fn set_eviction_policy(conn: &mut redis::aio::MultiplexedConnection, policy: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg(policy)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 /// Every key under `prefix` (job keys `{prefix:job}:…` and `{prefix}:…`).
 pub async fn keys_of(url: &str, prefix: &str) -> Vec<String> {
     let mut conn = raw(url).await;

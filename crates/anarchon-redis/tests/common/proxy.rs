@@ -148,16 +148,10 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
             let mut pending: Vec<u8> = Vec::new();
             let mut buf = vec![0u8; 1 << 20];
             loop {
-                while shared.frozen.load(Ordering::SeqCst) {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                let n = match client_read.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
+                let Some(n) = next_chunk(&shared, &mut client_read, &mut buf, Toward::Server).await
+                else {
+                    return;
                 };
-                while shared.frozen.load(Ordering::SeqCst) {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
                 {
                     let mut waiting = waiting.lock().unwrap();
                     let mut traffic = shared.traffic.lock().unwrap();
@@ -187,18 +181,10 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
             let mut pending: Vec<u8> = Vec::new();
             let mut buf = vec![0u8; 1 << 20];
             loop {
-                while shared.frozen.load(Ordering::SeqCst) {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                let n = match server_read.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => n,
+                let Some(n) = next_chunk(&shared, &mut server_read, &mut buf, Toward::Client).await
+                else {
+                    return;
                 };
-                while shared.frozen.load(Ordering::SeqCst)
-                    || shared.replies_held.load(Ordering::SeqCst)
-                {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
                 pending.extend_from_slice(&buf[..n]);
                 let mut pos = 0;
                 while let Some(end) = value_end(&pending, pos) {
@@ -228,6 +214,45 @@ async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
         () = up => {}
         () = down => {}
     }
+}
+
+/// Which way a chunk the proxy read is going.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Toward {
+    /// Commands, from the client.
+    Server,
+    /// Replies, from the server: held back too while replies are held.
+    Client,
+}
+
+/// Sleeps in 5 ms steps while `held` (the proxy frozen, replies held).
+async fn wait_while(held: impl Fn() -> bool) {
+    while held() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Reads the next chunk going `toward` one side into `buf`, once the
+/// proxy is not frozen, and holds it while the proxy is frozen (or, for
+/// replies, holds replies): how many bytes, or `None` once the reading
+/// side closed.
+async fn next_chunk(
+    shared: &Shared,
+    from: &mut (impl AsyncReadExt + Unpin),
+    buf: &mut [u8],
+    toward: Toward,
+) -> Option<usize> {
+    wait_while(|| shared.frozen.load(Ordering::SeqCst)).await;
+    let n = match from.read(buf).await {
+        Ok(0) | Err(_) => return None,
+        Ok(n) => n,
+    };
+    wait_while(|| {
+        shared.frozen.load(Ordering::SeqCst)
+            || (toward == Toward::Client && shared.replies_held.load(Ordering::SeqCst))
+    })
+    .await;
+    Some(n)
 }
 
 fn line(buf: &[u8], pos: usize) -> Option<(&[u8], usize)> {
