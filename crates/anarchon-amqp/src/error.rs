@@ -61,7 +61,7 @@ pub enum Error {
     },
 
     /// The URL or the options ask for TLS (an `amqps://` URL, or
-    /// [`AmqpOptions::tls_ca_file`](crate::AmqpOptions::tls_ca_file)), but
+    /// [`AmqpOptions::with_tls_ca_file`](crate::AmqpOptions::with_tls_ca_file)), but
     /// the crate was built without its `tls` feature.
     ///
     /// (Without the feature, the client would open an `amqps://` URL as
@@ -76,7 +76,7 @@ pub enum Error {
     },
 
     /// The certificate authority file given with
-    /// [`AmqpOptions::tls_ca_file`](crate::AmqpOptions::tls_ca_file) cannot
+    /// [`AmqpOptions::with_tls_ca_file`](crate::AmqpOptions::with_tls_ca_file) cannot
     /// be read or holds no usable certificate.
     #[error("cannot use the certificate authority file {}: {reason}", path.display())]
     CaFile {

@@ -53,15 +53,15 @@ const LAPIN_PARAMETERS: [&str; 5] = [
 /// use anarchon_amqp::AmqpOptions;
 ///
 /// let options = AmqpOptions::new("amqp://cron:s3cret@rabbit.internal:5672/%2f")
-///     .prefix("billing.cron")
-///     .slot_ttl(Duration::from_secs(600));
+///     .with_prefix("billing.cron")
+///     .with_slot_ttl(Duration::from_secs(600));
 /// assert!(!format!("{options:?}").contains("s3cret"));
 ///
 /// let from_url = AmqpOptions::from_url(
 ///     "amqp://cron:s3cret@rabbit.internal/%2f?prefix=billing&slot_ttl_ms=600000",
 /// )?;
-/// assert_eq!(from_url.get_prefix(), "billing");
-/// assert_eq!(from_url.get_slot_ttl(), Duration::from_secs(600));
+/// assert_eq!(from_url.prefix(), "billing");
+/// assert_eq!(from_url.slot_ttl(), Duration::from_secs(600));
 /// # Ok::<(), anarchon_amqp::Error>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl AmqpOptions {
 
     /// Reads a store URL: an AMQP URL whose query may also carry `prefix`,
     /// `slot_ttl_ms`, `timeout_ms` and `tls_ca_file` (a path, `%`-escaped
-    /// where needed; see [`Self::tls_ca_file`]); lapin's own parameters
+    /// where needed; see [`Self::with_tls_ca_file`]); lapin's own parameters
     /// `heartbeat`, `frame_max`, `channel_max`, `connection_timeout` and
     /// `auth_mechanism` pass through.
     ///
@@ -150,7 +150,7 @@ impl AmqpOptions {
     /// The queue-name prefix (default `anarchon`): one or more segments of
     /// `[A-Za-z0-9_-]` joined by `.`, at most [`names::MAX_PREFIX_LEN`]
     /// bytes, not `amq` or `amq.…` (RabbitMQ reserves those names).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
@@ -161,27 +161,27 @@ impl AmqpOptions {
     ///
     /// Every instance of a fleet must use the same value: a gate queue
     /// declared with another TTL is refused by RabbitMQ.
-    pub fn slot_ttl(mut self, slot_ttl: Duration) -> Self {
+    pub fn with_slot_ttl(mut self, slot_ttl: Duration) -> Self {
         self.slot_ttl = slot_ttl;
         self
     }
 
     /// How long one claim may take in all (default 5 s).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
     /// How many claims the store sends at the same time, one channel each
     /// (default 16).
-    pub fn max_channels(mut self, max_channels: usize) -> Self {
+    pub fn with_max_channels(mut self, max_channels: usize) -> Self {
         self.max_channels = max_channels;
         self
     }
 
     /// The connection name RabbitMQ shows in its management UI (default
     /// `anarchon`).
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+    pub fn with_connection_name(mut self, name: impl Into<String>) -> Self {
         self.connection_name = name.into();
         self
     }
@@ -200,7 +200,7 @@ impl AmqpOptions {
     /// [`Error::CaFile`] (naming the file) if it cannot be read or holds no
     /// usable certificate, [`Error::InvalidOption`] with an `amqp://` URL,
     /// [`Error::TlsNotEnabled`] in a build without the `tls` feature.
-    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+    pub fn with_tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.tls_ca_file = Some(path.into());
         self
     }
@@ -217,28 +217,28 @@ impl AmqpOptions {
     }
 
     /// The queue-name prefix.
-    pub fn get_prefix(&self) -> &str {
+    pub fn prefix(&self) -> &str {
         &self.prefix
     }
 
     /// The slot TTL.
-    pub fn get_slot_ttl(&self) -> Duration {
+    pub fn slot_ttl(&self) -> Duration {
         self.slot_ttl
     }
 
     /// The time limit of one claim.
-    pub fn get_timeout(&self) -> Duration {
+    pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
     /// The most channels the store opens.
-    pub fn get_max_channels(&self) -> usize {
+    pub fn max_channels(&self) -> usize {
         self.max_channels
     }
 
     /// The certificate authority file set with
-    /// [`tls_ca_file`](Self::tls_ca_file), if any.
-    pub fn get_tls_ca_file(&self) -> Option<&Path> {
+    /// [`with_tls_ca_file`](Self::with_tls_ca_file), if any.
+    pub fn tls_ca_file(&self) -> Option<&Path> {
         self.tls_ca_file.as_deref()
     }
 
@@ -412,9 +412,9 @@ mod tests {
             "amqp://u:p@h/%2f?heartbeat=10&prefix=a.b&slot_ttl_ms=90000&timeout_ms=2000",
         )
         .expect("valid");
-        assert_eq!(options.get_prefix(), "a.b");
-        assert_eq!(options.get_slot_ttl(), Duration::from_secs(90));
-        assert_eq!(options.get_timeout(), Duration::from_secs(2));
+        assert_eq!(options.prefix(), "a.b");
+        assert_eq!(options.slot_ttl(), Duration::from_secs(90));
+        assert_eq!(options.timeout(), Duration::from_secs(2));
         let uri = options.parse_url().expect("lapin reads it");
         assert_eq!(uri.query.heartbeat, Some(10));
         assert_eq!(uri.vhost, "/");
@@ -423,7 +423,7 @@ mod tests {
 
     #[test]
     fn slot_ttl_has_a_floor_and_a_ceiling() {
-        let at = |ttl| AmqpOptions::new("amqp://h/%2f").slot_ttl(ttl).validate();
+        let at = |ttl| AmqpOptions::new("amqp://h/%2f").with_slot_ttl(ttl).validate();
         assert!(at(MIN_SLOT_TTL).is_ok());
         assert!(at(MAX_SLOT_TTL).is_ok());
         for bad in [
@@ -463,7 +463,7 @@ mod tests {
             .validate()
             .expect("amqps:// with the tls feature");
         let err = AmqpOptions::new("amqp://app:hunter2@h/%2f")
-            .tls_ca_file("/etc/ca.pem")
+            .with_tls_ca_file("/etc/ca.pem")
             .validate()
             .expect_err("a CA file without TLS");
         let text = err.to_string();
@@ -501,7 +501,7 @@ mod tests {
         assert!(AmqpOptions::from_url("amqps://u:p@h/%2f?tls_ca_file=%zz").is_err());
         let shown = format!(
             "{:?}",
-            AmqpOptions::new("amqps://h/%2f").tls_ca_file("/etc/ca.pem")
+            AmqpOptions::new("amqps://h/%2f").with_tls_ca_file("/etc/ca.pem")
         );
         assert!(shown.contains("/etc/ca.pem"), "{shown}");
     }
@@ -509,9 +509,9 @@ mod tests {
     #[test]
     fn other_options_are_checked() {
         let base = || AmqpOptions::new("amqp://h/%2f");
-        assert!(base().timeout(Duration::ZERO).validate().is_err());
-        assert!(base().max_channels(0).validate().is_err());
-        assert!(base().prefix("amq.x").validate().is_err());
+        assert!(base().with_timeout(Duration::ZERO).validate().is_err());
+        assert!(base().with_max_channels(0).validate().is_err());
+        assert!(base().with_prefix("amq.x").validate().is_err());
         assert!(base().validate().is_ok());
     }
 

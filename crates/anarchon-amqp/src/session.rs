@@ -123,7 +123,7 @@ impl Pool {
             url: options.redacted_url(),
             connection_name: options.connection_name_value().to_owned(),
             current: tokio::sync::Mutex::new(None),
-            permits: Arc::new(Semaphore::new(options.get_max_channels())),
+            permits: Arc::new(Semaphore::new(options.max_channels())),
             connections_opened: AtomicU64::new(0),
         })
     }

@@ -127,11 +127,11 @@ impl AmqpStore {
         let pool = Pool::new(&options)?;
         let store = Self {
             pool,
-            prefix: options.get_prefix().to_owned(),
-            slot_ttl: options.get_slot_ttl(),
-            timeout: options.get_timeout(),
-            gate_arguments: queue_arguments(1, options.get_slot_ttl()),
-            mark_arguments: queue_arguments(0, options.get_slot_ttl()),
+            prefix: options.prefix().to_owned(),
+            slot_ttl: options.slot_ttl(),
+            timeout: options.timeout(),
+            gate_arguments: queue_arguments(1, options.slot_ttl()),
+            mark_arguments: queue_arguments(0, options.slot_ttl()),
             in_doubt: Mutex::new(HashMap::new()),
         };
         store.pool.warm_up(store.timeout).await?;

@@ -2,7 +2,7 @@
 //!
 //! lapin does the handshake with rustls and the ring provider, trusting the
 //! system's root certificates plus, with
-//! [`AmqpOptions::tls_ca_file`](crate::AmqpOptions::tls_ca_file), the
+//! [`AmqpOptions::with_tls_ca_file`](crate::AmqpOptions::with_tls_ca_file), the
 //! authorities in that file. The certificate check is never turned off.
 //!
 //! Two things here lapin does not do: it silently skips a CA file's

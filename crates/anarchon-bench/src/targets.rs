@@ -204,7 +204,7 @@ impl Target for Sqlite {
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let store = anarchon_sqlite::SqliteStore::open(
-            anarchon_sqlite::SqliteOptions::new(self.path()).max_connections(1),
+            anarchon_sqlite::SqliteOptions::new(self.path()).with_max_connections(1),
         )
         .await
         .context("opening the SQLite store")?;
@@ -292,8 +292,8 @@ impl Postgres {
     async fn drop_tables(&self) {
         if let Ok(store) = anarchon_pg::PgStore::connect_with(
             anarchon_pg::PgOptions::new(&self.url)
-                .table_name(self.table.clone())
-                .pool_size(1),
+                .with_table_name(self.table.clone())
+                .with_pool_size(1),
         )
         .await
         {
@@ -313,8 +313,8 @@ impl Target for Postgres {
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let store = anarchon_pg::PgStore::connect_with(
             anarchon_pg::PgOptions::new(&self.url)
-                .table_name(self.table.clone())
-                .pool_size(1),
+                .with_table_name(self.table.clone())
+                .with_pool_size(1),
         )
         .await
         .context("opening the PostgreSQL store")?;
@@ -404,7 +404,7 @@ impl Target for Redis {
         }
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
-        let options = anarchon_redis::RedisOptions::new(&self.url).prefix(&self.prefix)?;
+        let options = anarchon_redis::RedisOptions::new(&self.url).with_prefix(&self.prefix)?;
         let store: Arc<dyn ClaimStore> = match self.strategy {
             RedisStrategy::Lease => {
                 Arc::new(anarchon_redis::RedisLeaseStore::connect(&options).await?)
@@ -522,8 +522,8 @@ impl Target for Amqp {
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let options = anarchon_amqp::AmqpOptions::new(&self.url)
-            .prefix(&self.prefix)
-            .slot_ttl(Duration::from_secs(120));
+            .with_prefix(&self.prefix)
+            .with_slot_ttl(Duration::from_secs(120));
         let store = anarchon_amqp::AmqpStore::connect(options).await?;
         Ok(counted(Arc::new(store), self.calls.clone()))
     }
@@ -563,8 +563,8 @@ impl Target for Nats {
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let connection = anarchon_nats::NatsOptions::new(&self.url);
         let claims = anarchon_nats::ClaimOptions::new()
-            .prefix(&self.prefix)
-            .duplicate_window(Duration::from_secs(120));
+            .with_prefix(&self.prefix)
+            .with_duplicate_window(Duration::from_secs(120));
         let store = anarchon_nats::NatsClaimStore::connect(&connection, claims).await?;
         Ok(counted(Arc::new(store), self.calls.clone()))
     }
@@ -579,7 +579,7 @@ impl Target for Nats {
     }
     async fn cleanup(&self) {
         let stream = anarchon_nats::ClaimOptions::new()
-            .prefix(&self.prefix)
+            .with_prefix(&self.prefix)
             .stream_name();
         if let Ok(client) = async_nats::connect(&self.url).await {
             let _ = async_nats::jetstream::new(client)
@@ -614,7 +614,7 @@ impl Target for NatsKv {
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let connection = anarchon_nats::NatsOptions::new(&self.url);
-        let leases = anarchon_nats::NatsLeaseOptions::new().bucket(&self.bucket);
+        let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&self.bucket);
         let store = anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?;
         Ok(counted(Arc::new(store), self.calls.clone()))
     }

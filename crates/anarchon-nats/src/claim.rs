@@ -63,14 +63,14 @@ const CLAIMS_STREAM: StreamRole = StreamRole {
 /// use anarchon_nats::ClaimOptions;
 ///
 /// let claims = ClaimOptions::new()
-///     .prefix("billing.cron")
-///     .duplicate_window(Duration::from_secs(600));
+///     .with_prefix("billing.cron")
+///     .with_duplicate_window(Duration::from_secs(600));
 /// assert_eq!(claims.stream_name(), "billing_cron-claims");
 /// assert_eq!(claims.subject_filter(), "billing.cron.*.claims");
 ///
 /// let (connection, claims) =
 ///     ClaimOptions::from_url("nats://nats.internal:4222?prefix=billing&duplicate_window_ms=600000")?;
-/// assert_eq!(claims.get_duplicate_window(), Duration::from_secs(600));
+/// assert_eq!(claims.duplicate_window(), Duration::from_secs(600));
 /// # Ok::<(), anarchon_nats::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,14 +139,14 @@ impl ClaimOptions {
     /// The subject prefix (default `anarchon`): one or more segments of
     /// `[A-Za-z0-9_-]` joined by `.`, at most 100 bytes. Claims of job `j`
     /// are published to `<prefix>.j.claims`.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
     }
 
     /// The stream's name (default: the prefix with `.` turned into `_`,
     /// then `-claims`).
-    pub fn stream(mut self, name: impl Into<String>) -> Self {
+    pub fn with_stream(mut self, name: impl Into<String>) -> Self {
         self.stream = Some(name.into());
         self
     }
@@ -155,30 +155,30 @@ impl ClaimOptions {
     /// long the store remembers a run. Between [`MIN_DUPLICATE_WINDOW`] and
     /// [`MAX_DUPLICATE_WINDOW`]. An existing stream with a longer window is
     /// used as it is; one with a shorter window is refused.
-    pub fn duplicate_window(mut self, window: Duration) -> Self {
+    pub fn with_duplicate_window(mut self, window: Duration) -> Self {
         self.duplicate_window = window;
         self
     }
 
     /// Where a new stream keeps its messages (default on disk).
-    pub fn storage(mut self, storage: Storage) -> Self {
+    pub fn with_storage(mut self, storage: Storage) -> Self {
         self.storage = storage;
         self
     }
 
     /// How many replicas a new stream has in a cluster (default 1).
-    pub fn replicas(mut self, replicas: usize) -> Self {
+    pub fn with_replicas(mut self, replicas: usize) -> Self {
         self.replicas = replicas;
         self
     }
 
     /// The subject prefix.
-    pub fn get_prefix(&self) -> &str {
+    pub fn prefix(&self) -> &str {
         &self.prefix
     }
 
     /// The duplicate window asked for.
-    pub fn get_duplicate_window(&self) -> Duration {
+    pub fn duplicate_window(&self) -> Duration {
         self.duplicate_window
     }
 
@@ -324,7 +324,7 @@ impl NatsClaimStore {
             jetstream,
             url,
         } = connect(connection).await?;
-        let timeout = connection.get_timeout();
+        let timeout = connection.timeout();
         let (window, _stream) = ensure_stream(
             &jetstream,
             claims.stream_config(),
@@ -634,7 +634,7 @@ mod tests {
 
     #[test]
     fn names_follow_the_prefix() {
-        let claims = ClaimOptions::new().prefix("a.b");
+        let claims = ClaimOptions::new().with_prefix("a.b");
         assert_eq!(claims.stream_name(), "a_b-claims");
         assert_eq!(claims.subject_filter(), "a.b.*.claims");
         let config = claims.stream_config();
@@ -647,7 +647,7 @@ mod tests {
 
     #[test]
     fn streams_that_do_not_fit_are_named() {
-        let claims = ClaimOptions::new().prefix("p");
+        let claims = ClaimOptions::new().with_prefix("p");
         let mut other = claims.stream_config();
         other.subjects = vec!["p.>".into()];
         let err = verify(&other, &claims).expect_err("other subjects");
@@ -661,8 +661,8 @@ mod tests {
         work.retention = RetentionPolicy::WorkQueue;
         assert!(verify(&work, &claims).is_err());
         let longer = ClaimOptions::new()
-            .prefix("p")
-            .duplicate_window(Duration::from_secs(600));
+            .with_prefix("p")
+            .with_duplicate_window(Duration::from_secs(600));
         assert_eq!(
             verify(&longer.stream_config(), &claims).expect("a longer window is fine"),
             Duration::from_secs(600)
@@ -673,12 +673,12 @@ mod tests {
     fn options_are_checked() {
         assert!(ClaimOptions::new().validate().is_ok());
         for bad in [
-            ClaimOptions::new().prefix("a*"),
-            ClaimOptions::new().stream("a.b"),
-            ClaimOptions::new().stream(""),
-            ClaimOptions::new().duplicate_window(Duration::from_secs(19)),
-            ClaimOptions::new().duplicate_window(MAX_DUPLICATE_WINDOW + Duration::from_secs(1)),
-            ClaimOptions::new().replicas(0),
+            ClaimOptions::new().with_prefix("a*"),
+            ClaimOptions::new().with_stream("a.b"),
+            ClaimOptions::new().with_stream(""),
+            ClaimOptions::new().with_duplicate_window(Duration::from_secs(19)),
+            ClaimOptions::new().with_duplicate_window(MAX_DUPLICATE_WINDOW + Duration::from_secs(1)),
+            ClaimOptions::new().with_replicas(0),
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
@@ -690,9 +690,9 @@ mod tests {
             "nats://u:pw@h:4222?prefix=x&stream=S&duplicate_window_ms=90000&timeout_ms=1500&storage=memory&replicas=3",
         )
         .expect("valid");
-        assert_eq!(connection.get_timeout(), Duration::from_millis(1500));
+        assert_eq!(connection.timeout(), Duration::from_millis(1500));
         assert_eq!(claims.stream_name(), "S");
-        assert_eq!(claims.get_duplicate_window(), Duration::from_secs(90));
+        assert_eq!(claims.duplicate_window(), Duration::from_secs(90));
         assert_eq!(claims.storage, Storage::Memory);
         assert_eq!(claims.replicas, 3);
         let err = ClaimOptions::from_url("nats://u:pw@h:4222?bogus=1").expect_err("unknown");

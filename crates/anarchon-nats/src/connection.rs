@@ -35,18 +35,18 @@ pub(crate) async fn connect(options: &NatsOptions) -> Result<Connected, Error> {
     let parsed = options.parse_url()?;
     let url = options.redacted_url();
     let mut connect = ConnectOptions::new()
-        .connection_timeout(options.get_connect_timeout())
-        .request_timeout(Some(options.get_timeout()))
+        .connection_timeout(options.connect_timeout())
+        .request_timeout(Some(options.timeout()))
         .name(options.get_connection_name());
     if options.uses_tls() {
         // Without a CA file async-nats builds its TLS configuration from
         // rustls's process-wide provider: make sure there is one.
         tls::install_ring_provider();
         connect = connect.require_tls(true);
-        if options.get_tls_first() {
+        if options.tls_first() {
             connect = connect.tls_first();
         }
-        if let Some(path) = options.get_tls_ca_file() {
+        if let Some(path) = options.tls_ca_file() {
             connect = connect.tls_client_config(tls::trusting(path)?);
         }
     }
@@ -57,7 +57,7 @@ pub(crate) async fn connect(options: &NatsOptions) -> Result<Connected, Error> {
     };
     // One attempt (async-nats retries only when told to), and a time limit
     // around it all, so a connect fails within the configured time.
-    let limit = options.get_connect_timeout() + Duration::from_secs(1);
+    let limit = options.connect_timeout() + Duration::from_secs(1);
     let client = match tokio::time::timeout(limit, connect.connect(parsed.address.as_str())).await {
         Err(_) => {
             return Err(Error::Timeout {
@@ -98,9 +98,9 @@ pub(crate) async fn connect(options: &NatsOptions) -> Result<Connected, Error> {
         Ok(Ok(client)) => client,
     };
     let jetstream = jetstream::ContextBuilder::new()
-        .timeout(options.get_timeout())
+        .timeout(options.timeout())
         .build(client.clone());
-    check_jetstream(&jetstream, &url, options.get_timeout()).await?;
+    check_jetstream(&jetstream, &url, options.timeout()).await?;
     Ok(Connected {
         client,
         jetstream,

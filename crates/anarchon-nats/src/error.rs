@@ -154,7 +154,7 @@ pub enum Error {
     },
 
     /// The certificate authority file given with
-    /// [`NatsOptions::tls_ca_file`](crate::NatsOptions::tls_ca_file)
+    /// [`NatsOptions::with_tls_ca_file`](crate::NatsOptions::with_tls_ca_file)
     /// cannot be used.
     #[error("cannot use the TLS certificate authority file {}: {reason}", path.display())]
     TlsCaFile {

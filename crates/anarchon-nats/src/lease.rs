@@ -174,7 +174,7 @@ impl NatsLeaseStore {
             jetstream,
             url,
         } = connect(connection).await?;
-        let timeout = connection.get_timeout();
+        let timeout = connection.timeout();
         let ((), stream) = ensure_stream(
             &jetstream,
             leases.stream_config(),
@@ -186,7 +186,7 @@ impl NatsLeaseStore {
         .await?;
         let hand_overs = Arc::new(HandOvers::new());
         let mut news = client
-            .subscribe(hand_over_subject(leases.get_bucket()))
+            .subscribe(hand_over_subject(leases.bucket()))
             .await
             .map_err(|e| Error::Unreachable {
                 url: url.clone(),
@@ -215,7 +215,7 @@ impl NatsLeaseStore {
             jetstream,
             stream,
             url,
-            bucket: leases.get_bucket().to_owned(),
+            bucket: leases.bucket().to_owned(),
             timeout,
             counters: Counters::default(),
             leases,

@@ -24,8 +24,8 @@ pub const MAX_PREFIX_LEN: usize = 100;
 ///
 /// # TLS
 ///
-/// A `tls://` URL (or `nats+tls://`), [`require_tls`](Self::require_tls),
-/// [`tls_ca_file`](Self::tls_ca_file) or [`tls_first`](Self::tls_first)
+/// A `tls://` URL (or `nats+tls://`), [`with_require_tls`](Self::with_require_tls),
+/// [`with_tls_ca_file`](Self::with_tls_ca_file) or [`with_tls_first`](Self::with_tls_first)
 /// makes the connection use TLS, and refuses to connect without it. The
 /// server's certificate is checked against the system's root certificates,
 /// or, with `tls_ca_file`, against the authorities in that file only.
@@ -37,11 +37,11 @@ pub const MAX_PREFIX_LEN: usize = 100;
 /// use anarchon_nats::NatsOptions;
 ///
 /// let options = NatsOptions::new("nats://cron:s3cret@nats.internal:4222")
-///     .timeout(Duration::from_secs(3));
+///     .with_timeout(Duration::from_secs(3));
 /// assert!(!format!("{options:?}").contains("s3cret"));
 ///
 /// let private = NatsOptions::new("tls://nats.internal:4222")
-///     .tls_ca_file("/etc/anarchon/nats-ca.pem");
+///     .with_tls_ca_file("/etc/anarchon/nats-ca.pem");
 /// assert!(private.uses_tls());
 /// ```
 #[derive(Clone, PartialEq, Eq)]
@@ -117,7 +117,7 @@ impl NatsOptions {
 
     /// Connects with TLS, or not at all, whatever the URL's scheme
     /// (default: only for `tls://` URLs, or when the server asks for it).
-    pub fn require_tls(mut self, require: bool) -> Self {
+    pub fn with_require_tls(mut self, require: bool) -> Self {
         self.require_tls = require;
         self
     }
@@ -129,7 +129,7 @@ impl NatsOptions {
     /// The file is read when a store connects; a file that cannot be read
     /// or holds no usable certificate fails the connect with
     /// [`Error::TlsCaFile`], naming it.
-    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+    pub fn with_tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.tls_ca_file = Some(path.into());
         self
     }
@@ -137,14 +137,14 @@ impl NatsOptions {
     /// Starts TLS before the server's greeting, for a server configured
     /// with `handshake_first` (default off: the server greets in plain
     /// text and TLS starts after). Implies TLS.
-    pub fn tls_first(mut self, first: bool) -> Self {
+    pub fn with_tls_first(mut self, first: bool) -> Self {
         self.tls_first = first;
         self
     }
 
     /// Whether connections use TLS: a `tls://` URL, or any of
-    /// [`require_tls`](Self::require_tls), [`tls_ca_file`](Self::tls_ca_file)
-    /// or [`tls_first`](Self::tls_first).
+    /// [`with_require_tls`](Self::with_require_tls), [`with_tls_ca_file`](Self::with_tls_ca_file)
+    /// or [`with_tls_first`](Self::with_tls_first).
     pub fn uses_tls(&self) -> bool {
         self.require_tls
             || self.tls_first
@@ -156,31 +156,31 @@ impl NatsOptions {
     }
 
     /// The certificate authority file, if one was given.
-    pub fn get_tls_ca_file(&self) -> Option<&Path> {
+    pub fn tls_ca_file(&self) -> Option<&Path> {
         self.tls_ca_file.as_deref()
     }
 
     /// Whether TLS starts before the server's greeting.
-    pub fn get_tls_first(&self) -> bool {
+    pub fn tls_first(&self) -> bool {
         self.tls_first
     }
 
     /// How long one store call waits for the server (default 5 s): a
     /// publish acknowledgement, a read, a stream lookup.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
     /// How long connecting may take (default 5 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// The client name the server shows in its monitoring (default
     /// `anarchon`).
-    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+    pub fn with_connection_name(mut self, name: impl Into<String>) -> Self {
         self.connection_name = name.into();
         self
     }
@@ -197,12 +197,12 @@ impl NatsOptions {
     }
 
     /// The time limit of one store call.
-    pub fn get_timeout(&self) -> Duration {
+    pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
     /// The time limit of connecting.
-    pub fn get_connect_timeout(&self) -> Duration {
+    pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
 
@@ -397,7 +397,7 @@ mod tests {
         }
         assert!(
             NatsOptions::new("nats://h")
-                .timeout(Duration::ZERO)
+                .with_timeout(Duration::ZERO)
                 .validate()
                 .is_err()
         );
@@ -409,9 +409,9 @@ mod tests {
         for tls in [
             NatsOptions::new("tls://h:4222"),
             NatsOptions::new("nats+tls://h:4222"),
-            NatsOptions::new("nats://h:4222").require_tls(true),
-            NatsOptions::new("nats://h:4222").tls_first(true),
-            NatsOptions::new("nats://h:4222").tls_ca_file("/ca.pem"),
+            NatsOptions::new("nats://h:4222").with_require_tls(true),
+            NatsOptions::new("nats://h:4222").with_tls_first(true),
+            NatsOptions::new("nats://h:4222").with_tls_ca_file("/ca.pem"),
         ] {
             assert!(tls.uses_tls(), "{tls:?}");
         }
@@ -421,7 +421,7 @@ mod tests {
         assert_eq!(parsed.address, "tls://h:4222");
         assert!(
             NatsOptions::new("nats://h")
-                .tls_ca_file("")
+                .with_tls_ca_file("")
                 .validate()
                 .is_err()
         );
@@ -453,9 +453,9 @@ mod tests {
         )
         .expect("valid");
         assert!(connection.uses_tls());
-        assert!(connection.get_tls_first());
+        assert!(connection.tls_first());
         assert_eq!(
-            connection.get_tls_ca_file(),
+            connection.tls_ca_file(),
             Some(Path::new("/etc/my ca.pem"))
         );
         for bad in [
@@ -564,10 +564,10 @@ pub(crate) fn read_url(
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let param = UrlParam { key, value, url };
         match key {
-            "timeout_ms" => connection = connection.timeout(Duration::from_millis(param.number()?)),
-            "tls" => connection = connection.require_tls(param.flag()?),
-            "tls_first" => connection = connection.tls_first(param.flag()?),
-            "tls_ca_file" => connection = connection.tls_ca_file(param.decoded()?),
+            "timeout_ms" => connection = connection.with_timeout(Duration::from_millis(param.number()?)),
+            "tls" => connection = connection.with_require_tls(param.flag()?),
+            "tls_first" => connection = connection.with_tls_first(param.flag()?),
+            "tls_ca_file" => connection = connection.with_tls_ca_file(param.decoded()?),
             "replicas" => {
                 shared.replicas = Some(
                     usize::try_from(param.number()?)

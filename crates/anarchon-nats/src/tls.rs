@@ -3,7 +3,7 @@
 //!
 //! async-nats speaks TLS with rustls and the ring provider. The server's
 //! certificate is checked against the system's root certificates or, with
-//! [`NatsOptions::tls_ca_file`](crate::NatsOptions::tls_ca_file), against the
+//! [`NatsOptions::with_tls_ca_file`](crate::NatsOptions::with_tls_ca_file), against the
 //! authorities in that file only. Nothing turns the check off.
 
 use std::path::Path;

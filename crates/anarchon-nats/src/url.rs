@@ -28,7 +28,7 @@ impl NatsLeaseOptions {
     /// let (connection, leases) =
     ///     NatsLeaseOptions::from_kv_url("nats-kv+tls://tok3n@nats.internal:4222?bucket=cron-leases")?;
     /// assert!(connection.uses_tls());
-    /// assert_eq!(leases.get_bucket(), "cron-leases");
+    /// assert_eq!(leases.bucket(), "cron-leases");
     /// assert_eq!(connection.redacted_url(), "tls://***@nats.internal:4222");
     /// # Ok::<(), anarchon_nats::Error>(())
     /// ```
@@ -73,17 +73,17 @@ mod tests {
                 .unwrap();
         assert!(connection.uses_tls());
         assert_eq!(
-            connection.get_tls_ca_file(),
+            connection.tls_ca_file(),
             Some(std::path::Path::new("/etc/ca.pem"))
         );
-        assert_eq!(leases.get_bucket(), crate::DEFAULT_BUCKET);
+        assert_eq!(leases.bucket(), crate::DEFAULT_BUCKET);
         assert!(!format!("{connection:?}{leases:?}").contains("tok3n"));
         let (connection, leases) =
             NatsLeaseOptions::from_kv_url("nats-kv://h:4222?bucket=cron-leases&replicas=3")
                 .unwrap();
         assert!(!connection.uses_tls());
-        assert_eq!(leases.get_bucket(), "cron-leases");
-        assert_eq!(leases.get_replicas(), 3);
+        assert_eq!(leases.bucket(), "cron-leases");
+        assert_eq!(leases.replicas(), 3);
 
         for (url, says) in [
             ("nats-kv://u:s3cret@h?bogus=1", "unknown parameter"),

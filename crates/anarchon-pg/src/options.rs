@@ -154,10 +154,10 @@ impl fmt::Debug for TableName {
 ///
 /// # fn main() -> Result<(), anarchon_pg::Error> {
 /// let options = PgOptions::new("postgres://app:secret@db.internal:5432/app")
-///     .table("cron_runs")?
-///     .pool_size(4)
-///     .connect_timeout(Duration::from_secs(5))
-///     .statement_timeout(Some(Duration::from_secs(10)));
+///     .with_table("cron_runs")?
+///     .with_pool_size(4)
+///     .with_connect_timeout(Duration::from_secs(5))
+///     .with_statement_timeout(Some(Duration::from_secs(10)));
 /// // The password never shows in `Debug`.
 /// assert!(!format!("{options:?}").contains("secret"));
 /// # Ok(())
@@ -216,8 +216,8 @@ impl PgOptions {
     /// let options = PgOptions::from_url(
     ///     "postgres://app:s3cret@db.internal/app?table=cron_runs&pool_size=8&sslmode=require",
     /// )?;
-    /// assert_eq!(options.get_table().as_str(), "cron_runs");
-    /// assert_eq!(options.get_pool_size(), 8);
+    /// assert_eq!(options.table().as_str(), "cron_runs");
+    /// assert_eq!(options.pool_size(), 8);
     /// assert_eq!(options.redacted_url(), "postgres://app:***@db.internal/app?sslmode=require");
     /// assert_eq!(options.server(), "db.internal:5432/app");
     /// # Ok::<(), anarchon_pg::Error>(())
@@ -309,26 +309,26 @@ impl PgOptions {
     /// # Errors
     ///
     /// [`Error::InvalidTableName`], see [`TableName::new`].
-    pub fn table(self, name: &str) -> Result<Self, Error> {
-        Ok(self.table_name(TableName::new(name)?))
+    pub fn with_table(self, name: &str) -> Result<Self, Error> {
+        Ok(self.with_table_name(TableName::new(name)?))
     }
 
     /// Uses an already validated table name.
-    pub fn table_name(mut self, name: TableName) -> Self {
+    pub fn with_table_name(mut self, name: TableName) -> Self {
         self.table = name;
         self
     }
 
     /// The most connections the store's pool opens (at least 1). Each store
     /// call holds one connection for one round trip.
-    pub fn pool_size(mut self, n: u32) -> Self {
+    pub fn with_pool_size(mut self, n: u32) -> Self {
         self.pool_size = n;
         self
     }
 
     /// How long to wait for a connection: to open one at start-up, and for a
     /// free or new one on each call. Past it the call fails as unavailable.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
@@ -336,14 +336,14 @@ impl PgOptions {
     /// The server-side `statement_timeout` of the store's connections, sent
     /// as a start-up parameter; `None` leaves the server's setting. A claim
     /// cut short by it fails as unavailable and changes nothing.
-    pub fn statement_timeout(mut self, timeout: Option<Duration>) -> Self {
+    pub fn with_statement_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.statement_timeout = timeout;
         self
     }
 
     /// The `application_name` the store's connections report (default
     /// `anarchon`), e.g. to find them in `pg_stat_activity`.
-    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+    pub fn with_application_name(mut self, name: impl Into<String>) -> Self {
         self.application_name = name.into();
         self
     }
@@ -352,7 +352,7 @@ impl PgOptions {
     /// `true`). With `false` the store only checks that the schema is at the
     /// version this crate needs, for deployments whose application role may
     /// not run DDL.
-    pub fn migrate(mut self, migrate: bool) -> Self {
+    pub fn with_migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
         self
     }
@@ -386,22 +386,22 @@ impl PgOptions {
     }
 
     /// The table.
-    pub fn get_table(&self) -> &TableName {
+    pub fn table(&self) -> &TableName {
         &self.table
     }
 
     /// The pool size.
-    pub fn get_pool_size(&self) -> u32 {
+    pub fn pool_size(&self) -> u32 {
         self.pool_size
     }
 
     /// The connect timeout.
-    pub fn get_connect_timeout(&self) -> Duration {
+    pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
 
     /// The statement timeout.
-    pub fn get_statement_timeout(&self) -> Option<Duration> {
+    pub fn statement_timeout(&self) -> Option<Duration> {
         self.statement_timeout
     }
 
@@ -553,20 +553,20 @@ mod tests {
     fn options_are_checked() {
         let url = "postgres://h/db";
         assert!(PgOptions::new(url).validate().is_ok());
-        assert!(PgOptions::new(url).pool_size(0).validate().is_err());
+        assert!(PgOptions::new(url).with_pool_size(0).validate().is_err());
         assert!(
             PgOptions::new(url)
-                .connect_timeout(Duration::ZERO)
+                .with_connect_timeout(Duration::ZERO)
                 .validate()
                 .is_err()
         );
         assert!(
             PgOptions::new(url)
-                .statement_timeout(Some(Duration::from_micros(10)))
+                .with_statement_timeout(Some(Duration::from_micros(10)))
                 .validate()
                 .is_err()
         );
-        assert!(PgOptions::new(url).table("Bad").is_err());
+        assert!(PgOptions::new(url).with_table("Bad").is_err());
     }
     #[test]
     fn store_urls_keep_the_clients_parameters_and_strip_ours() {
@@ -575,10 +575,10 @@ mod tests {
                 "{scheme}://app:s3cret@db.internal:6543/cron?table=cron_runs&pool_size=8&sslmode=require&connect_timeout_ms=1500&statement_timeout_ms=0&migrate=false&application_name=web"
             ))
             .unwrap();
-            assert_eq!(options.get_table().as_str(), "cron_runs");
-            assert_eq!(options.get_pool_size(), 8);
-            assert_eq!(options.get_connect_timeout(), Duration::from_millis(1500));
-            assert_eq!(options.get_statement_timeout(), None);
+            assert_eq!(options.table().as_str(), "cron_runs");
+            assert_eq!(options.pool_size(), 8);
+            assert_eq!(options.connect_timeout(), Duration::from_millis(1500));
+            assert_eq!(options.statement_timeout(), None);
             assert!(!options.migrate);
             assert_eq!(options.application_name, "web");
             assert_eq!(
@@ -589,11 +589,11 @@ mod tests {
             assert!(!format!("{options:?}").contains("s3cret"));
         }
         let plain = PgOptions::from_url("postgres://postgres@127.0.0.1/test").unwrap();
-        assert_eq!(plain.get_table().as_str(), "anarchon");
+        assert_eq!(plain.table().as_str(), "anarchon");
         assert_eq!(plain.redacted_url(), "postgres://postgres@127.0.0.1/test");
         assert_eq!(plain.server(), "127.0.0.1:5432/test");
         assert_eq!(
-            plain.get_statement_timeout(),
+            plain.statement_timeout(),
             Some(PgOptions::DEFAULT_STATEMENT_TIMEOUT)
         );
         // A Unix socket named by the client's `host` parameter.

@@ -50,7 +50,7 @@ async fn main() {
     let url =
         std::env::var("ANARCHON_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let prefix = format!("bench{}", std::process::id());
-    let opts = RedisOptions::new(url.clone()).prefix(&prefix).unwrap();
+    let opts = RedisOptions::new(url.clone()).with_prefix(&prefix).unwrap();
     let job = JobName::new("bench").unwrap();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -32,7 +32,7 @@ pub enum Error {
     },
 
     /// The URL or the options ask for TLS (a `rediss://` or `valkeys://`
-    /// URL, or [`RedisOptions::tls_ca_file`](crate::RedisOptions::tls_ca_file)),
+    /// URL, or [`RedisOptions::with_tls_ca_file`](crate::RedisOptions::with_tls_ca_file)),
     /// but the crate was built without its `tls` feature.
     #[error(
         "{requested_by} asks for TLS, but anarchon-redis was built without TLS support: enable the `tls` feature of anarchon-redis"
@@ -43,7 +43,7 @@ pub enum Error {
     },
 
     /// The certificate authority file given with
-    /// [`RedisOptions::tls_ca_file`](crate::RedisOptions::tls_ca_file)
+    /// [`RedisOptions::with_tls_ca_file`](crate::RedisOptions::with_tls_ca_file)
     /// cannot be read or holds no usable certificate.
     #[error("cannot use the certificate authority file {}: {reason}", path.display())]
     CaFile {

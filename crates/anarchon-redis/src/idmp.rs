@@ -60,7 +60,7 @@ pub struct RedisIdmpStore {
     /// Jobs whose stream is known to be set up, for the connection generation.
     ready: Mutex<(u64, HashSet<JobName>)>,
     lost_entries: AtomicU64,
-    /// Where the trimming horizon reads "now" ([`RedisOptions::clock`]).
+    /// Where the trimming horizon reads "now" ([`RedisOptions::with_clock`]).
     clock: Arc<dyn Clock>,
 }
 

@@ -339,13 +339,13 @@ impl RedisOptions {
         }
         check_with_client(&options.url).map_err(invalid)?;
         if let Some(prefix) = prefix {
-            options = options.prefix(prefix)?;
+            options = options.with_prefix(prefix)?;
         }
         if let Some(path) = ca_file {
             if !tls {
                 return Err(invalid("tls_ca_file needs a rediss:// URL (TLS)".into()));
             }
-            options = options.tls_ca_file(path);
+            options = options.with_tls_ca_file(path);
         }
         Ok((options, strategy))
     }
@@ -354,7 +354,7 @@ impl RedisOptions {
     /// the client side (default: the system clock). Only `idmp` does: it
     /// trims entries far older than its memory. No strategy decides who
     /// runs a slot with it; the lease strategy reads Redis's `TIME`.
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
     }
@@ -364,27 +364,27 @@ impl RedisOptions {
     /// # Errors
     ///
     /// [`Error::InvalidPrefix`], see [`KeyPrefix::new`].
-    pub fn prefix(mut self, prefix: &str) -> Result<Self, Error> {
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, Error> {
         self.prefix = KeyPrefix::new(prefix)?;
         Ok(self)
     }
 
     /// How long opening a connection may take before the call fails as
     /// unavailable.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// How long one answer may take before the call fails as unavailable.
     /// Scripts run inside Redis, so this also bounds a claim's script.
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
     /// What to do when the server may evict keys.
-    pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
+    pub fn with_eviction_check(mut self, check: EvictionCheck) -> Self {
         self.eviction = check;
         self
     }
@@ -406,7 +406,7 @@ impl RedisOptions {
     /// holds no usable certificate, [`Error::InvalidUrl`] if the
     /// URL is not a TLS URL, [`Error::TlsNotEnabled`] in a build
     /// without the `tls` feature.
-    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+    pub fn with_tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.tls_ca_file = Some(path.into());
         self
     }
@@ -434,8 +434,8 @@ impl RedisOptions {
     }
 
     /// The certificate authority file set with
-    /// [`tls_ca_file`](Self::tls_ca_file), if any.
-    pub fn tls_ca_path(&self) -> Option<&Path> {
+    /// [`with_tls_ca_file`](Self::with_tls_ca_file), if any.
+    pub fn tls_ca_file(&self) -> Option<&Path> {
         self.tls_ca_file.as_deref()
     }
 }
@@ -526,7 +526,7 @@ mod tests {
         let shown = format!("{opts:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("user:***@h:6379"), "{shown}");
-        let opts = RedisOptions::new("rediss://user:s3cret@h:6380/1").tls_ca_file("/etc/ca.pem");
+        let opts = RedisOptions::new("rediss://user:s3cret@h:6380/1").with_tls_ca_file("/etc/ca.pem");
         let shown = format!("{opts:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("rediss://user:***@h:6380/1"), "{shown}");
@@ -669,7 +669,7 @@ mod tests {
         .unwrap();
         assert_eq!(strategy.backend(), "redis-script");
         assert_eq!(
-            options.tls_ca_path(),
+            options.tls_ca_file(),
             Some(Path::new("/etc/ca files/team.pem"))
         );
         assert!(!format!("{options:?}").contains("s3cret"));

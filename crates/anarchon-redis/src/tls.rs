@@ -3,7 +3,7 @@
 //! `rediss://` (and `valkeys://`) URLs need the crate's `tls` feature,
 //! which turns on rustls in the Redis client with the ring provider. The
 //! server's certificate is checked against the system's root certificates,
-//! or, with [`RedisOptions::tls_ca_file`], against the authorities in that
+//! or, with [`RedisOptions::with_tls_ca_file`], against the authorities in that
 //! file only. Nothing turns the check off: the client's `#insecure` URL
 //! fragment is refused.
 
@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn a_ca_file_with_a_plain_url_is_refused() {
-        let opts = RedisOptions::new("redis://u:s3cret@127.0.0.1:6379").tls_ca_file("/no/such.pem");
+        let opts = RedisOptions::new("redis://u:s3cret@127.0.0.1:6379").with_tls_ca_file("/no/such.pem");
         let err = connection_info(&opts).expect_err("refused");
         #[cfg(feature = "tls")]
         assert!(
@@ -286,7 +286,7 @@ mod tests {
             (&not_pem, "holds no certificate"),
             (&garbage, "certificate 1 cannot be used as an authority"),
         ] {
-            let opts = RedisOptions::new("rediss://:s3cret@localhost:6380").tls_ca_file(path);
+            let opts = RedisOptions::new("rediss://:s3cret@localhost:6380").with_tls_ca_file(path);
             let err = connection_info(&opts).expect_err("refused");
             assert!(matches!(err, Error::CaFile { .. }), "{err:?}");
             let shown = err.to_string();

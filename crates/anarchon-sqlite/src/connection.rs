@@ -46,7 +46,7 @@ impl SqliteStore {
     ///   [`Error::Sqlite`] for anything else.
     pub async fn open(options: SqliteOptions) -> Result<Self, Error> {
         options.validate()?;
-        let sql = Sql::render(options.get_table_prefix())?;
+        let sql = Sql::render(options.table_prefix())?;
         let path = options.path().to_path_buf();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
             && !dir.is_dir()
@@ -60,19 +60,19 @@ impl SqliteStore {
         let connect = SqliteConnectOptions::new()
             .filename(&path)
             .create_if_missing(true)
-            .busy_timeout(options.get_busy_timeout());
+            .busy_timeout(options.busy_timeout());
         let pool = SqlitePoolOptions::new()
-            .max_connections(options.get_max_connections())
+            .max_connections(options.max_connections())
             .acquire_timeout(
                 options
-                    .get_busy_timeout()
+                    .busy_timeout()
                     .saturating_mul(2)
                     .max(Duration::from_secs(5)),
             )
             .connect_with(connect)
             .await
             .map_err(|e| open_error(&options, "opening the file", e))?;
-        let hand_overs = board_for(options.path(), options.get_table_prefix());
+        let hand_overs = board_for(options.path(), options.table_prefix());
         let store = Self {
             pool,
             sql: Arc::new(sql),
@@ -81,7 +81,7 @@ impl SqliteStore {
         };
         store.use_wal().await?;
         store.migrate().await?;
-        tracing::debug!(path = ?store.options.path(), prefix = store.options.get_table_prefix(), "SQLite store open");
+        tracing::debug!(path = ?store.options.path(), prefix = store.options.table_prefix(), "SQLite store open");
         Ok(store)
     }
 
@@ -96,19 +96,19 @@ impl SqliteStore {
     /// this crate's schema, [`Error::SchemaTooNew`] when newer.
     pub async fn open_read_only(options: SqliteOptions) -> Result<Self, Error> {
         options.validate()?;
-        let sql = Sql::render(options.get_table_prefix())?;
+        let sql = Sql::render(options.table_prefix())?;
         let path = options.path().to_path_buf();
         let connect = SqliteConnectOptions::new()
             .filename(&path)
             .read_only(true)
             .create_if_missing(false)
-            .busy_timeout(options.get_busy_timeout());
+            .busy_timeout(options.busy_timeout());
         let pool = SqlitePoolOptions::new()
-            .max_connections(options.get_max_connections())
+            .max_connections(options.max_connections())
             .connect_with(connect)
             .await
             .map_err(|e| open_error(&options, "opening the file for reading", e))?;
-        let hand_overs = board_for(&path, options.get_table_prefix());
+        let hand_overs = board_for(&path, options.table_prefix());
         let store = Self {
             pool,
             sql: Arc::new(sql),
@@ -119,7 +119,7 @@ impl SqliteStore {
             let options = store.options.clone();
             move |e| open_error(&options, doing, e)
         };
-        let table = format!("{}_schema", store.options.get_table_prefix());
+        let table = format!("{}_schema", store.options.table_prefix());
         let exists: i64 = sqlx::query_scalar(store.sql.schema_exists.clone())
             .bind(&table)
             .fetch_one(&store.pool)
@@ -139,7 +139,7 @@ impl SqliteStore {
         if found < latest {
             return Err(Error::SchemaOutdated {
                 path,
-                prefix: store.options.get_table_prefix().to_owned(),
+                prefix: store.options.table_prefix().to_owned(),
                 found,
                 latest,
             });
@@ -165,7 +165,7 @@ impl SqliteStore {
                         mode,
                     });
                 }
-                Err(e) if is_busy(&e) && started.elapsed() < self.options.get_busy_timeout() => {
+                Err(e) if is_busy(&e) && started.elapsed() < self.options.busy_timeout() => {
                     tokio::time::sleep(WAL_RETRY_PAUSE).await;
                 }
                 Err(e) => return Err(open_error(&self.options, "switching to WAL mode", e)),
@@ -179,7 +179,7 @@ impl SqliteStore {
         let latest = Sql::latest_version();
         let fail = |doing: &'static str| move |e| open_error(&self.options, doing, e);
         // Fast path, without the write lock: already up to date.
-        let table = format!("{}_schema", self.options.get_table_prefix());
+        let table = format!("{}_schema", self.options.table_prefix());
         let exists: i64 = sqlx::query_scalar(self.sql.schema_exists.clone())
             .bind(&table)
             .fetch_one(&self.pool)
@@ -221,7 +221,7 @@ impl SqliteStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(fail("recording the schema version"))?;
-            tracing::info!(path = ?self.path(), prefix = self.options.get_table_prefix(), version, "SQLite schema migrated");
+            tracing::info!(path = ?self.path(), prefix = self.options.table_prefix(), version, "SQLite schema migrated");
         }
         tx.commit()
             .await
@@ -234,7 +234,7 @@ impl SqliteStore {
         if found > supported {
             return Err(Error::SchemaTooNew {
                 path: self.path().to_path_buf(),
-                prefix: self.options.get_table_prefix().to_owned(),
+                prefix: self.options.table_prefix().to_owned(),
                 found,
                 supported,
             });
@@ -322,12 +322,12 @@ fn open_error(options: &SqliteOptions, doing: &'static str, e: sqlx::Error) -> E
         },
         Some(code::BUSY | code::LOCKED) => Error::Locked {
             path,
-            busy_timeout: options.get_busy_timeout(),
+            busy_timeout: options.busy_timeout(),
             doing,
         },
         _ if matches!(e, sqlx::Error::PoolTimedOut) => Error::Locked {
             path,
-            busy_timeout: options.get_busy_timeout(),
+            busy_timeout: options.busy_timeout(),
             doing,
         },
         _ => Error::Sqlite {

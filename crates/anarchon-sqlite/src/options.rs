@@ -25,10 +25,10 @@ pub const MAX_PREFIX_LEN: usize = 48;
 /// use anarchon_sqlite::SqliteOptions;
 ///
 /// let options = SqliteOptions::new("/var/lib/myapp/cron.db")
-///     .table_prefix("cron")
-///     .busy_timeout(Duration::from_secs(2))
-///     .max_connections(2);
-/// assert_eq!(options.get_table_prefix(), "cron");
+///     .with_table_prefix("cron")
+///     .with_busy_timeout(Duration::from_secs(2))
+///     .with_max_connections(2);
+/// assert_eq!(options.table_prefix(), "cron");
 ///
 /// let from_url = SqliteOptions::from_url("sqlite://data/cron.db?table_prefix=cron")?;
 /// assert_eq!(from_url.path(), std::path::Path::new("data/cron.db"));
@@ -99,18 +99,18 @@ impl SqliteOptions {
             }
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             match key {
-                "table_prefix" => options = options.table_prefix(value),
+                "table_prefix" => options = options.with_table_prefix(value),
                 "busy_timeout_ms" => {
                     let ms: u64 = value.parse().map_err(|_| {
                         invalid("busy_timeout_ms must be a whole number of milliseconds")
                     })?;
-                    options = options.busy_timeout(Duration::from_millis(ms));
+                    options = options.with_busy_timeout(Duration::from_millis(ms));
                 }
                 "max_connections" => {
                     let n: u32 = value
                         .parse()
                         .map_err(|_| invalid("max_connections must be a whole number"))?;
-                    options = options.max_connections(n);
+                    options = options.with_max_connections(n);
                 }
                 other => {
                     return Err(invalid(&format!(
@@ -126,20 +126,20 @@ impl SqliteOptions {
     /// The prefix of the store's table names (default `anarchon`): 1 to 48
     /// characters of `[A-Za-z0-9_]` starting with a letter or `_`. Several
     /// prefixes keep independent stores in one file.
-    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
+    pub fn with_table_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.table_prefix = prefix.into();
         self
     }
 
     /// How long a statement waits for another connection's write lock
     /// before it fails with a temporary error (default 5 s).
-    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
         self
     }
 
     /// How many connections the store's pool opens at most (default 4).
-    pub fn max_connections(mut self, n: u32) -> Self {
+    pub fn with_max_connections(mut self, n: u32) -> Self {
         self.max_connections = n;
         self
     }
@@ -150,17 +150,17 @@ impl SqliteOptions {
     }
 
     /// The table prefix.
-    pub fn get_table_prefix(&self) -> &str {
+    pub fn table_prefix(&self) -> &str {
         &self.table_prefix
     }
 
     /// The busy timeout.
-    pub fn get_busy_timeout(&self) -> Duration {
+    pub fn busy_timeout(&self) -> Duration {
         self.busy_timeout
     }
 
     /// The pool size.
-    pub fn get_max_connections(&self) -> u32 {
+    pub fn max_connections(&self) -> u32 {
         self.max_connections
     }
 
@@ -235,7 +235,7 @@ mod tests {
     fn urls_name_a_file_relative_or_absolute() {
         let o = SqliteOptions::from_url("sqlite://anarchon.db").unwrap();
         assert_eq!(o.path(), Path::new("anarchon.db"));
-        assert_eq!(o.get_table_prefix(), DEFAULT_TABLE_PREFIX);
+        assert_eq!(o.table_prefix(), DEFAULT_TABLE_PREFIX);
         let o = SqliteOptions::from_url("sqlite:///var/lib/a.db").unwrap();
         assert_eq!(o.path(), Path::new("/var/lib/a.db"));
         let o = SqliteOptions::from_url(
@@ -243,9 +243,9 @@ mod tests {
         )
         .unwrap();
         assert_eq!(o.path(), Path::new("d/a.db"));
-        assert_eq!(o.get_table_prefix(), "cron");
-        assert_eq!(o.get_busy_timeout(), Duration::from_millis(250));
-        assert_eq!(o.get_max_connections(), 2);
+        assert_eq!(o.table_prefix(), "cron");
+        assert_eq!(o.busy_timeout(), Duration::from_millis(250));
+        assert_eq!(o.max_connections(), 2);
     }
 
     #[test]

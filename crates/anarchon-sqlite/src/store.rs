@@ -84,7 +84,7 @@ impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
             .field("path", &self.options.path())
-            .field("table_prefix", &self.options.get_table_prefix())
+            .field("table_prefix", &self.options.table_prefix())
             .finish_non_exhaustive()
     }
 }
@@ -123,7 +123,7 @@ impl SqliteStore {
         if is_busy(&e) {
             let doing = format!(
                 "{doing}: the database stayed locked longer than the busy timeout ({:?})",
-                self.options.get_busy_timeout()
+                self.options.busy_timeout()
             );
             return store_error(&doing, e);
         }
@@ -331,7 +331,7 @@ mod tests {
     async fn the_overlap_check_reads_only_the_live_runs_index() {
         let dir = tempfile::tempdir().unwrap();
         let store =
-            SqliteStore::open(SqliteOptions::new(dir.path().join("plan.db")).table_prefix("plan"))
+            SqliteStore::open(SqliteOptions::new(dir.path().join("plan.db")).with_table_prefix("plan"))
                 .await
                 .unwrap();
         // A job with a finished history and one live run.

@@ -307,9 +307,9 @@ impl StoreUrl {
             #[cfg(feature = "redis")]
             Backend::Redis { strategy, .. } => strategy.memory(),
             #[cfg(feature = "amqp")]
-            Backend::Amqp(ref options) => Memory::Window(options.get_slot_ttl()),
+            Backend::Amqp(ref options) => Memory::Window(options.slot_ttl()),
             #[cfg(feature = "nats")]
-            Backend::Nats { ref claims, .. } => Memory::Window(claims.get_duplicate_window()),
+            Backend::Nats { ref claims, .. } => Memory::Window(claims.duplicate_window()),
             #[allow(unreachable_patterns)] // Every backend is a lease store in some builds.
             _ => anarchon_core::Memory::UntilCollected,
         };
@@ -339,14 +339,14 @@ impl StoreUrl {
             Backend::Sqlite(ref options) => format!(
                 "SQLite file {} (tables {}_*, {kind})",
                 options.path().display(),
-                options.get_table_prefix()
+                options.table_prefix()
             ),
             #[cfg(feature = "pg")]
             Backend::Postgres(ref options) => format!(
                 "PostgreSQL {} (table {}, pool of {}, {kind})",
                 options.server(),
-                options.get_table(),
-                options.get_pool_size()
+                options.table(),
+                options.pool_size()
             ),
             #[cfg(feature = "redis")]
             Backend::Redis {
@@ -372,8 +372,8 @@ impl StoreUrl {
             Backend::Amqp(ref options) => format!(
                 "RabbitMQ {} (queue prefix {}, slot TTL {}, {kind})",
                 options.server(),
-                options.get_prefix(),
-                humantime::format_duration(options.get_slot_ttl())
+                options.prefix(),
+                humantime::format_duration(options.slot_ttl())
             ),
             #[cfg(feature = "nats")]
             Backend::Nats {
@@ -384,7 +384,7 @@ impl StoreUrl {
                 connection.server(),
                 claims.stream_name(),
                 claims.subject_filter(),
-                humantime::format_duration(claims.get_duplicate_window())
+                humantime::format_duration(claims.duplicate_window())
             ),
             #[cfg(feature = "nats")]
             Backend::NatsKv {
@@ -393,7 +393,7 @@ impl StoreUrl {
             } => format!(
                 "NATS JetStream KV {} (bucket {}, {kind})",
                 connection.server(),
-                leases.get_bucket()
+                leases.bucket()
             ),
         }
     }
@@ -490,7 +490,7 @@ impl StoreUrl {
                             what: format!(
                                 "no anarchon tables in {:?} (prefix {:?})",
                                 options.path(),
-                                options.get_table_prefix()
+                                options.table_prefix()
                             ),
                         })
                     }
@@ -499,7 +499,7 @@ impl StoreUrl {
             }
             #[cfg(feature = "pg")]
             Backend::Postgres(ref options) => {
-                match anarchon_pg::PgStore::connect_with(options.clone().migrate(false)).await {
+                match anarchon_pg::PgStore::connect_with(options.clone().with_migrate(false)).await {
                     Ok(store) => {
                         let store = Arc::new(store);
                         Ok(Opened::lease(store.clone(), Handle::Postgres(store)))

@@ -83,7 +83,7 @@ impl NatsLeaseStore {
     /// on disk that is gone was deleted by someone; making it again would
     /// start every job's fence numbers from 1 behind their back.
     fn may_recreate(&self) -> bool {
-        self.leases.get_storage() == Storage::Memory
+        self.leases.storage() == Storage::Memory
     }
 
     /// Creates the in-memory bucket again, empty, as

@@ -19,14 +19,14 @@ pub const MAX_HISTORY: i64 = 64;
 /// ```
 /// use anarchon_nats::{NatsLeaseOptions, Storage};
 ///
-/// let leases = NatsLeaseOptions::new().bucket("billing-cron").history(4);
+/// let leases = NatsLeaseOptions::new().with_bucket("billing-cron").with_history(4);
 /// assert_eq!(leases.stream_name(), "KV_billing-cron");
 ///
 /// let (connection, leases) = NatsLeaseOptions::from_url(
 ///     "nats://nats.internal:4222?bucket=billing-cron&storage=file&replicas=3&timeout_ms=2000",
 /// )?;
-/// assert_eq!(leases.get_bucket(), "billing-cron");
-/// assert_eq!(leases.get_replicas(), 3);
+/// assert_eq!(leases.bucket(), "billing-cron");
+/// assert_eq!(leases.replicas(), 3);
 /// # Ok::<(), anarchon_nats::Error>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl NatsLeaseOptions {
     /// The KV bucket (default `anarchon-leases`): 1 to 120 characters of
     /// `[A-Za-z0-9_-]`. One bucket serves any number of jobs and schedulers;
     /// give separate fleets separate buckets.
-    pub fn bucket(mut self, bucket: impl Into<String>) -> Self {
+    pub fn with_bucket(mut self, bucket: impl Into<String>) -> Self {
         self.bucket = bucket.into();
         self
     }
@@ -101,7 +101,7 @@ impl NatsLeaseOptions {
     /// How many revisions per key a new bucket keeps (default 1, at most
     /// 64). The store needs only the latest; more let an operator read a
     /// run's past with `nats kv history`.
-    pub fn history(mut self, history: i64) -> Self {
+    pub fn with_history(mut self, history: i64) -> Self {
         self.history = history;
         self
     }
@@ -109,34 +109,34 @@ impl NatsLeaseOptions {
     /// Where a new bucket keeps its data (default on disk). With
     /// [`Storage::Memory`] a server restart forgets every run and resets
     /// the fence counters.
-    pub fn storage(mut self, storage: Storage) -> Self {
+    pub fn with_storage(mut self, storage: Storage) -> Self {
         self.storage = storage;
         self
     }
 
     /// How many replicas a new bucket has in a cluster (default 1).
-    pub fn replicas(mut self, replicas: usize) -> Self {
+    pub fn with_replicas(mut self, replicas: usize) -> Self {
         self.replicas = replicas;
         self
     }
 
     /// The bucket's name.
-    pub fn get_bucket(&self) -> &str {
+    pub fn bucket(&self) -> &str {
         &self.bucket
     }
 
     /// The history a new bucket gets.
-    pub fn get_history(&self) -> i64 {
+    pub fn history(&self) -> i64 {
         self.history
     }
 
     /// The storage a new bucket gets.
-    pub fn get_storage(&self) -> Storage {
+    pub fn storage(&self) -> Storage {
         self.storage
     }
 
     /// The replicas a new bucket gets.
-    pub fn get_replicas(&self) -> usize {
+    pub fn replicas(&self) -> usize {
         self.replicas
     }
 
@@ -270,14 +270,14 @@ mod tests {
     fn options_are_checked() {
         assert!(NatsLeaseOptions::new().validate().is_ok());
         for bad in [
-            NatsLeaseOptions::new().bucket(""),
-            NatsLeaseOptions::new().bucket("a.b"),
-            NatsLeaseOptions::new().bucket("a b"),
-            NatsLeaseOptions::new().bucket("x".repeat(121)),
-            NatsLeaseOptions::new().history(0),
-            NatsLeaseOptions::new().history(65),
-            NatsLeaseOptions::new().replicas(0),
-            NatsLeaseOptions::new().replicas(6),
+            NatsLeaseOptions::new().with_bucket(""),
+            NatsLeaseOptions::new().with_bucket("a.b"),
+            NatsLeaseOptions::new().with_bucket("a b"),
+            NatsLeaseOptions::new().with_bucket("x".repeat(121)),
+            NatsLeaseOptions::new().with_history(0),
+            NatsLeaseOptions::new().with_history(65),
+            NatsLeaseOptions::new().with_replicas(0),
+            NatsLeaseOptions::new().with_replicas(6),
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
@@ -289,11 +289,11 @@ mod tests {
             "nats://u:pw@h:4222?bucket=B_1&history=5&storage=memory&replicas=3&timeout_ms=1500",
         )
         .expect("valid");
-        assert_eq!(connection.get_timeout(), Duration::from_millis(1500));
-        assert_eq!(leases.get_bucket(), "B_1");
-        assert_eq!(leases.get_history(), 5);
-        assert_eq!(leases.get_storage(), Storage::Memory);
-        assert_eq!(leases.get_replicas(), 3);
+        assert_eq!(connection.timeout(), Duration::from_millis(1500));
+        assert_eq!(leases.bucket(), "B_1");
+        assert_eq!(leases.history(), 5);
+        assert_eq!(leases.storage(), Storage::Memory);
+        assert_eq!(leases.replicas(), 3);
         for bad in [
             "nats://u:pw@h:4222?bogus=1",
             "nats://u:pw@h:4222?history=x",
@@ -309,7 +309,7 @@ mod tests {
 
     #[test]
     fn buckets_that_do_not_fit_are_named() {
-        let leases = NatsLeaseOptions::new().bucket("b");
+        let leases = NatsLeaseOptions::new().with_bucket("b");
         let good = leases.stream_config();
         leases.verify(&good).expect("its own config fits");
         let mut aging = good.clone();
