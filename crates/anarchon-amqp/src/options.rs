@@ -423,7 +423,11 @@ mod tests {
 
     #[test]
     fn slot_ttl_has_a_floor_and_a_ceiling() {
-        let at = |ttl| AmqpOptions::new("amqp://h/%2f").with_slot_ttl(ttl).validate();
+        let at = |ttl| {
+            AmqpOptions::new("amqp://h/%2f")
+                .with_slot_ttl(ttl)
+                .validate()
+        };
         assert!(at(MIN_SLOT_TTL).is_ok());
         assert!(at(MAX_SLOT_TTL).is_ok());
         for bad in [

@@ -43,9 +43,9 @@ async fn proxied_store(proxy: &FaultProxy, prefix: &str, timeout: Duration) -> A
     let (url, _) = through(&url().await, Some(proxy));
     connect(
         AmqpOptions::new(url)
-            .prefix(prefix)
-            .slot_ttl(TEST_SLOT_TTL)
-            .timeout(timeout),
+            .with_prefix(prefix)
+            .with_slot_ttl(TEST_SLOT_TTL)
+            .with_timeout(timeout),
     )
     .await
 }
@@ -95,7 +95,7 @@ async fn a_claim_whose_confirm_is_lost_is_unknown_and_never_won_twice() {
     // The broker did take the claim: anyone else loses the run. The same
     // token, sent again after the reconnect, cannot be told it won (its
     // mark was never left) and is not told a false "lost" either.
-    let direct = connect(options().await.prefix(&prefix)).await;
+    let direct = connect(options().await.with_prefix(&prefix)).await;
     let again = retry_after_a_lost_reply(&store, &direct, &req, RETRY).await;
     assert_eq!(again, ClaimOutcome::Unknown);
     assert!(store.connections_opened() >= 2);
@@ -136,8 +136,8 @@ async fn direct_store(prefix: &str) -> AmqpStore {
     connect(
         options()
             .await
-            .prefix(prefix)
-            .timeout(Duration::from_secs(2)),
+            .with_prefix(prefix)
+            .with_timeout(Duration::from_secs(2)),
     )
     .await
 }

@@ -91,7 +91,7 @@ async fn a_gate_declared_with_other_arguments_is_named() {
     let options = options().await;
     let first = connect(options.clone()).await;
     // Another instance of the fleet, configured with another slot TTL.
-    let other = connect(options.slot_ttl(TEST_SLOT_TTL + Duration::from_secs(30))).await;
+    let other = connect(options.with_slot_ttl(TEST_SLOT_TTL + Duration::from_secs(30))).await;
     let req = request("mismatch", 1_000);
     assert!(matches!(
         first.claim(&req).await.unwrap(),
@@ -164,8 +164,8 @@ async fn the_longest_prefix_job_and_slot_make_valid_queue_names() {
     assert_eq!(prefix.len(), MAX_PREFIX_LEN);
     let store = connect(
         AmqpOptions::new(url().await)
-            .prefix(prefix)
-            .slot_ttl(TEST_SLOT_TTL),
+            .with_prefix(prefix)
+            .with_slot_ttl(TEST_SLOT_TTL),
     )
     .await;
     let job = "j".repeat(MAX_JOB_NAME_LEN);
@@ -182,10 +182,11 @@ async fn the_longest_prefix_job_and_slot_make_valid_queue_names() {
 #[tokio::test]
 async fn invalid_prefixes_are_refused_before_connecting() {
     for bad in ["amq.cron", "amq", "a..b", "a b", "x*"] {
-        let err =
-            AmqpStore::connect(AmqpOptions::new("amqp://guest:guest@127.0.0.1:1/%2f").prefix(bad))
-                .await
-                .unwrap_err();
+        let err = AmqpStore::connect(
+            AmqpOptions::new("amqp://guest:guest@127.0.0.1:1/%2f").with_prefix(bad),
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, Error::InvalidPrefix { .. }), "{bad}: {err:?}");
     }
 }
@@ -194,7 +195,7 @@ async fn invalid_prefixes_are_refused_before_connecting() {
 async fn a_slot_ttl_below_the_minimum_is_refused() {
     let err = AmqpStore::connect(
         AmqpOptions::new(url().await)
-            .slot_ttl(anarchon_amqp::MIN_SLOT_TTL - Duration::from_secs(1)),
+            .with_slot_ttl(anarchon_amqp::MIN_SLOT_TTL - Duration::from_secs(1)),
     )
     .await
     .unwrap_err();
@@ -211,7 +212,7 @@ async fn it_reports_its_memory_and_is_claim_only() {
 
 #[tokio::test]
 async fn jobs_later_than_the_slot_ttl_allows_are_refused() {
-    let store = Arc::new(connect(options().await.slot_ttl(Duration::from_secs(60))).await);
+    let store = Arc::new(connect(options().await.with_slot_ttl(Duration::from_secs(60))).await);
     fleet::jobs_later_than_a_minute_of_memory_are_refused(
         store,
         BACKEND,

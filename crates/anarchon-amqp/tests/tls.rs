@@ -57,9 +57,9 @@ fn request(slot: i64) -> ClaimRequest {
 async fn a_claim_is_won_over_amqps_with_the_private_authority() {
     let (terminator, url) = terminator(None).await;
     let options = AmqpOptions::new(url)
-        .prefix(unique_prefix("t"))
-        .slot_ttl(TEST_SLOT_TTL)
-        .tls_ca_file(terminator.ca_file());
+        .with_prefix(unique_prefix("t"))
+        .with_slot_ttl(TEST_SLOT_TTL)
+        .with_tls_ca_file(terminator.ca_file());
     let first = AmqpStore::connect(options.clone()).await.unwrap();
     let second = AmqpStore::connect(options).await.unwrap();
     assert!(matches!(
@@ -81,7 +81,7 @@ async fn the_same_ca_file_works_from_a_store_url() {
         unique_prefix("t")
     ))
     .unwrap();
-    assert_eq!(options.get_tls_ca_file(), Some(terminator.ca_file()));
+    assert_eq!(options.tls_ca_file(), Some(terminator.ca_file()));
     let store = AmqpStore::connect(options).await.unwrap();
     assert!(matches!(
         store.claim(&request(2)).await.unwrap(),
@@ -94,7 +94,7 @@ async fn the_same_ca_file_works_from_a_store_url() {
 async fn without_the_authority_the_certificate_is_refused_and_no_handshake_completes() {
     const SENTINEL: &str = "sentinel-pw-7d1c9e";
     let (terminator, url) = terminator(Some(&format!("guest:{SENTINEL}"))).await;
-    let err = AmqpStore::connect(AmqpOptions::new(url).prefix(unique_prefix("t")))
+    let err = AmqpStore::connect(AmqpOptions::new(url).with_prefix(unique_prefix("t")))
         .await
         .unwrap_err();
     let text = err.to_string();

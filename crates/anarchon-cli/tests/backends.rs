@@ -280,7 +280,7 @@ impl Drop for PgTable {
             // harmless, and it makes the clean-up not depend on how far
             // the test got.
             let options = anarchon::pg::PgOptions::new(self.url.as_str())
-                .table(&self.table)
+                .with_table(&self.table)
                 .ok()?;
             let store = anarchon::pg::PgStore::connect_with(options).await.ok()?;
             let dropped = store.drop_schema().await.ok();

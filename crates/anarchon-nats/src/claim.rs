@@ -677,7 +677,8 @@ mod tests {
             ClaimOptions::new().with_stream("a.b"),
             ClaimOptions::new().with_stream(""),
             ClaimOptions::new().with_duplicate_window(Duration::from_secs(19)),
-            ClaimOptions::new().with_duplicate_window(MAX_DUPLICATE_WINDOW + Duration::from_secs(1)),
+            ClaimOptions::new()
+                .with_duplicate_window(MAX_DUPLICATE_WINDOW + Duration::from_secs(1)),
             ClaimOptions::new().with_replicas(0),
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");

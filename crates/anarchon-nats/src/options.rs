@@ -454,10 +454,7 @@ mod tests {
         .expect("valid");
         assert!(connection.uses_tls());
         assert!(connection.tls_first());
-        assert_eq!(
-            connection.tls_ca_file(),
-            Some(Path::new("/etc/my ca.pem"))
-        );
+        assert_eq!(connection.tls_ca_file(), Some(Path::new("/etc/my ca.pem")));
         for bad in [
             "nats://u:hunter2@h:4222?tls=yes",
             "nats://u:hunter2@h:4222?tls_first=1",
@@ -564,7 +561,9 @@ pub(crate) fn read_url(
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         let param = UrlParam { key, value, url };
         match key {
-            "timeout_ms" => connection = connection.with_timeout(Duration::from_millis(param.number()?)),
+            "timeout_ms" => {
+                connection = connection.with_timeout(Duration::from_millis(param.number()?))
+            }
             "tls" => connection = connection.with_require_tls(param.flag()?),
             "tls_first" => connection = connection.with_tls_first(param.flag()?),
             "tls_ca_file" => connection = connection.with_tls_ca_file(param.decoded()?),

@@ -33,8 +33,8 @@ use crate::common::{NatsFactory, NatsLeaseFactory, StreamGuard, claims, connect,
 
 /// A store whose connection goes through `proxy`.
 async fn proxied_store(proxy: &FaultProxy, claims: &ClaimOptions) -> NatsClaimStore {
-    let options =
-        NatsOptions::new(format!("nats://{}", proxy.address())).timeout(Duration::from_secs(1));
+    let options = NatsOptions::new(format!("nats://{}", proxy.address()))
+        .with_timeout(Duration::from_secs(1));
     connect(&options, claims.clone()).await
 }
 
@@ -424,14 +424,14 @@ async fn kv_lease_store_survives_a_server_restart() {
     );
     let token = Token::generate();
     let held = anarchon_testkit::lease::lease_claim(run.clone(), token, "held");
-    let swap = format!("PUB $KV.{}.job.held ", factory.leases.get_bucket());
+    let swap = format!("PUB $KV.{}.job.held ", factory.leases.bucket());
     proxy.stall_replies_after(swap.as_bytes());
     let first = via.claim_lease(&held).await;
     let e = first.expect_err("the swap's acknowledgement was held back");
     assert!(e.is_temporary(), "{e}");
     let stored = latest(
         &factory.leases.stream_name(),
-        &format!("$KV.{}.job.held", factory.leases.get_bucket()),
+        &format!("$KV.{}.job.held", factory.leases.bucket()),
     )
     .await;
     assert!(
@@ -502,14 +502,14 @@ async fn kv_lease_store_survives_a_server_restart() {
 async fn memory_storage_forgets_every_run_across_a_restart() {
     use anarchon_core::LeaseStore;
     let url = url().await;
-    let claims = claims().storage(Storage::Memory);
+    let claims = claims().with_storage(Storage::Memory);
     let _stream = StreamGuard::new(&url, claims.stream_name());
     let claim_store = connect(&NatsOptions::new(&url), claims.clone()).await;
     assert_eq!(
         storage_of(claim_store.stream_name()).await,
         StorageType::Memory
     );
-    let leases = common::leases().storage(Storage::Memory);
+    let leases = common::leases().with_storage(Storage::Memory);
     let _bucket = StreamGuard::new(&url, leases.stream_name());
     let lease_store = common::connect_leases(&NatsOptions::new(&url), leases.clone()).await;
     assert_eq!(storage_of(&leases.stream_name()).await, StorageType::Memory);

@@ -48,7 +48,7 @@ impl Raw {
             .unwrap();
         Self {
             stream,
-            bucket: factory.leases.get_bucket().to_owned(),
+            bucket: factory.leases.bucket().to_owned(),
             jetstream,
         }
     }
@@ -812,7 +812,7 @@ async fn buckets_that_do_not_fit_are_refused() {
     match NatsLeaseStore::connect(&connection, aging.clone()).await {
         Err(e @ Error::BucketMismatch { .. }) => {
             let message = e.to_string();
-            assert!(message.contains(aging.get_bucket()), "{message}");
+            assert!(message.contains(aging.bucket()), "{message}");
             assert!(message.contains("expire"), "{message}");
         }
         other => panic!("expected BucketMismatch, got {other:?}"),
@@ -844,7 +844,7 @@ async fn buckets_that_do_not_fit_are_refused() {
         .await
         .unwrap());
 
-    let bad = NatsLeaseOptions::new().bucket("a.b");
+    let bad = NatsLeaseOptions::new().with_bucket("a.b");
     assert!(matches!(
         NatsLeaseStore::connect(&connection, bad).await,
         Err(Error::InvalidBucketName { .. })

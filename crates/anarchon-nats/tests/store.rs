@@ -167,7 +167,7 @@ async fn a_stream_with_other_subjects_is_named() {
         &url,
         stream::Config {
             name: claims.stream_name(),
-            subjects: vec![format!("{}.>", claims.get_prefix())],
+            subjects: vec![format!("{}.>", claims.prefix())],
             duplicate_window: TEST_WINDOW,
             ..Default::default()
         },
@@ -188,7 +188,7 @@ async fn a_stream_with_a_shorter_window_is_refused_and_a_longer_one_used() {
     let _guard = StreamGuard::new(&url, claims.stream_name());
     let first = connect(&options, claims.clone()).await;
     assert_eq!(first.duplicate_window(), TEST_WINDOW);
-    let wants_more = claims.clone().duplicate_window(TEST_WINDOW * 2);
+    let wants_more = claims.clone().with_duplicate_window(TEST_WINDOW * 2);
     let err = NatsClaimStore::connect(&options, wants_more)
         .await
         .unwrap_err();
@@ -198,7 +198,11 @@ async fn a_stream_with_a_shorter_window_is_refused_and_a_longer_one_used() {
         text.contains(&claims.stream_name()) && text.contains("shorter"),
         "{text}"
     );
-    let wants_less = connect(&options, claims.duplicate_window(Duration::from_secs(60))).await;
+    let wants_less = connect(
+        &options,
+        claims.with_duplicate_window(Duration::from_secs(60)),
+    )
+    .await;
     assert_eq!(
         wants_less.info().memory,
         Memory::Window(TEST_WINDOW),
@@ -210,7 +214,7 @@ async fn a_stream_with_a_shorter_window_is_refused_and_a_longer_one_used() {
 async fn subjects_taken_by_another_stream_are_named() {
     let url = url().await;
     let claims = claims();
-    let squatter = format!("{}-squatter", claims.get_prefix());
+    let squatter = format!("{}-squatter", claims.prefix());
     let _guard = StreamGuard::new(&url, squatter.clone());
     let err = refused_after_another_stream(
         &url,
@@ -230,11 +234,11 @@ async fn subjects_taken_by_another_stream_are_named() {
 async fn invalid_names_and_windows_are_refused_before_connecting() {
     let nowhere = NatsOptions::new("nats://127.0.0.1:1");
     for (claims, what) in [
-        (ClaimOptions::new().prefix("a.*"), "prefix"),
-        (ClaimOptions::new().prefix("a b"), "prefix"),
-        (ClaimOptions::new().stream("a.b"), "stream"),
+        (ClaimOptions::new().with_prefix("a.*"), "prefix"),
+        (ClaimOptions::new().with_prefix("a b"), "prefix"),
+        (ClaimOptions::new().with_stream("a.b"), "stream"),
         (
-            ClaimOptions::new().duplicate_window(Duration::from_secs(5)),
+            ClaimOptions::new().with_duplicate_window(Duration::from_secs(5)),
             "duplicate_window",
         ),
     ] {
@@ -252,8 +256,8 @@ async fn the_longest_prefix_and_job_make_valid_subjects_and_ids() {
         format!("{stem}{}", "p".repeat(MAX_PREFIX_LEN - stem.len()))
     };
     let claims = ClaimOptions::new()
-        .prefix(prefix)
-        .duplicate_window(TEST_WINDOW);
+        .with_prefix(prefix)
+        .with_duplicate_window(TEST_WINDOW);
     let _guard = StreamGuard::new(&url, claims.stream_name());
     let store = connect(&NatsOptions::new(&url), claims).await;
     let job = "j".repeat(MAX_JOB_NAME_LEN);
@@ -305,7 +309,7 @@ async fn it_reports_its_memory_and_is_claim_only() {
 #[tokio::test]
 async fn jobs_later_than_the_window_allows_are_refused() {
     let url = url().await;
-    let claims = claims().duplicate_window(Duration::from_secs(60));
+    let claims = claims().with_duplicate_window(Duration::from_secs(60));
     let _guard = StreamGuard::new(&url, claims.stream_name());
     let store = Arc::new(connect(&NatsOptions::new(&url), claims).await);
     fleet::jobs_later_than_a_minute_of_memory_are_refused(

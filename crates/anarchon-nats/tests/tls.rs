@@ -74,7 +74,7 @@ async fn both_stores_win(connection: &NatsOptions) {
 async fn both_stores_connect_over_tls_with_the_private_authority() {
     let tls = terminator(Handshake::Nats).await;
     let connection =
-        NatsOptions::new(format!("tls://localhost:{}", tls.port())).tls_ca_file(tls.ca_file());
+        NatsOptions::new(format!("tls://localhost:{}", tls.port())).with_tls_ca_file(tls.ca_file());
     both_stores_win(&connection).await;
     assert!(
         tls.handshakes() >= 2,
@@ -88,8 +88,8 @@ async fn both_stores_connect_over_tls_with_the_private_authority() {
 async fn tls_first_connects_to_a_server_that_starts_with_tls() {
     let tls = terminator(Handshake::Immediate).await;
     let connection = NatsOptions::new(format!("nats://localhost:{}", tls.port()))
-        .tls_first(true)
-        .tls_ca_file(tls.ca_file());
+        .with_tls_first(true)
+        .with_tls_ca_file(tls.ca_file());
     both_stores_win(&connection).await;
     assert!(tls.handshakes() >= 2, "{}", tls.handshakes());
 }
@@ -105,11 +105,11 @@ async fn store_urls_carry_the_tls_options() {
     let (connection, from_url) = ClaimOptions::from_url(&format!(
         "nats://localhost:{}?prefix={}&duplicate_window_ms=90000&tls=true&tls_ca_file={ca}",
         tls.port(),
-        claims.get_prefix()
+        claims.prefix()
     ))
     .unwrap();
     assert!(connection.uses_tls());
-    assert_eq!(connection.get_tls_ca_file(), Some(tls.ca_file()));
+    assert_eq!(connection.tls_ca_file(), Some(tls.ca_file()));
     let store = NatsClaimStore::connect(&connection, from_url)
         .await
         .unwrap();
@@ -120,7 +120,7 @@ async fn store_urls_carry_the_tls_options() {
     let (connection, from_url) = NatsLeaseOptions::from_url(&format!(
         "tls://localhost:{}?bucket={}&tls_ca_file={ca}",
         tls.port(),
-        leases.get_bucket()
+        leases.bucket()
     ))
     .unwrap();
     let store = NatsLeaseStore::connect(&connection, from_url)
@@ -158,14 +158,14 @@ async fn without_the_authority_the_certificate_is_refused_in_time() {
 
     let start = Instant::now();
     let claim_error = NatsClaimStore::connect(
-        &NatsOptions::new(claims_url).connect_timeout(limit),
-        ClaimOptions::new().duplicate_window(common::TEST_WINDOW),
+        &NatsOptions::new(claims_url).with_connect_timeout(limit),
+        ClaimOptions::new().with_duplicate_window(common::TEST_WINDOW),
     )
     .await
     .expect_err("an unknown authority must be refused");
     assert_certificate_refused(claim_error);
     let lease_error = NatsLeaseStore::connect(
-        &NatsOptions::new(lease_url).connect_timeout(limit),
+        &NatsOptions::new(lease_url).with_connect_timeout(limit),
         NatsLeaseOptions::new(),
     )
     .await
@@ -198,9 +198,9 @@ async fn required_tls_is_never_given_up_for_plain_text() {
     let started = Instant::now();
     let error = NatsClaimStore::connect(
         &NatsOptions::new(&url)
-            .require_tls(true)
-            .connect_timeout(Duration::from_secs(2)),
-        ClaimOptions::new().duplicate_window(common::TEST_WINDOW),
+            .with_require_tls(true)
+            .with_connect_timeout(Duration::from_secs(2)),
+        ClaimOptions::new().with_duplicate_window(common::TEST_WINDOW),
     )
     .await
     .expect_err("a plain-text server cannot give TLS");
@@ -218,7 +218,7 @@ async fn required_tls_is_never_given_up_for_plain_text() {
 async fn an_unusable_authority_file_is_named() {
     let missing = std::env::temp_dir().join("anarchon-nats-no-such-ca.pem");
     let error = NatsClaimStore::connect(
-        &NatsOptions::new("tls://localhost:4222").tls_ca_file(&missing),
+        &NatsOptions::new("tls://localhost:4222").with_tls_ca_file(&missing),
         ClaimOptions::new(),
     )
     .await
@@ -242,7 +242,7 @@ async fn an_unusable_authority_file_is_named() {
     )
     .unwrap();
     let error = NatsLeaseStore::connect(
-        &NatsOptions::new("tls://localhost:4222").tls_ca_file(&garbage),
+        &NatsOptions::new("tls://localhost:4222").with_tls_ca_file(&garbage),
         NatsLeaseOptions::new(),
     )
     .await

@@ -50,8 +50,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut stores = Vec::new();
     for _ in 0..INSTANCES {
         stores.push(Arc::new(
-            PgStore::connect_with(PgOptions::new(&url).with_table_name(table.clone()).with_pool_size(1))
-                .await?,
+            PgStore::connect_with(
+                PgOptions::new(&url)
+                    .with_table_name(table.clone())
+                    .with_pool_size(1),
+            )
+            .await?,
         ));
     }
     let now = std::time::SystemTime::now()

@@ -526,7 +526,8 @@ mod tests {
         let shown = format!("{opts:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("user:***@h:6379"), "{shown}");
-        let opts = RedisOptions::new("rediss://user:s3cret@h:6380/1").with_tls_ca_file("/etc/ca.pem");
+        let opts =
+            RedisOptions::new("rediss://user:s3cret@h:6380/1").with_tls_ca_file("/etc/ca.pem");
         let shown = format!("{opts:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
         assert!(shown.contains("rediss://user:***@h:6380/1"), "{shown}");

@@ -200,7 +200,8 @@ mod tests {
 
     #[test]
     fn a_ca_file_with_a_plain_url_is_refused() {
-        let opts = RedisOptions::new("redis://u:s3cret@127.0.0.1:6379").with_tls_ca_file("/no/such.pem");
+        let opts =
+            RedisOptions::new("redis://u:s3cret@127.0.0.1:6379").with_tls_ca_file("/no/such.pem");
         let err = connection_info(&opts).expect_err("refused");
         #[cfg(feature = "tls")]
         assert!(

@@ -78,7 +78,7 @@ impl Drop for AclUser {
 /// Options for `url` under a fresh prefix, cleaned up through `admin_url`.
 fn options(url: String, admin_url: &str) -> (RedisOptions, Cleanup) {
     let prefix = unique_prefix("bad");
-    let opts = RedisOptions::new(url).prefix(&prefix).unwrap();
+    let opts = RedisOptions::new(url).with_prefix(&prefix).unwrap();
     (opts, Cleanup::new(admin_url, &prefix))
 }
 
@@ -300,7 +300,7 @@ async fn the_documented_acl_rules_are_enough() {
     let user = AclUser::create(&url, &rules.iter().map(String::as_str).collect::<Vec<_>>()).await;
     let _cleanup = Cleanup::new(&url, &prefix);
     let opts = RedisOptions::new(user.url(&user.password))
-        .prefix(&prefix)
+        .with_prefix(&prefix)
         .unwrap();
     let slot = anarchon_core::Slot::from_millis(4_000_000_000_000);
     let run = RunKey::new(job("acl"), slot);
@@ -431,7 +431,7 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
 async fn bad_prefixes_and_urls_are_refused_without_showing_the_password() {
     for bad in ["", "a{b}", "a b", "a*", &"p".repeat(65)] {
         let err = RedisOptions::new("redis://127.0.0.1")
-            .prefix(bad)
+            .with_prefix(bad)
             .unwrap_err();
         assert!(matches!(err, Error::InvalidPrefix { .. }), "{bad:?}: {err}");
         assert!(KeyPrefix::new(bad).is_err());

@@ -47,7 +47,9 @@ async fn through_proxy(stem: &str) -> (Proxy, RedisOptions, Cleanup) {
     let url = common::url().await;
     let proxy = Proxy::start(&url).await;
     let prefix = unique_prefix(stem);
-    let opts = RedisOptions::new(proxy.url(&url)).prefix(&prefix).unwrap();
+    let opts = RedisOptions::new(proxy.url(&url))
+        .with_prefix(&prefix)
+        .unwrap();
     (proxy, opts, Cleanup::new(&url, &prefix))
 }
 

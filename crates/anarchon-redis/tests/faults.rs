@@ -50,10 +50,10 @@ async fn behind_proxy(stem: &str) -> (Proxy, RedisOptions, Cleanup) {
     let prefix = unique_prefix(stem);
     let cleanup = Cleanup::new(&url, &prefix);
     let opts = RedisOptions::new(proxy.url(&url))
-        .prefix(&prefix)
+        .with_prefix(&prefix)
         .unwrap()
-        .connect_timeout(Duration::from_millis(500))
-        .response_timeout(Duration::from_millis(300));
+        .with_connect_timeout(Duration::from_millis(500))
+        .with_response_timeout(Duration::from_millis(300));
     (proxy, opts, cleanup)
 }
 
@@ -92,8 +92,8 @@ async fn an_unreachable_redis_is_a_temporary_error_in_bounded_time() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap()
     };
-    let opts =
-        RedisOptions::new(format!("redis://{closed}")).connect_timeout(Duration::from_millis(500));
+    let opts = RedisOptions::new(format!("redis://{closed}"))
+        .with_connect_timeout(Duration::from_millis(500));
     let err = within(
         BOUND,
         "connecting to nothing",
@@ -189,7 +189,7 @@ async fn a_claim_whose_reply_hangs_times_out_and_its_retry_is_recognised() {
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     assert!(err.to_string().contains("unreachable"), "{err}");
     let direct = RedisOptions::new(common::url().await)
-        .prefix(opts.key_prefix().as_str())
+        .with_prefix(opts.key_prefix().as_str())
         .unwrap();
     let direct = RedisLeaseStore::connect(&direct).await.unwrap();
     let theirs = direct
@@ -390,7 +390,7 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
     };
     let prefix = unique_prefix("evict");
     let _cleanup = Cleanup::new(&url, &prefix);
-    let opts = RedisOptions::new(url.clone()).prefix(&prefix).unwrap();
+    let opts = RedisOptions::new(url.clone()).with_prefix(&prefix).unwrap();
 
     for (policy, warning) in [
         ("allkeys-lru", "REDIS MAY EVICT THE STORE'S KEYS"),
@@ -407,16 +407,17 @@ async fn an_evicting_server_is_reported_warned_about_or_refused() {
             "{policy}: {}",
             captured.text()
         );
-        let err = RedisLeaseStore::connect(&opts.clone().eviction_check(EvictionCheck::Refuse))
-            .await
-            .unwrap_err();
+        let err =
+            RedisLeaseStore::connect(&opts.clone().with_eviction_check(EvictionCheck::Refuse))
+                .await
+                .unwrap_err();
         assert!(matches!(err, Error::EvictionPolicy { .. }), "{err:?}");
         assert!(err.to_string().contains(policy), "{err}");
         assert!(err.to_string().contains("noeviction"), "{err}");
     }
 
     common::set_eviction_policy(&mut admin, "noeviction").await;
-    let store = RedisLeaseStore::connect(&opts.clone().eviction_check(EvictionCheck::Refuse))
+    let store = RedisLeaseStore::connect(&opts.clone().with_eviction_check(EvictionCheck::Refuse))
         .await
         .unwrap();
     assert_eq!(store.server().eviction, EvictionFinding::NoEviction);

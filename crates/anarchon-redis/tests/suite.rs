@@ -58,7 +58,9 @@ async fn the_idmp_strategy_refuses_a_server_without_xadd_idmp() {
     }
     let prefix = anarchon_testkit::unique_prefix("idmp-refusal");
     let _cleanup = common::Cleanup::new(&url, &prefix);
-    let opts = RedisOptions::new(proxy.url(&url)).prefix(&prefix).unwrap();
+    let opts = RedisOptions::new(proxy.url(&url))
+        .with_prefix(&prefix)
+        .unwrap();
     let err = RedisIdmpStore::connect(&opts, RedisIdmpStore::DEFAULT_DURATION)
         .await
         .expect_err("the idmp strategy must refuse a server without XADD IDMP");

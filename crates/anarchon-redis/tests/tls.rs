@@ -73,9 +73,9 @@ async fn with_the_private_authority_the_lease_stream_id_and_script_stores_win_cl
     let prefix = unique_prefix("tls");
     let _cleanup = Cleanup::new(&url, &prefix);
     let opts = RedisOptions::new(rediss(&url, "localhost", terminator.port(), None))
-        .prefix(&prefix)
+        .with_prefix(&prefix)
         .unwrap()
-        .tls_ca_file(terminator.ca_file());
+        .with_tls_ca_file(terminator.ca_file());
     let slot = slot_ahead();
 
     let lease = within(BOUND, "lease connect", RedisLeaseStore::connect(&opts))
@@ -150,7 +150,7 @@ async fn with_the_private_authority_the_lease_stream_id_and_script_stores_win_cl
 async fn without_the_authority_the_certificate_is_refused_and_no_handshake_completes() {
     let (terminator, url) = terminator().await;
     let opts = RedisOptions::new(rediss(&url, "localhost", terminator.port(), None))
-        .prefix(&unique_prefix("tls-no-ca"))
+        .with_prefix(&unique_prefix("tls-no-ca"))
         .unwrap();
 
     let err = within(BOUND, "lease connect", RedisLeaseStore::connect(&opts))
@@ -188,9 +188,9 @@ async fn an_authority_that_did_not_sign_the_certificate_is_refused() {
     let (terminator, url) = terminator().await;
     let (stranger, _) = self::terminator().await;
     let opts = RedisOptions::new(rediss(&url, "127.0.0.1", terminator.port(), None))
-        .prefix(&unique_prefix("tls-other-ca"))
+        .with_prefix(&unique_prefix("tls-other-ca"))
         .unwrap()
-        .tls_ca_file(stranger.ca_file());
+        .with_tls_ca_file(stranger.ca_file());
     let err = within(BOUND, "lease connect", RedisLeaseStore::connect(&opts))
         .await
         .unwrap_err();
@@ -216,7 +216,7 @@ async fn a_password_in_a_rediss_url_never_shows_in_errors() {
 
     // The certificate is refused before the password is ever sent.
     let opts = RedisOptions::new(tls_url.clone())
-        .prefix(&unique_prefix("tls-secret"))
+        .with_prefix(&unique_prefix("tls-secret"))
         .unwrap();
     assert_hidden("options", format!("{opts:?}"));
     let err = within(BOUND, "lease connect", RedisLeaseStore::connect(&opts))
@@ -234,7 +234,7 @@ async fn a_password_in_a_rediss_url_never_shows_in_errors() {
     let err = within(
         BOUND,
         "stream-id connect",
-        RedisStreamIdStore::connect(&opts.clone().tls_ca_file(&missing)),
+        RedisStreamIdStore::connect(&opts.clone().with_tls_ca_file(&missing)),
     )
     .await
     .unwrap_err();

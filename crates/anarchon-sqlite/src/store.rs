@@ -330,10 +330,11 @@ mod tests {
     #[tokio::test]
     async fn the_overlap_check_reads_only_the_live_runs_index() {
         let dir = tempfile::tempdir().unwrap();
-        let store =
-            SqliteStore::open(SqliteOptions::new(dir.path().join("plan.db")).with_table_prefix("plan"))
-                .await
-                .unwrap();
+        let store = SqliteStore::open(
+            SqliteOptions::new(dir.path().join("plan.db")).with_table_prefix("plan"),
+        )
+        .await
+        .unwrap();
         // A job with a finished history and one live run.
         let job = JobName::new("busy-job").unwrap();
         let now = chrono_free_now_ms();

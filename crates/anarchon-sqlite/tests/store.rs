@@ -58,7 +58,7 @@ async fn a_bad_table_prefix_is_refused_before_any_sql_is_sent() {
         "sqlite_master",
         "naïve",
     ] {
-        let err = SqliteStore::open(factory.options().table_prefix(prefix))
+        let err = SqliteStore::open(factory.options().with_table_prefix(prefix))
             .await
             .unwrap_err();
         assert!(
@@ -223,10 +223,10 @@ async fn a_newer_schema_is_refused() {
 #[tokio::test]
 async fn two_prefixes_in_one_file_are_two_stores() {
     let factory = SqliteFactory::new();
-    let a = SqliteStore::open(factory.options().table_prefix("team_a"))
+    let a = SqliteStore::open(factory.options().with_table_prefix("team_a"))
         .await
         .unwrap();
-    let b = SqliteStore::open(factory.options().table_prefix("team_b"))
+    let b = SqliteStore::open(factory.options().with_table_prefix("team_b"))
         .await
         .unwrap();
     let slot = next_minute();
@@ -248,11 +248,8 @@ async fn a_url_opens_the_file() {
     );
     let store = SqliteStore::connect(&url).await.unwrap();
     assert_eq!(store.path(), factory.path());
-    assert_eq!(store.options().get_table_prefix(), "from_url");
-    assert_eq!(
-        store.options().get_busy_timeout(),
-        Duration::from_millis(1500)
-    );
+    assert_eq!(store.options().table_prefix(), "from_url");
+    assert_eq!(store.options().busy_timeout(), Duration::from_millis(1500));
     let raw = raw_pool(&factory).await;
     let n: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM sqlite_master WHERE name IN ('from_url_runs', 'from_url_jobs', 'from_url_schema')",
@@ -270,7 +267,7 @@ async fn a_url_opens_the_file() {
 async fn a_lock_held_past_the_busy_timeout_is_a_temporary_error() {
     let factory = SqliteFactory::new();
     let busy = Duration::from_millis(200);
-    let store = SqliteStore::open(factory.options().busy_timeout(busy))
+    let store = SqliteStore::open(factory.options().with_busy_timeout(busy))
         .await
         .unwrap();
     let slot = next_minute();
@@ -301,9 +298,14 @@ async fn a_lock_held_past_the_busy_timeout_is_a_temporary_error() {
     assert_eq!(view.state, RunState::Absent);
 
     // Opening a store whose tables do not exist yet needs the lock too.
-    let err = SqliteStore::open(factory.options().table_prefix("other").busy_timeout(busy))
-        .await
-        .unwrap_err();
+    let err = SqliteStore::open(
+        factory
+            .options()
+            .with_table_prefix("other")
+            .with_busy_timeout(busy),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, Error::Locked { .. }), "{err:?}");
     assert!(err.is_temporary());
     assert!(

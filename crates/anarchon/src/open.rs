@@ -499,7 +499,8 @@ impl StoreUrl {
             }
             #[cfg(feature = "pg")]
             Backend::Postgres(ref options) => {
-                match anarchon_pg::PgStore::connect_with(options.clone().with_migrate(false)).await {
+                match anarchon_pg::PgStore::connect_with(options.clone().with_migrate(false)).await
+                {
                     Ok(store) => {
                         let store = Arc::new(store);
                         Ok(Opened::lease(store.clone(), Handle::Postgres(store)))

@@ -23,8 +23,8 @@ pub(crate) async fn url() -> String {
 /// Options for a fresh prefix on the test broker.
 pub(crate) async fn options() -> AmqpOptions {
     AmqpOptions::new(url().await)
-        .prefix(unique_prefix("t"))
-        .slot_ttl(TEST_SLOT_TTL)
+        .with_prefix(unique_prefix("t"))
+        .with_slot_ttl(TEST_SLOT_TTL)
 }
 
 /// `url` pointed at `proxy` instead of the broker, and the broker's
@@ -86,9 +86,9 @@ impl Proxyable for AmqpFactory {
         AmqpFactory {
             url: self.url.clone(),
             options: AmqpOptions::new(proxied)
-                .prefix(self.options.get_prefix())
-                .slot_ttl(self.options.get_slot_ttl())
-                .timeout(self.options.get_timeout()),
+                .with_prefix(self.options.prefix())
+                .with_slot_ttl(self.options.slot_ttl())
+                .with_timeout(self.options.timeout()),
         }
     }
 }

@@ -36,8 +36,8 @@ pub(crate) fn upstream(url: &str) -> String {
 /// Claim options on a fresh prefix (and so a fresh stream).
 pub(crate) fn claims() -> ClaimOptions {
     ClaimOptions::new()
-        .prefix(unique_prefix("t"))
-        .duplicate_window(TEST_WINDOW)
+        .with_prefix(unique_prefix("t"))
+        .with_duplicate_window(TEST_WINDOW)
 }
 
 /// Connects, failing the test with the store's error.
@@ -114,7 +114,7 @@ impl StoreFactory for NatsFactory {
 
 /// Lease options on a fresh bucket.
 pub(crate) fn leases() -> NatsLeaseOptions {
-    NatsLeaseOptions::new().bucket(unique_prefix("t"))
+    NatsLeaseOptions::new().with_bucket(unique_prefix("t"))
 }
 
 /// Connects a lease store, failing the test with the store's error.
@@ -180,7 +180,7 @@ macro_rules! factory_on_its_own_stream {
                 Self {
                     _guard: None,
                     upstream: self.upstream.clone(),
-                    connection: NatsOptions::new(url).timeout(Duration::from_secs(1)),
+                    connection: NatsOptions::new(url).with_timeout(Duration::from_secs(1)),
                     $options: self.$options.clone(),
                 }
             }

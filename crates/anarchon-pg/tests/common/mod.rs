@@ -103,8 +103,8 @@ impl PgFactory {
     /// The options every instance uses: a small pool of its own.
     pub fn options(&self) -> PgOptions {
         PgOptions::new(&self.connect_to)
-            .table_name(self.table.clone())
-            .pool_size(2)
+            .with_table_name(self.table.clone())
+            .with_pool_size(2)
     }
 
     /// A store with `options`.

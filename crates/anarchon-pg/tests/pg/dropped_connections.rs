@@ -40,7 +40,12 @@ async fn calls_succeed_after_the_server_drops_the_connections() {
     let factory = PgFactory::new().await;
     let app = unique_prefix("anarchon_kill_");
     let store = factory
-        .store_with(factory.options().application_name(&app).pool_size(3))
+        .store_with(
+            factory
+                .options()
+                .with_application_name(&app)
+                .with_pool_size(3),
+        )
         .await;
     let base = future_base();
     let run = RunKey::new(job("reconnect"), Slot::from_millis(base));
@@ -106,7 +111,12 @@ async fn schedulers_ride_out_dropped_connections_without_double_runs() {
     for (index, app) in apps.iter().enumerate() {
         let store = Arc::new(
             factory
-                .store_with(factory.options().application_name(app).pool_size(3))
+                .store_with(
+                    factory
+                        .options()
+                        .with_application_name(app)
+                        .with_pool_size(3),
+                )
                 .await,
         );
         let mut builder = Scheduler::builder(store)

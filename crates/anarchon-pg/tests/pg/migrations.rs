@@ -57,7 +57,7 @@ async fn a_schema_from_an_older_version_is_migrated() {
     )
     .await;
 
-    let refused = PgStore::connect_with(factory.options().migrate(false))
+    let refused = PgStore::connect_with(factory.options().with_migrate(false))
         .await
         .expect_err("an old schema with migrations off");
     assert!(
@@ -97,7 +97,7 @@ async fn a_schema_from_an_older_version_is_migrated() {
         .expect("claim"));
     assert_eq!(next.fence.map(|f| f.get()), Some(8), "fences continue");
     // Migrated stores also open with migrations off.
-    PgStore::connect_with(factory.options().migrate(false))
+    PgStore::connect_with(factory.options().with_migrate(false))
         .await
         .expect("the migrated schema is current");
 }
@@ -118,7 +118,7 @@ async fn a_schema_from_a_newer_version_is_refused() {
     )
     .await;
     for migrate in [true, false] {
-        let err = PgStore::connect_with(factory.options().migrate(migrate))
+        let err = PgStore::connect_with(factory.options().with_migrate(migrate))
             .await
             .expect_err("a newer schema");
         assert!(

@@ -171,7 +171,7 @@ async fn the_claim_function_never_scans_the_runs_table() {
     };
     let app = unique_prefix("anarchon_scan_");
     let store = factory
-        .store_with(factory.options().application_name(&app))
+        .store_with(factory.options().with_application_name(&app))
         .await;
     let busy = job("busy");
     let base = future_base();

@@ -22,15 +22,15 @@ async fn bad_table_names_are_refused_before_any_sql() {
         "rüns",
         too_long.as_str(),
     ] {
-        match PgOptions::new(&url).table(bad) {
+        match PgOptions::new(&url).with_table(bad) {
             Err(Error::InvalidTableName { .. }) => {}
             other => panic!("{bad:?} must be refused, got {other:?}"),
         }
         assert!(TableName::new(bad).is_err());
     }
     for options in [
-        PgOptions::new(&url).pool_size(0),
-        PgOptions::new(&url).connect_timeout(Duration::ZERO),
+        PgOptions::new(&url).with_pool_size(0),
+        PgOptions::new(&url).with_connect_timeout(Duration::ZERO),
     ] {
         let err = PgStore::connect_with(options)
             .await
@@ -67,7 +67,7 @@ async fn an_unresponsive_server_is_unavailable_within_the_connect_timeout() {
         PgOptions::new(format!(
             "postgres://postgres@127.0.0.1:{port}/test?sslmode=disable"
         ))
-        .connect_timeout(timeout),
+        .with_connect_timeout(timeout),
     )
     .await
     .expect_err("no answer");
@@ -99,7 +99,7 @@ async fn a_refused_connection_is_unavailable_without_the_password() {
     let options = PgOptions::new(format!(
         "postgres://postgres:{SENTINEL}@127.0.0.1:{port}/test"
     ))
-    .connect_timeout(Duration::from_secs(2));
+    .with_connect_timeout(Duration::from_secs(2));
     assert!(!format!("{options:?}").contains(SENTINEL));
     let err = PgStore::connect_with(options).await.expect_err("refused");
     assert!(err.is_temporary(), "{err}");
@@ -155,7 +155,7 @@ async fn a_wrong_password_is_refused_without_showing_it() {
         PgOptions::new(format!(
             "postgres://postgres:{SENTINEL}@127.0.0.1:{port}/test?sslmode=disable"
         ))
-        .connect_timeout(Duration::from_secs(5)),
+        .with_connect_timeout(Duration::from_secs(5)),
     )
     .await
     .expect_err("wrong password");

@@ -17,8 +17,8 @@ async fn tls_connections_are_encrypted() {
     let store = factory
         .store_with(
             PgOptions::new(format!("{}{sep}sslmode=require", factory.url()))
-                .table_name(factory.table().clone())
-                .application_name(&app),
+                .with_table_name(factory.table().clone())
+                .with_application_name(&app),
         )
         .await;
     first_claim_is_won(&store, "tls", "claim over TLS").await;
@@ -80,7 +80,7 @@ async fn verify_full_connects_with_the_servers_authority() {
                 "{url}?sslmode=verify-full&sslrootcert={}",
                 terminator.ca_file().display()
             ))
-            .table_name(factory.table().clone()),
+            .with_table_name(factory.table().clone()),
         )
         .await;
     first_claim_is_won(&store, "verified", "claim over verified TLS").await;
@@ -99,8 +99,8 @@ async fn an_untrusted_certificate_is_refused() {
     for mode in ["verify-full", "verify-ca"] {
         let error = PgStore::connect_with(
             PgOptions::new(format!("{url}?sslmode={mode}"))
-                .table_name(factory.table().clone())
-                .connect_timeout(Duration::from_secs(5)),
+                .with_table_name(factory.table().clone())
+                .with_connect_timeout(Duration::from_secs(5)),
         )
         .await
         .err()

@@ -66,7 +66,7 @@ pub async fn fresh(stem: &str) -> (String, String, RedisOptions, Cleanup) {
     let url = url().await;
     let prefix = unique_prefix(stem);
     let opts = RedisOptions::new(url.clone())
-        .prefix(&prefix)
+        .with_prefix(&prefix)
         .expect("unique prefixes are valid");
     let cleanup = Cleanup::new(&url, &prefix);
     (url, prefix, opts, cleanup)
@@ -215,7 +215,7 @@ macro_rules! factory {
 
             /// Connects as an instance whose process clock is `clock`.
             pub async fn connect_with_clock(&self, clock: Arc<dyn Clock>) -> Result<$store, Error> {
-                let $opts = &self.opts.clone().clock(clock);
+                let $opts = &self.opts.clone().with_clock(clock);
                 $connect
             }
         }
@@ -234,7 +234,7 @@ macro_rules! factory {
                     url: self.url.clone(),
                     prefix: self.prefix.clone(),
                     opts: RedisOptions::new(via(&self.url, proxy))
-                        .prefix(&self.prefix)
+                        .with_prefix(&self.prefix)
                         .expect("unique prefixes are valid"),
                     _cleanup: None,
                 }

@@ -63,10 +63,10 @@ fn postgres_urls_keep_the_clients_parameters_and_strip_ours() {
             panic!("{backend:?}")
         };
         let server = options.server();
-        assert_eq!(options.get_table().as_str(), "cron_runs");
-        assert_eq!(options.get_pool_size(), 8);
-        assert_eq!(options.get_connect_timeout(), Duration::from_millis(1500));
-        assert_eq!(options.get_statement_timeout(), None);
+        assert_eq!(options.table().as_str(), "cron_runs");
+        assert_eq!(options.pool_size(), 8);
+        assert_eq!(options.connect_timeout(), Duration::from_millis(1500));
+        assert_eq!(options.statement_timeout(), None);
         assert_eq!(
             options.redacted_url(),
             format!("{scheme}://app:***@db.internal:6543/cron?sslmode=require")
@@ -85,7 +85,7 @@ fn postgres_urls_keep_the_clients_parameters_and_strip_ours() {
         panic!()
     };
     let server = options.server();
-    assert_eq!(options.get_table().as_str(), "anarchon");
+    assert_eq!(options.table().as_str(), "anarchon");
     assert_eq!(options.redacted_url(), "postgres://postgres@127.0.0.1/test");
     assert_eq!(server, "127.0.0.1:5432/test");
     // A Unix socket named by the client's `host` parameter.
@@ -195,7 +195,7 @@ fn tls_urls_carry_a_private_authority() {
         panic!()
     };
     assert_eq!(
-        options.tls_ca_path(),
+        options.tls_ca_file(),
         Some(std::path::Path::new("/etc/ca files/team.pem"))
     );
     assert!(!format!("{redis:?}").contains("s3cret"));
@@ -227,7 +227,7 @@ fn tls_urls_carry_a_private_authority() {
     };
     assert!(connection.uses_tls());
     assert_eq!(
-        connection.get_tls_ca_file(),
+        connection.tls_ca_file(),
         Some(std::path::Path::new("/etc/ca.pem"))
     );
     assert!(!format!("{kv:?}").contains("tok3n"));
@@ -567,7 +567,7 @@ async fn no_url_reader_shows_a_password() {
         }
         let opened = anarchon_pg::PgStore::connect_with(
             anarchon_pg::PgOptions::new(format!("postgres://app:{password}@127.0.0.1:9/cron"))
-                .connect_timeout(std::time::Duration::from_millis(300)),
+                .with_connect_timeout(std::time::Duration::from_millis(300)),
         )
         .await;
         if let Err(e) = opened {
