@@ -31,10 +31,11 @@ use std::time::Duration;
 
 use anarchon_core::layer::LeaseLayer;
 use anarchon_core::{
-    Attempt, ClaimAnswers, ClaimOutcome, ClaimRequest, LeaseClaim, LeaseStore, Renewal, RunKey,
-    RunOutcome, StoreError, Token,
+    Attempt, ClaimAnswers, ClaimOutcome, ClaimRequest, LeaseClaim, LeaseStore, Renewal, RunContext,
+    RunKey, RunOutcome, StoreError, Token,
 };
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use tokio::time::Instant;
 
 /// What a call was.
@@ -188,6 +189,31 @@ impl History {
         HandlerGuard {
             history: self.clone(),
             index: handlers.len() - 1,
+        }
+    }
+
+    /// A handler for `instance` that records its run here (see
+    /// [`Self::handler_started`]) and works for `work`, or stops early with
+    /// an error when cancelled: the job of a randomized history test.
+    pub fn working_handler(
+        &self,
+        instance: usize,
+        work: Duration,
+    ) -> impl Fn(RunContext) -> BoxFuture<'static, Result<(), String>> + Send + Sync + 'static {
+        let history = self.clone();
+        move |ctx| {
+            let running = history.handler_started(
+                instance,
+                RunKey::new(ctx.job().clone(), ctx.slot()),
+                ctx.attempt(),
+            );
+            Box::pin(async move {
+                let _running = running;
+                tokio::select! {
+                    () = tokio::time::sleep(work) => Ok(()),
+                    () = ctx.cancelled() => Err("stopped early".to_owned()),
+                }
+            })
         }
     }
 
@@ -413,6 +439,28 @@ pub struct Summary {
     pub uncertain: usize,
     /// Handler runs recorded.
     pub handlers: usize,
+}
+
+/// The seed of a randomized history test: `ANARCHON_SEED` when it is set
+/// (a replay), else a random one. The test prints it.
+pub fn seed() -> u64 {
+    std::env::var("ANARCHON_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| Token::generate().as_u128() as u64)
+}
+
+/// [`check`] for a randomized test run with `seed`: prints the counts and
+/// how many calls the history holds, and returns the counts; or panics
+/// with the seed and every violation.
+pub fn check_seeded(history: &History, seed: u64) -> Summary {
+    match check(history) {
+        Ok(summary) => {
+            println!("seed {seed}: {summary:?} over {} calls", history.len());
+            summary
+        }
+        Err(v) => panic!("seed {seed}: {} violations:\n{}", v.0.len(), v.0.join("\n")),
+    }
 }
 
 /// Checks the history; returns counts, or every violation found.
