@@ -463,6 +463,25 @@ pub fn check_seeded(history: &History, seed: u64) -> Summary {
     }
 }
 
+impl Summary {
+    /// Asserts that a randomized run with `seed` did what it is for: at
+    /// least `at_least` wins and as many handler runs recorded, and faults
+    /// that bit: a takeover happened and a call ended uncertain.
+    pub fn assert_faults_bit(&self, seed: u64, at_least: usize) {
+        for (count, least, what) in [
+            (self.wins, at_least, "wins"),
+            (self.handlers, at_least, "handler runs recorded"),
+            (self.takeovers, 1, "takeovers caused by the faults"),
+            (self.uncertain, 1, "calls the faults left uncertain"),
+        ] {
+            assert!(
+                count >= least,
+                "seed {seed}: expected at least {least} {what}: {self:?}"
+            );
+        }
+    }
+}
+
 /// Checks the history; returns counts, or every violation found.
 ///
 /// # Errors

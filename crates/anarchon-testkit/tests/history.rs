@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_core::{
-    Attempt, ClaimOutcome, Clock, FinalState, InstanceId, JobName, MemoryStore, Renewal, RunKey,
-    Schedule, Scheduler, Slot, Timestamp, Token, Win,
+    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Clock, FinalState, InstanceId,
+    JobName, LeaseClaim, LeaseStore, Memory, MemoryStore, Renewal, RunKey, RunOutcome, RunRecord,
+    RunView, Schedule, Scheduler, Slot, StoreError, Timestamp, Token, Win,
 };
-use anarchon_testkit::faults::SplitMix;
+use anarchon_testkit::faults::{SplitMix, heal_and_shut_down};
 use anarchon_testkit::history::{self, Answer, Call, Event, HandlerRun, History, Recorder};
 use anarchon_testkit::{Faulty, TestClock};
 
@@ -76,27 +77,9 @@ async fn random_faults_never_give_a_run_two_runners() {
             _ => faulty[i].heal(),
         }
     }
-    for f in &faulty {
-        f.heal();
-    }
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    heal_and_shut_down(&faulty, schedulers).await;
 
-    let summary = history::check_seeded(&history, seed);
-    assert!(summary.wins > 100, "the test ran runs: {summary:?}");
-    assert!(
-        summary.takeovers > 0,
-        "faults caused takeovers: {summary:?}"
-    );
-    assert!(
-        summary.uncertain > 0,
-        "faults caused failed calls: {summary:?}"
-    );
-    assert!(
-        summary.handlers > 100,
-        "handlers recorded their runs: {summary:?}"
-    );
+    history::check_seeded(&history, seed).assert_faults_bit(seed, 101);
 }
 
 #[test]
@@ -271,76 +254,58 @@ mod the_checker_objects_to {
 /// A broken store: every claim wins attempt 1, every renewal succeeds.
 struct Yes;
 
-mod yes {
-    use std::sync::Arc;
-    use std::time::Duration;
+/// What `Yes` answers every claim.
+fn won() -> Result<ClaimOutcome, StoreError> {
+    Ok(ClaimOutcome::Won(Win {
+        attempt: Attempt::FIRST,
+        fence: None,
+    }))
+}
 
-    use anarchon_core::{
-        Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseClaim,
-        LeaseStore, Memory, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
-        Win,
-    };
-
-    use super::Yes;
-
-    /// What `Yes` answers every claim.
-    fn won() -> Result<ClaimOutcome, StoreError> {
-        Ok(ClaimOutcome::Won(Win {
-            attempt: Attempt::FIRST,
-            fence: None,
-        }))
+#[async_trait::async_trait]
+impl ClaimStore for Yes {
+    async fn claim(&self, _: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        won()
     }
-
-    #[async_trait::async_trait]
-    impl ClaimStore for Yes {
-        async fn claim(&self, _: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-            won()
-        }
-        fn info(&self) -> BackendInfo {
-            BackendInfo {
-                name: "yes",
-                memory: Memory::Forever,
-            }
-        }
-        fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-            Some(self)
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: "yes",
+            memory: Memory::Forever,
         }
     }
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
+        Some(self)
+    }
+}
 
-    #[async_trait::async_trait]
-    impl LeaseStore for Yes {
-        async fn claim_lease(&self, _: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
-            won()
-        }
-        async fn peek(&self, _: &RunKey) -> Result<RunView, StoreError> {
-            Err(StoreError::invalid("yes", "no peeking"))
-        }
-        async fn heartbeat(
-            &self,
-            _: &RunKey,
-            _: Token,
-            _: Duration,
-        ) -> Result<Renewal, StoreError> {
-            Ok(Renewal::Renewed)
-        }
-        async fn finish(&self, _: &RunKey, _: Token, _: RunOutcome) -> Result<Renewal, StoreError> {
-            Ok(Renewal::Renewed)
-        }
-        async fn release(&self, _: &RunKey, _: Token) -> Result<Renewal, StoreError> {
-            Ok(Renewal::Renewed)
-        }
-        async fn give_back(&self, _: &RunKey, _: Token) -> Result<Renewal, StoreError> {
-            Ok(Renewal::Renewed)
-        }
-        async fn wait_for_hand_over(&self, _: &RunKey, timeout: Duration) -> bool {
-            tokio::time::sleep(timeout).await;
-            false
-        }
-        async fn history(&self, _: &JobName, _: usize) -> Result<Vec<RunRecord>, StoreError> {
-            Ok(Vec::new())
-        }
-        async fn collect_garbage(&self, _: Duration) -> Result<u64, StoreError> {
-            Ok(0)
-        }
+#[async_trait::async_trait]
+impl LeaseStore for Yes {
+    async fn claim_lease(&self, _: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
+        won()
+    }
+    async fn peek(&self, _: &RunKey) -> Result<RunView, StoreError> {
+        Err(StoreError::invalid("yes", "no peeking"))
+    }
+    async fn heartbeat(&self, _: &RunKey, _: Token, _: Duration) -> Result<Renewal, StoreError> {
+        Ok(Renewal::Renewed)
+    }
+    async fn finish(&self, _: &RunKey, _: Token, _: RunOutcome) -> Result<Renewal, StoreError> {
+        Ok(Renewal::Renewed)
+    }
+    async fn release(&self, _: &RunKey, _: Token) -> Result<Renewal, StoreError> {
+        Ok(Renewal::Renewed)
+    }
+    async fn give_back(&self, _: &RunKey, _: Token) -> Result<Renewal, StoreError> {
+        Ok(Renewal::Renewed)
+    }
+    async fn wait_for_hand_over(&self, _: &RunKey, timeout: Duration) -> bool {
+        tokio::time::sleep(timeout).await;
+        false
+    }
+    async fn history(&self, _: &JobName, _: usize) -> Result<Vec<RunRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    async fn collect_garbage(&self, _: Duration) -> Result<u64, StoreError> {
+        Ok(0)
     }
 }
