@@ -81,14 +81,17 @@ fn lease_end(view: &RunView) -> Timestamp {
 /// What `peek` and `history` say about one run, to compare before and after.
 async fn facts<S: LeaseStore + ?Sized>(store: &S, run: &RunKey) -> (RunState, Vec<RunRecord>) {
     let state = store.peek(run).await.expect("peek").state;
-    let records = store
-        .history(&run.job, 100)
-        .await
-        .expect("history")
-        .into_iter()
-        .filter(|r| &r.run == run)
-        .collect();
-    (state, records)
+    (state, records_of(store, run, 100).await)
+}
+
+/// The records of `run` among the latest `limit` of its job's history.
+pub(crate) async fn records_of<S: LeaseStore + ?Sized>(
+    store: &S,
+    run: &RunKey,
+    limit: usize,
+) -> Vec<RunRecord> {
+    let history = store.history(&run.job, limit).await.expect("history");
+    history.into_iter().filter(|r| &r.run == run).collect()
 }
 
 /// The lease suite as one `#[tokio::test]` per check; arguments as for

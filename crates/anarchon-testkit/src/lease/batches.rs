@@ -8,10 +8,10 @@ use anarchon_core::{
     Token,
 };
 
-use crate::claim::{future_slot, job};
+use crate::claim::{future_slot, job, past_slot};
 use crate::factory::StoreFactory;
 
-use super::{LONG_LEASE, lease_claim, lease_end, won};
+use super::{LONG_LEASE, lease_claim, lease_end, records_of, won};
 
 /// `claim_many` answers in order, like claims one by one.
 pub async fn claim_many_answers_in_order<F: StoreFactory>(factory: &F)
@@ -114,8 +114,7 @@ where
     let a = factory.instance().await;
     let b = factory.instance().await;
     let base = future_slot(factory, 0).as_millis();
-    let now = factory.clock().now().as_millis();
-    let old_base = now - now.rem_euclid(1000) - 3_600_000;
+    let old_base = past_slot(factory, 3_600_000).as_millis();
     for (round, size) in [1usize, 3, 7, 13].into_iter().enumerate() {
         let setups: Vec<Setup> = (0..size)
             .map(|i| match (i * 7 + round) % 4 {
@@ -180,12 +179,10 @@ where
             match (setups[i], answer) {
                 (Setup::Free, ClaimOutcome::Won(win)) => {
                     assert_eq!(win.attempt, Attempt::FIRST, "{context}");
-                    let record = a
-                        .history(&run.job, 100)
+                    let record = records_of(&*a, run, 100)
                         .await
-                        .expect("history")
                         .into_iter()
-                        .find(|r| &r.run == run)
+                        .next()
                         .unwrap_or_else(|| panic!("{context}: won but not in the history"));
                     assert_eq!(record.fence, win.fence, "{context}: the fence of this run");
                     assert_eq!(

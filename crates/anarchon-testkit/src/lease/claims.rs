@@ -1,16 +1,14 @@
 //! Claims and takeover: who wins a run, what the others hear, when a
 //! lease that ran out is taken over, and how `overlap` and fences go.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use anarchon_core::{
     Attempt, ClaimOutcome, FinalState, LeaseStore, MaxAttempts, Overlap, RecordState, Renewal,
     RunKey, RunOutcome, RunState, Slot, Token,
 };
-use futures::future::join_all;
 
-use crate::claim::{RACED_SLOTS, RACERS, future_slot, job};
+use crate::claim::{future_slot, job, past_slot, race};
 use crate::factory::StoreFactory;
 
 use super::{LONG_LEASE, SHORT_LEASE, lease_claim, short, wait_out, won};
@@ -20,46 +18,23 @@ pub async fn lease_claim_is_exclusive<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let job = job("lease-exclusive");
-    let base = future_slot(factory, 0).as_millis();
-    let slots: Vec<Slot> = (0..RACED_SLOTS as i64)
-        .map(|i| Slot::from_millis(base + i * 1000))
-        .collect();
-    let mut stores = Vec::new();
-    for _ in 0..RACERS {
-        stores.push(factory.instance().await);
-    }
-    let racers = stores.into_iter().enumerate().map(|(i, store)| {
-        let job = job.clone();
-        let slots = slots.clone();
-        async move {
-            let mut won = Vec::new();
-            for slot in slots {
-                crate::claim::interleave(i, slot).await;
-                let req = lease_claim(
-                    RunKey::new(job.clone(), slot),
-                    Token::generate(),
-                    &format!("racer-{i}"),
-                );
-                let outcome = store.claim_lease(&req).await.expect("claim_lease failed");
-                match outcome {
-                    ClaimOutcome::Won(w) => {
-                        assert_eq!(w.attempt, Attempt::FIRST);
-                        won.push(slot);
-                    }
-                    ClaimOutcome::Running { .. } => {}
-                    other => panic!("a raced claim must be Won or Running, got {other:?}"),
+    let (slots, winners) = race(
+        factory,
+        job("lease-exclusive"),
+        |store, run, racer| async move {
+            let req = lease_claim(run, Token::generate(), &racer);
+            let outcome = store.claim_lease(&req).await.expect("claim_lease failed");
+            match outcome {
+                ClaimOutcome::Won(w) => {
+                    assert_eq!(w.attempt, Attempt::FIRST);
+                    true
                 }
+                ClaimOutcome::Running { .. } => false,
+                other => panic!("a raced claim must be Won or Running, got {other:?}"),
             }
-            won
-        }
-    });
-    let mut winners: HashMap<Slot, usize> = HashMap::new();
-    for won in join_all(racers).await {
-        for slot in won {
-            *winners.entry(slot).or_default() += 1;
-        }
-    }
+        },
+    )
+    .await;
     for slot in &slots {
         assert_eq!(winners.get(slot).copied().unwrap_or(0), 1, "slot {slot}");
     }
@@ -121,8 +96,7 @@ where
     F::Store: LeaseStore,
 {
     let store = factory.instance().await;
-    let now = factory.clock().now().as_millis();
-    let slot = Slot::from_millis(now - now.rem_euclid(1000) - 3_600_000);
+    let slot = past_slot(factory, 3_600_000);
     let run = RunKey::new(job("late"), slot);
     let late = lease_claim(run.clone(), Token::generate(), "a");
     assert_eq!(
