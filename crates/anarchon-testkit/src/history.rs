@@ -281,6 +281,28 @@ impl<S: LeaseStore + ?Sized> Recorder<S> {
     }
 }
 
+impl<S: LeaseStore + ?Sized> Recorder<S> {
+    /// Records `call` of `run` around `renewal`: the inner store's answer
+    /// to it, not yet started.
+    async fn record_renewal(
+        &self,
+        run: &RunKey,
+        call: Call,
+        renewal: impl Future<Output = Result<Renewal, StoreError>>,
+    ) -> Result<Renewal, StoreError> {
+        let i = self.history.begin(self.instance, run.clone(), call);
+        let answer = renewal.await;
+        self.history.end(
+            i,
+            match &answer {
+                Ok(r) => Answer::Renewal(*r),
+                Err(e) => failed(e),
+            },
+        );
+        answer
+    }
+}
+
 fn failed(e: &StoreError) -> Answer {
     Answer::Failed(e.to_string())
 }
@@ -357,18 +379,12 @@ impl<S: LeaseStore + ?Sized> LeaseLayer for Recorder<S> {
         token: Token,
         lease: Duration,
     ) -> Result<Renewal, StoreError> {
-        let i = self
-            .history
-            .begin(self.instance, run.clone(), Call::Heartbeat { token, lease });
-        let answer = self.inner.heartbeat(run, token, lease).await;
-        self.history.end(
-            i,
-            match &answer {
-                Ok(r) => Answer::Renewal(*r),
-                Err(e) => failed(e),
-            },
-        );
-        answer
+        self.record_renewal(
+            run,
+            Call::Heartbeat { token, lease },
+            self.inner.heartbeat(run, token, lease),
+        )
+        .await
     }
 
     async fn finish(
@@ -377,48 +393,26 @@ impl<S: LeaseStore + ?Sized> LeaseLayer for Recorder<S> {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
-        let i = self
-            .history
-            .begin(self.instance, run.clone(), Call::Finish { token });
-        let answer = self.inner.finish(run, token, outcome).await;
-        self.history.end(
-            i,
-            match &answer {
-                Ok(r) => Answer::Renewal(*r),
-                Err(e) => failed(e),
-            },
-        );
-        answer
+        self.record_renewal(
+            run,
+            Call::Finish { token },
+            self.inner.finish(run, token, outcome),
+        )
+        .await
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        let i = self
-            .history
-            .begin(self.instance, run.clone(), Call::Release { token });
-        let answer = self.inner.release(run, token).await;
-        self.history.end(
-            i,
-            match &answer {
-                Ok(r) => Answer::Renewal(*r),
-                Err(e) => failed(e),
-            },
-        );
-        answer
+        self.record_renewal(run, Call::Release { token }, self.inner.release(run, token))
+            .await
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        let i = self
-            .history
-            .begin(self.instance, run.clone(), Call::GiveBack { token });
-        let answer = self.inner.give_back(run, token).await;
-        self.history.end(
-            i,
-            match &answer {
-                Ok(r) => Answer::Renewal(*r),
-                Err(e) => failed(e),
-            },
-        );
-        answer
+        self.record_renewal(
+            run,
+            Call::GiveBack { token },
+            self.inner.give_back(run, token),
+        )
+        .await
     }
 }
 
