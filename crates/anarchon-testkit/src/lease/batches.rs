@@ -35,12 +35,7 @@ where
         let mine = lease_claim(claim.run().clone(), Token::generate(), "b");
         won(b.claim_lease(&mine).await.expect("claim"));
     }
-    let outcomes = a
-        .claim_many(&claims_a)
-        .await
-        .expect("claim_many")
-        .all()
-        .expect("every claim of the batch answered");
+    let outcomes = claim_batch(&*a, &claims_a, "claim_many").await;
     assert_eq!(outcomes.len(), claims_a.len());
     for (i, outcome) in outcomes.iter().enumerate() {
         if i % 2 == 0 {
@@ -55,12 +50,7 @@ where
             );
         }
     }
-    let again = a
-        .claim_many(&claims_a)
-        .await
-        .expect("claim_many again")
-        .all()
-        .expect("every claim of the batch answered");
+    let again = claim_batch(&*a, &claims_a, "claim_many again").await;
     // The same answers, except the store's clock, which has moved on.
     let without_clock = |outcomes: &[ClaimOutcome]| -> Vec<ClaimOutcome> {
         outcomes
@@ -80,6 +70,21 @@ where
         "a retried batch with the same tokens gets the same answers"
     );
     assert!(a.claim_many(&[]).await.expect("empty batch").is_empty());
+}
+
+/// `store`'s answers to `batch`, one per claim (`what` names the call in
+/// a failure).
+async fn claim_batch<S: LeaseStore + ?Sized>(
+    store: &S,
+    batch: &[LeaseClaim],
+    what: &str,
+) -> Vec<ClaimOutcome> {
+    store
+        .claim_many(batch)
+        .await
+        .expect(what)
+        .all()
+        .expect("every claim of the batch answered")
 }
 
 /// A permutation of `0..n` from `seed` (Fisher–Yates on splitmix64).
@@ -165,12 +170,7 @@ where
             .iter()
             .map(|&i| lease_claim(runs[i].clone(), Token::generate(), "a"))
             .collect();
-        let answers = a
-            .claim_many(&batch)
-            .await
-            .expect("claim_many")
-            .all()
-            .expect("every claim of the batch answered");
+        let answers = claim_batch(&*a, &batch, "claim_many").await;
         assert_eq!(answers.len(), batch.len(), "one answer per claim");
         let mut fences = Vec::new();
         for (answer, &i) in answers.iter().zip(&order) {
