@@ -379,12 +379,9 @@ impl<S: LeaseStore + ?Sized> LeaseLayer for Recorder<S> {
         token: Token,
         lease: Duration,
     ) -> Result<Renewal, StoreError> {
-        self.record_renewal(
-            run,
-            Call::Heartbeat { token, lease },
-            self.inner.heartbeat(run, token, lease),
-        )
-        .await
+        let call = Call::Heartbeat { token, lease };
+        let renewal = self.inner.heartbeat(run, token, lease);
+        self.record_renewal(run, call, renewal).await
     }
 
     async fn finish(
@@ -393,26 +390,21 @@ impl<S: LeaseStore + ?Sized> LeaseLayer for Recorder<S> {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
-        self.record_renewal(
-            run,
-            Call::Finish { token },
-            self.inner.finish(run, token, outcome),
-        )
-        .await
+        let call = Call::Finish { token };
+        let renewal = self.inner.finish(run, token, outcome);
+        self.record_renewal(run, call, renewal).await
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        self.record_renewal(run, Call::Release { token }, self.inner.release(run, token))
-            .await
+        let call = Call::Release { token };
+        let renewal = self.inner.release(run, token);
+        self.record_renewal(run, call, renewal).await
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        self.record_renewal(
-            run,
-            Call::GiveBack { token },
-            self.inner.give_back(run, token),
-        )
-        .await
+        let call = Call::GiveBack { token };
+        let renewal = self.inner.give_back(run, token);
+        self.record_renewal(run, call, renewal).await
     }
 }
 
