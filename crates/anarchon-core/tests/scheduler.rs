@@ -174,6 +174,20 @@ fn start_recording_minutely(b: SchedulerBuilder<MemoryStore>, runs: &Runs) -> Sc
     start_with_one_job(b, "minutely", every(60), recording(runs))
 }
 
+/// Default job options with what `set` changes.
+fn job_options(set: impl FnOnce(&mut JobOptions)) -> JobOptions {
+    let mut options = JobOptions::default();
+    set(&mut options);
+    options
+}
+
+/// Default scheduler options with what `set` changes.
+fn scheduler_options(set: impl FnOnce(&mut SchedulerOptions)) -> SchedulerOptions {
+    let mut options = SchedulerOptions::default();
+    set(&mut options);
+    options
+}
+
 /// A handler that succeeds at once.
 async fn succeed(_: RunContext) -> Result<(), String> {
     Ok(())
@@ -1134,21 +1148,12 @@ async fn a_claim_only_store_skips_late_slots_locally_after_a_clock_step() {
 async fn lease_only_options_from_configuration_are_refused_for_claim_only_stores() {
     let store: Arc<dyn ClaimStore> = Arc::new(ClaimOnlyStore::default());
     let cases: [(&str, JobOptions); 3] = [
-        ("overlap", {
-            let mut o = JobOptions::default();
-            o.overlap = Some(Overlap::Skip);
-            o
-        }),
-        ("max_attempts", {
-            let mut o = JobOptions::default();
-            o.max_attempts = Some(2);
-            o
-        }),
-        ("catch_up", {
-            let mut o = JobOptions::default();
-            o.catch_up = Some(Duration::from_secs(60));
-            o
-        }),
+        ("overlap", job_options(|o| o.overlap = Some(Overlap::Skip))),
+        ("max_attempts", job_options(|o| o.max_attempts = Some(2))),
+        (
+            "catch_up",
+            job_options(|o| o.catch_up = Some(Duration::from_secs(60))),
+        ),
     ];
     for (option, opts) in cases {
         let mut b = Scheduler::builder(store.clone());
@@ -1162,18 +1167,17 @@ async fn lease_only_options_from_configuration_are_refused_for_claim_only_stores
         }
         assert!(err.to_string().contains(option), "{err}");
     }
-    for (option, opts) in [
-        ("lease", {
-            let mut o = SchedulerOptions::default();
-            o.lease = Some(Duration::from_secs(30));
-            o
-        }),
-        ("heartbeat", {
-            let mut o = SchedulerOptions::default();
-            o.heartbeat = Some(Duration::from_secs(5));
-            o
-        }),
-    ] {
+    let scheduler_cases: [(&str, SchedulerOptions); 2] = [
+        (
+            "lease",
+            scheduler_options(|o| o.lease = Some(Duration::from_secs(30))),
+        ),
+        (
+            "heartbeat",
+            scheduler_options(|o| o.heartbeat = Some(Duration::from_secs(5))),
+        ),
+    ];
+    for (option, opts) in scheduler_cases {
         let err = Scheduler::builder(store.clone())
             .options(&opts)
             .start()
