@@ -9,12 +9,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anarchon_core::layer::LeaseLayer;
+use anarchon_core::scheduler::IntoDynClaim;
 use anarchon_core::{
-    Attempt, CancelReason, ClaimStore, Clock, ConfigError, FinalState, InstanceId, JobName,
-    JobOptions, LeaseStore, Memory, MemoryStore, Overlap, RecordState, RunContext, Schedule,
-    Scheduler, SchedulerOptions, Slot, Timestamp,
+    Attempt, CancelReason, ClaimStore, Clock, ConfigError, FinalState, InstanceId, JobBuilder,
+    JobName, JobOptions, LeaseStore, Memory, MemoryStore, MetricsSnapshot, Overlap, RecordState,
+    RunContext, RunRecord, Schedule, Scheduler, SchedulerBuilder, SchedulerOptions, Slot,
+    Timestamp,
 };
 use anarchon_testkit::{ClaimOnlyStore, Faulty, SkewedClock, TestClock};
+use futures::future::BoxFuture;
+
+/// The record state of a run whose handler succeeded.
+const SUCCEEDED: RecordState = RecordState::Finished(FinalState::Succeeded);
 
 type Runs = Arc<Mutex<Vec<(Slot, Attempt, String)>>>;
 
@@ -44,6 +50,193 @@ fn id(name: &str) -> InstanceId {
     InstanceId::new(name).unwrap()
 }
 
+/// A scheduler instance named `name` on `clock`, claiming through `store`.
+fn instance<S: ClaimStore + ?Sized>(
+    store: Arc<S>,
+    clock: Arc<dyn Clock>,
+    name: &str,
+) -> SchedulerBuilder<S>
+where
+    Arc<S>: IntoDynClaim,
+{
+    Scheduler::builder(store).clock(clock).instance_id(id(name))
+}
+
+/// A handler that records each run it is given in `runs` and succeeds.
+fn recording(
+    runs: &Runs,
+) -> impl Fn(RunContext) -> BoxFuture<'static, Result<(), String>> + Send + Sync + 'static {
+    recording_holding(runs, |_| false)
+}
+
+/// A handler that records each run it is given in `runs`, holds the
+/// attempts `held` picks until they are cancelled, and succeeds.
+fn recording_holding(
+    runs: &Runs,
+    held: fn(Attempt) -> bool,
+) -> impl Fn(RunContext) -> BoxFuture<'static, Result<(), String>> + Send + Sync + 'static {
+    let runs = runs.clone();
+    move |ctx| {
+        let runs = runs.clone();
+        Box::pin(async move {
+            record(&runs, &ctx);
+            if held(ctx.attempt()) {
+                ctx.cancelled().await;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// What a handler waiting for its cancellation saw: its run, and once
+/// cancelled, why and when.
+#[derive(Clone)]
+struct Cancellation {
+    ctx: RunContext,
+    reason: Option<CancelReason>,
+    at: Option<tokio::time::Instant>,
+}
+
+/// Where [`start_waiting_for_cancellation`]'s handler notes its run.
+type Cancellations = Arc<Mutex<Option<Cancellation>>>;
+
+/// Starts an unnamed instance on `clock` holding leases of `lease`, renewed
+/// every second, with one job "long" every minute whose handler notes its
+/// run in `seen`, waits for its cancellation, notes why and when, and
+/// succeeds.
+fn start_waiting_for_cancellation<S: LeaseStore + ?Sized>(
+    store: Arc<S>,
+    clock: Arc<dyn Clock>,
+    lease: Duration,
+    seen: &Cancellations,
+) -> Scheduler
+where
+    Arc<S>: IntoDynClaim,
+{
+    let mut b = Scheduler::builder(store)
+        .clock(clock)
+        .lease(lease)
+        .heartbeat(Duration::from_secs(1));
+    let seen = seen.clone();
+    b.job("long", every(60))
+        .unwrap()
+        .run(move |ctx| {
+            let seen = seen.clone();
+            async move {
+                *seen.lock().unwrap() = Some(Cancellation {
+                    ctx: ctx.clone(),
+                    reason: None,
+                    at: None,
+                });
+                ctx.cancelled().await;
+                if let Some(seen) = seen.lock().unwrap().as_mut() {
+                    seen.reason = ctx.cancel_reason();
+                    seen.at = Some(tokio::time::Instant::now());
+                }
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+    b.start().unwrap()
+}
+
+/// The error `b` refuses a minutely job "j" with, configured by
+/// `configure` and given a handler.
+fn job_refused<S: ClaimStore + ?Sized>(
+    b: &mut SchedulerBuilder<S>,
+    configure: impl for<'a> FnOnce(JobBuilder<'a, S>) -> JobBuilder<'a, S>,
+) -> ConfigError
+where
+    Arc<S>: IntoDynClaim,
+{
+    configure(b.job("j", every(60)).unwrap())
+        .run(succeed)
+        .unwrap_err()
+}
+
+/// Starts `b` with the one job `job` on `schedule`, run by `handler`.
+fn start_with_one_job<S: ClaimStore + ?Sized>(
+    mut b: SchedulerBuilder<S>,
+    job: &str,
+    schedule: Schedule,
+    handler: impl Fn(RunContext) -> BoxFuture<'static, Result<(), String>> + Send + Sync + 'static,
+) -> Scheduler
+where
+    Arc<S>: IntoDynClaim,
+{
+    b.job(job, schedule).unwrap().run(handler).unwrap();
+    b.start().unwrap()
+}
+
+/// Starts `b` with one job "minutely", every minute, that records its runs
+/// in `runs`.
+fn start_recording_minutely(b: SchedulerBuilder<MemoryStore>, runs: &Runs) -> Scheduler {
+    start_with_one_job(b, "minutely", every(60), recording(runs))
+}
+
+/// Default job options with what `set` changes.
+fn job_options(set: impl FnOnce(&mut JobOptions)) -> JobOptions {
+    let mut options = JobOptions::default();
+    set(&mut options);
+    options
+}
+
+/// Default scheduler options with what `set` changes.
+fn scheduler_options(set: impl FnOnce(&mut SchedulerOptions)) -> SchedulerOptions {
+    let mut options = SchedulerOptions::default();
+    set(&mut options);
+    options
+}
+
+/// A handler that succeeds at once.
+async fn succeed(_: RunContext) -> Result<(), String> {
+    Ok(())
+}
+
+/// A handler that works for `how_long`, deaf to cancellation, and succeeds.
+fn working_for(
+    how_long: Duration,
+) -> impl Fn(RunContext) -> BoxFuture<'static, Result<(), String>> + Send + Sync + 'static {
+    move |_| {
+        Box::pin(async move {
+            tokio::time::sleep(how_long).await;
+            Ok(())
+        })
+    }
+}
+
+/// Shuts every instance down, one after the other.
+async fn shut_down_all(schedulers: Vec<Scheduler>) {
+    for s in schedulers {
+        s.shutdown().await;
+    }
+}
+
+/// Lets `scheduler` run for `at` seconds, loses the reply to the next call
+/// it makes to `store`, lets it run `then` seconds more, and shuts it down:
+/// its metrics, taken before the shutdown.
+async fn metrics_with_one_lost_reply(
+    scheduler: Scheduler,
+    store: &MemoryStore,
+    at: f64,
+    then: f64,
+) -> MetricsSnapshot {
+    sleep(at).await;
+    store.lose_replies(1);
+    sleep(then).await;
+    let metrics = scheduler.metrics();
+    scheduler.shutdown().await;
+    metrics
+}
+
+/// The newest `limit` records of the job called `job`, newest first.
+async fn history_of(store: &MemoryStore, job: &str, limit: usize) -> Vec<RunRecord> {
+    store
+        .history(&JobName::new(job).unwrap(), limit)
+        .await
+        .unwrap()
+}
+
 /// A clock and a memory store on it, starting half-way through an hour: on
 /// a whole minute (so a per-minute slot is due at once), never on a whole
 /// hour (so an hourly job's first slot is 30 minutes away, whatever the
@@ -66,19 +259,10 @@ async fn a_lost_reply_is_retried_with_the_same_token_and_runs_once() {
     let runs = runs();
     let mut schedulers = Vec::new();
     for name in ["a", "b"] {
-        let mut b = Scheduler::builder(store.clone())
-            .clock(clock.clone())
-            .instance_id(id(name));
-        let r = runs.clone();
+        let mut b = instance(store.clone(), clock.clone(), name);
         b.job("tick", every(10))
             .unwrap()
-            .run(move |ctx| {
-                let r = r.clone();
-                async move {
-                    record(&r, &ctx);
-                    Ok::<_, String>(())
-                }
-            })
+            .run(recording(&runs))
             .unwrap();
         schedulers.push(b.start().unwrap());
     }
@@ -86,9 +270,7 @@ async fn a_lost_reply_is_retried_with_the_same_token_and_runs_once() {
     store.lose_replies(1);
     let first_slot = Slot::from(clock.now());
     sleep(35.0).await;
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    shut_down_all(schedulers).await;
     let map = by_slot(&runs);
     assert!(map.len() >= 3, "{map:?}");
     let (lost, _) = map.iter().next().unwrap();
@@ -105,33 +287,16 @@ async fn a_lost_reply_is_retried_with_the_same_token_and_runs_once() {
 #[tokio::test(start_paused = true)]
 async fn a_fenced_runner_is_cancelled() {
     let (clock, store) = setup();
-    type Seen = Option<(RunContext, Option<CancelReason>)>;
-    let seen: Arc<Mutex<Seen>> = Arc::default();
-    let mut b = Scheduler::builder(store.clone())
-        .clock(clock.clone())
-        .lease(Duration::from_secs(3))
-        .heartbeat(Duration::from_secs(1));
-    let s2 = seen.clone();
-    b.job("long", every(60))
-        .unwrap()
-        .run(move |ctx| {
-            let s2 = s2.clone();
-            async move {
-                *s2.lock().unwrap() = Some((ctx.clone(), None));
-                ctx.cancelled().await;
-                s2.lock().unwrap().as_mut().unwrap().1 = ctx.cancel_reason();
-                Ok::<_, String>(())
-            }
-        })
-        .unwrap();
-    let scheduler = b.start().unwrap();
+    let seen = Cancellations::default();
+    let scheduler =
+        start_waiting_for_cancellation(store.clone(), clock.clone(), Duration::from_secs(3), &seen);
     sleep(61.0).await;
     let ctx = seen
         .lock()
         .unwrap()
         .as_ref()
         .expect("the run started")
-        .0
+        .ctx
         .clone();
     let run = anarchon_core::RunKey::new(ctx.job().clone(), ctx.slot());
     // Someone else takes the run over: the lease is released (as a test
@@ -150,7 +315,7 @@ async fn a_fenced_runner_is_cancelled() {
     ));
     sleep(2.0).await;
     assert_eq!(
-        seen.lock().unwrap().as_ref().unwrap().1,
+        seen.lock().unwrap().as_ref().unwrap().reason,
         Some(CancelReason::Fenced)
     );
     assert_eq!(scheduler.metrics().fenced, 1);
@@ -186,10 +351,7 @@ async fn errors_panics_and_timeouts_are_recorded_failed() {
             Err::<(), _>("still copying")
         })
         .unwrap();
-    b.job("fine", every(60))
-        .unwrap()
-        .run(|_| async { Ok::<(), String>(()) })
-        .unwrap();
+    b.job("fine", every(60)).unwrap().run(succeed).unwrap();
     let scheduler = b.start().unwrap();
     // The clock starts on a whole minute: that slot is due at once.
     sleep(30.0).await;
@@ -215,10 +377,7 @@ async fn errors_panics_and_timeouts_are_recorded_failed() {
         slow.error.as_deref() == Some("timed out after 5s: still copying"),
         "{slow:?}"
     );
-    assert_eq!(
-        last("fine").await.state,
-        RecordState::Finished(FinalState::Succeeded)
-    );
+    assert_eq!(last("fine").await.state, SUCCEEDED);
     assert_eq!((m.failed, m.succeeded), (3, 1), "{m:?}");
 }
 
@@ -233,25 +392,15 @@ async fn shutdown_hands_a_running_run_over_and_the_backup_takes_it_at_once() {
     let lease = Duration::from_secs(30);
     let mut schedulers = Vec::new();
     for name in ["a", "b"] {
-        let mut b = Scheduler::builder(store.clone())
-            .clock(clock.clone())
-            .instance_id(id(name))
+        let mut b = instance(store.clone(), clock.clone(), name)
             .lease(lease)
             .shutdown_grace(Duration::from_secs(2));
-        let r = runs.clone();
         b.job("long", every(3600))
             .unwrap()
-            .run(move |ctx| {
-                let r = r.clone();
-                async move {
-                    record(&r, &ctx);
-                    // The first attempt runs until cancelled; a takeover finishes.
-                    if ctx.attempt() == Attempt::FIRST {
-                        ctx.cancelled().await;
-                    }
-                    Ok::<_, String>(())
-                }
-            })
+            // The first attempt runs until cancelled; a takeover finishes.
+            .run(recording_holding(&runs, |attempt| {
+                attempt == Attempt::FIRST
+            }))
             .unwrap();
         schedulers.push(b.start().unwrap());
     }
@@ -280,14 +429,7 @@ async fn shutdown_hands_a_running_run_over_and_the_backup_takes_it_at_once() {
     assert_ne!(attempts[1].1, first.2);
     assert!(stopped_at.elapsed() <= Duration::from_secs(2) + lease);
     backup.shutdown().await;
-    let history = store
-        .history(&JobName::new("long").unwrap(), 1)
-        .await
-        .unwrap();
-    assert_eq!(
-        history[0].state,
-        RecordState::Finished(FinalState::Succeeded)
-    );
+    assert_eq!(history_of(&store, "long", 1).await[0].state, SUCCEEDED);
 }
 
 #[tokio::test(start_paused = true)]
@@ -295,20 +437,11 @@ async fn catch_up_runs_missed_slots_in_order_once() {
     let (clock, store) = setup();
     let runs = runs();
     let start = |name: &'static str| {
-        let mut b = Scheduler::builder(store.clone())
-            .clock(clock.clone())
-            .instance_id(id(name));
-        let r = runs.clone();
+        let mut b = instance(store.clone(), clock.clone(), name);
         b.job("minutely", every(60))
             .unwrap()
             .catch_up(Duration::from_secs(600))
-            .run(move |ctx| {
-                let r = r.clone();
-                async move {
-                    record(&r, &ctx);
-                    Ok::<_, String>(())
-                }
-            })
+            .run(recording(&runs))
             .unwrap();
         b.start().unwrap()
     };
@@ -343,31 +476,19 @@ async fn a_later_instance_never_reruns_a_collected_slot() {
     let (clock, store) = setup();
     let runs = runs();
     let start = |name: &'static str| {
-        let mut b = Scheduler::builder(store.clone())
-            .clock(clock.clone())
-            .instance_id(id(name))
-            .history_retention(Duration::from_secs(60));
-        let r = runs.clone();
+        let mut b =
+            instance(store.clone(), clock.clone(), name).history_retention(Duration::from_secs(60));
         b.job("minutely", every(60))
             .unwrap()
             .catch_up(Duration::from_secs(2 * 3600))
-            .run(move |ctx| {
-                let r = r.clone();
-                async move {
-                    record(&r, &ctx);
-                    Ok::<_, String>(())
-                }
-            })
+            .run(recording(&runs))
             .unwrap();
         b.start().unwrap()
     };
     let first = start("first");
     // Past the first hourly collection.
     sleep(3600.0 + 90.0).await;
-    let collected_before = store
-        .history(&JobName::new("minutely").unwrap(), 1000)
-        .await
-        .unwrap();
+    let collected_before = history_of(&store, "minutely", 1000).await;
     let second = start("second");
     sleep(5.0).await;
     first.shutdown().await;
@@ -400,24 +521,14 @@ async fn a_later_instance_never_reruns_a_collected_slot() {
 async fn another_services_collection_keeps_this_jobs_late_window() {
     let (clock, store) = setup();
     let runs = runs();
-    let start = |instance: &'static str, job: &'static str, catch_up: Option<Duration>| {
-        let mut b = Scheduler::builder(store.clone())
-            .clock(clock.clone())
-            .instance_id(id(instance))
-            .history_retention(Duration::from_secs(60));
-        let r = runs.clone();
+    let start = |name: &'static str, job: &'static str, catch_up: Option<Duration>| {
+        let mut b =
+            instance(store.clone(), clock.clone(), name).history_retention(Duration::from_secs(60));
         let mut job = b.job(job, every(60)).unwrap();
         if let Some(window) = catch_up {
             job = job.catch_up(window);
         }
-        job.run(move |ctx| {
-            let r = r.clone();
-            async move {
-                record(&r, &ctx);
-                Ok::<_, String>(())
-            }
-        })
-        .unwrap();
+        job.run(recording(&runs)).unwrap();
         b.start().unwrap()
     };
     let reports_window = Some(Duration::from_secs(2 * 3600));
@@ -451,11 +562,7 @@ async fn another_services_collection_keeps_this_jobs_late_window() {
         assert_eq!(runners.len(), 1, "reports slot {slot} ran {runners:?}");
     }
     let billing_runs = ran("billing").len();
-    let billing_kept = store
-        .history(&JobName::new("billing").unwrap(), 1000)
-        .await
-        .unwrap()
-        .len();
+    let billing_kept = history_of(&store, "billing", 1000).await.len();
     assert!(
         billing_kept < billing_runs - 30,
         "billing's collection ran and took its own old runs: {billing_kept} of \
@@ -474,6 +581,52 @@ type Spans = Arc<
         )>,
     >,
 >;
+
+/// A handler that records its span in `spans`: it works for `work` unless
+/// cancelled, takes `stop_takes` to stop once cancelled, and returns
+/// `result`.
+fn span_recording(
+    spans: &Spans,
+    work: Duration,
+    stop_takes: Duration,
+    result: Result<(), String>,
+) -> impl Fn(RunContext) -> BoxFuture<'static, Result<(), String>> + Send + Sync + 'static {
+    let spans = spans.clone();
+    move |ctx| {
+        let (spans, result) = (spans.clone(), result.clone());
+        Box::pin(async move {
+            let index = open_span(&spans, &ctx);
+            tokio::select! {
+                () = tokio::time::sleep(work) => {}
+                () = ctx.cancelled() => {
+                    if !stop_takes.is_zero() {
+                        tokio::time::sleep(stop_takes).await;
+                    }
+                }
+            }
+            close_span(&spans, index);
+            result
+        })
+    }
+}
+
+/// Records that the handler of `ctx` starts now; returns the span's index
+/// for [`close_span`].
+fn open_span(spans: &Spans, ctx: &RunContext) -> usize {
+    let mut spans = spans.lock().unwrap();
+    spans.push((
+        ctx.instance().to_string(),
+        ctx.attempt(),
+        tokio::time::Instant::now(),
+        None,
+    ));
+    spans.len() - 1
+}
+
+/// Records that the handler of the span at `index` returns now.
+fn close_span(spans: &Spans, index: usize) {
+    spans.lock().unwrap()[index].3 = Some(tokio::time::Instant::now());
+}
 
 /// An instance whose claim answers come back 1.2 s late: its first win
 /// reaches it 1.2 s into a 3 s lease counted from the send, and afterwards
@@ -494,42 +647,14 @@ async fn a_run_claimed_ahead_renews_before_its_lease_ends() {
     let backup = Faulty::new(store.clone());
     let mut schedulers = Vec::new();
     for (name, handle) in [("ahead", ahead.clone()), ("backup", backup.clone())] {
-        let mut b = Scheduler::builder(handle)
-            .clock(clock.clone())
-            .instance_id(id(name))
+        let leased = instance(handle, clock.clone(), name)
             .lease(Duration::from_secs(3))
             .heartbeat(Duration::from_secs(2));
-        let spans = spans.clone();
-        b.job("long", every(60))
-            .unwrap()
-            .run(move |ctx| {
-                let spans = spans.clone();
-                async move {
-                    let index = {
-                        let mut spans = spans.lock().unwrap();
-                        spans.push((
-                            ctx.instance().to_string(),
-                            ctx.attempt(),
-                            tokio::time::Instant::now(),
-                            None,
-                        ));
-                        spans.len() - 1
-                    };
-                    tokio::select! {
-                        () = tokio::time::sleep(Duration::from_secs(20)) => {}
-                        () = ctx.cancelled() => {}
-                    }
-                    spans.lock().unwrap()[index].3 = Some(tokio::time::Instant::now());
-                    Ok::<_, String>(())
-                }
-            })
-            .unwrap();
-        schedulers.push(b.start().unwrap());
+        let handler = span_recording(&spans, Duration::from_secs(20), Duration::ZERO, Ok(()));
+        schedulers.push(start_with_one_job(leased, "long", every(60), handler));
     }
     sleep(200.0).await;
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    shut_down_all(schedulers).await;
     let spans = spans.lock().unwrap().clone();
     assert!(
         spans.iter().filter(|(who, ..)| who == "ahead").count() >= 2,
@@ -559,37 +684,20 @@ async fn a_run_claimed_ahead_renews_before_its_lease_ends() {
 async fn slots_the_timer_passes_over_are_recorded_missed() {
     let (clock, store) = setup();
     let runs = runs();
-    let mut b = Scheduler::builder(store.clone())
-        .clock(clock.clone())
-        .instance_id(id("sleeper"));
-    let r = runs.clone();
-    b.job("minutely", every(60))
-        .unwrap()
-        .run(move |ctx| {
-            let r = r.clone();
-            async move {
-                record(&r, &ctx);
-                Ok::<_, String>(())
-            }
-        })
-        .unwrap();
-    let s = b.start().unwrap();
+    let s = start_recording_minutely(instance(store.clone(), clock.clone(), "sleeper"), &runs);
     sleep(1.0).await;
     let first = Slot::from_millis(clock.now().as_millis() - clock.now().as_millis() % 60_000);
     clock.step(true, Duration::from_secs(600));
     sleep(3.0).await;
     s.shutdown().await;
-    let history = store
-        .history(&JobName::new("minutely").unwrap(), 100)
-        .await
-        .unwrap();
+    let history = history_of(&store, "minutely", 100).await;
     let state_of = |minute: i64| {
         history
             .iter()
             .find(|r| r.run.slot.as_millis() == first.as_millis() + minute * 60_000)
             .map(|r| r.state)
     };
-    let ran = Some(RecordState::Finished(FinalState::Succeeded));
+    let ran = Some(SUCCEEDED);
     assert_eq!(state_of(0), ran, "{history:?}");
     for minute in 1..10 {
         assert_eq!(
@@ -619,9 +727,7 @@ async fn a_run_that_succeeded_after_losing_contact_is_recorded_not_released() {
     let runs = runs();
     let faulty = Faulty::new(store.clone());
     let start = |name: &'static str, handle: Arc<dyn LeaseStore>, catch_up: bool| {
-        let mut b = Scheduler::builder(handle)
-            .clock(clock.clone())
-            .instance_id(id(name))
+        let mut b = instance(handle, clock.clone(), name)
             .lease(Duration::from_secs(3))
             .heartbeat(Duration::from_secs(1));
         let r = runs.clone();
@@ -659,15 +765,8 @@ async fn a_run_that_succeeded_after_losing_contact_is_recorded_not_released() {
     assert_eq!(map.len(), 1, "{map:?}");
     let (slot, runners) = map.iter().next().unwrap();
     assert_eq!(runners.len(), 1, "slot {slot} ran twice: {runners:?}");
-    let history = store
-        .history(&JobName::new("stubborn").unwrap(), 5)
-        .await
-        .unwrap();
-    assert_eq!(
-        history[0].state,
-        RecordState::Finished(FinalState::Succeeded),
-        "{history:?}"
-    );
+    let history = history_of(&store, "stubborn", 5).await;
+    assert_eq!(history[0].state, SUCCEEDED, "{history:?}");
 }
 
 /// A claim-only store whose claims never answer: it records when each
@@ -713,13 +812,11 @@ async fn claim_only_retries_stay_inside_the_late_window() {
         clock: clock.clone(),
         tries: Mutex::new(Vec::new()),
     });
-    let mut b = Scheduler::builder(store.clone())
-        .clock(clock.clone())
-        .instance_id(id("patient"));
+    let mut b = instance(store.clone(), clock.clone(), "patient");
     b.job("minutely", every(60))
         .unwrap()
         .max_late(Duration::from_secs(15))
-        .run(|_| async { Ok::<_, String>(()) })
+        .run(succeed)
         .unwrap();
     let s = b.start().unwrap();
     sleep(50.0).await;
@@ -744,27 +841,17 @@ async fn claim_only_retries_stay_inside_the_late_window() {
 #[tokio::test(start_paused = true)]
 async fn a_skip_whose_reply_was_lost_is_still_counted_as_a_skip() {
     let (clock, store) = setup();
-    let mut b = Scheduler::builder(store.clone())
-        .clock(clock.clone())
-        .instance_id(id("alone"))
+    let mut b = instance(store.clone(), clock.clone(), "alone")
         .lease(Duration::from_secs(60))
         .heartbeat(Duration::from_secs(20));
     b.job("slow", every(10))
         .unwrap()
         .overlap(Overlap::Skip)
-        .run(|_| async {
-            tokio::time::sleep(Duration::from_secs(25)).await;
-            Ok::<_, String>(())
-        })
+        .run(working_for(Duration::from_secs(25)))
         .unwrap();
-    let s = b.start().unwrap();
     // The second slot's claim goes out about 0.1 s before it is due; the
     // store records the skip, and its answer is lost.
-    sleep(9.5).await;
-    store.lose_replies(1);
-    sleep(1.0).await;
-    let metrics = s.metrics();
-    s.shutdown().await;
+    let metrics = metrics_with_one_lost_reply(b.start().unwrap(), &store, 9.5, 1.0).await;
     assert_eq!(metrics.skipped, 1, "{metrics:?}");
     assert_eq!(metrics.losses, 0, "one instance loses nothing: {metrics:?}");
 }
@@ -779,33 +866,16 @@ async fn a_skip_whose_reply_was_lost_is_still_counted_as_a_skip() {
 #[tokio::test(start_paused = true)]
 async fn a_finish_whose_reply_was_lost_is_not_reported_as_fenced() {
     let (clock, store) = setup();
-    let mut b = Scheduler::builder(store.clone())
-        .clock(clock.clone())
-        .instance_id(id("alone"));
+    let mut b = instance(store.clone(), clock.clone(), "alone");
     b.job("short", every(60))
         .unwrap()
-        .run(|_| async {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            Ok::<_, String>(())
-        })
+        .run(working_for(Duration::from_secs(2)))
         .unwrap();
-    let s = b.start().unwrap();
     // The next store call after 1.5 s is the finish at 2 s.
-    sleep(1.5).await;
-    store.lose_replies(1);
-    sleep(2.0).await;
-    let metrics = s.metrics();
-    s.shutdown().await;
+    let metrics = metrics_with_one_lost_reply(b.start().unwrap(), &store, 1.5, 2.0).await;
     assert_eq!(metrics.succeeded, 1, "{metrics:?}");
     assert_eq!(metrics.fenced, 0, "nobody fenced the runner: {metrics:?}");
-    let history = store
-        .history(&JobName::new("short").unwrap(), 1)
-        .await
-        .unwrap();
-    assert_eq!(
-        history[0].state,
-        RecordState::Finished(FinalState::Succeeded)
-    );
+    assert_eq!(history_of(&store, "short", 1).await[0].state, SUCCEEDED);
 }
 
 #[tokio::test(start_paused = true)]
@@ -813,19 +883,10 @@ async fn without_catch_up_a_new_instance_waits_for_the_next_slot() {
     let (clock, store) = setup();
     let runs = runs();
     clock.step(true, Duration::from_secs(30));
-    let mut b = Scheduler::builder(store.clone()).clock(clock.clone());
-    let r = runs.clone();
-    b.job("minutely", every(60))
-        .unwrap()
-        .run(move |ctx| {
-            let r = r.clone();
-            async move {
-                record(&r, &ctx);
-                Ok::<_, String>(())
-            }
-        })
-        .unwrap();
-    let s = b.start().unwrap();
+    let s = start_recording_minutely(
+        Scheduler::builder(store.clone()).clock(clock.clone()),
+        &runs,
+    );
     sleep(29.0).await;
     assert!(runs.lock().unwrap().is_empty());
     sleep(2.0).await;
@@ -842,9 +903,7 @@ async fn jitter_spreads_claims_the_same_way_on_every_instance() {
     for (index, name) in ["a", "b", "c"].into_iter().enumerate() {
         let recorded =
             anarchon_testkit::history::Recorder::new(store.clone(), index, claims.clone());
-        let mut b = Scheduler::builder(recorded)
-            .clock(clock.clone())
-            .instance_id(id(name));
+        let mut b = instance(recorded, clock.clone(), name);
         for job in 0..20 {
             let st = started.clone();
             let clk = clock.clone();
@@ -866,9 +925,7 @@ async fn jitter_spreads_claims_the_same_way_on_every_instance() {
         schedulers.push(b.start().unwrap());
     }
     sleep(30.0).await;
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    shut_down_all(schedulers).await;
     let started = started.lock().unwrap().clone();
     assert_eq!(started.len(), 20, "each job's slot ran once: {started:?}");
     let offsets: Vec<i64> = started
@@ -911,7 +968,7 @@ async fn due_jobs_are_claimed_in_one_round_trip() {
     for job in 0..500 {
         b.job(format!("job{job}"), every(60))
             .unwrap()
-            .run(|_| async { Ok::<_, String>(()) })
+            .run(succeed)
             .unwrap();
     }
     let s = b.start().unwrap();
@@ -936,10 +993,7 @@ async fn a_backup_reads_once_per_lease_period() {
     for name in ["a", "b"] {
         let f = Faulty::new(store.clone());
         handles.push(f.clone());
-        let mut b = Scheduler::builder(f)
-            .clock(clock.clone())
-            .instance_id(id(name))
-            .lease(lease);
+        let mut b = instance(f, clock.clone(), name).lease(lease);
         b.job("long", every(3600))
             .unwrap()
             .run(|ctx| async move {
@@ -961,9 +1015,7 @@ async fn a_backup_reads_once_per_lease_period() {
         claims, 2,
         "one claim each; the backup never claimed a live lease"
     );
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    shut_down_all(schedulers).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -973,9 +1025,7 @@ async fn overlap_skip_never_runs_two_at_once() {
     let max_active = Arc::new(std::sync::atomic::AtomicI32::new(0));
     let mut schedulers = Vec::new();
     for name in ["a", "b", "c"] {
-        let mut b = Scheduler::builder(store.clone())
-            .clock(clock.clone())
-            .instance_id(id(name));
+        let mut b = instance(store.clone(), clock.clone(), name);
         let (act, max) = (active.clone(), max_active.clone());
         b.job("slow", every(1))
             .unwrap()
@@ -995,15 +1045,10 @@ async fn overlap_skip_never_runs_two_at_once() {
     }
     sleep(30.0).await;
     let skipped: u64 = schedulers.iter().map(|s| s.metrics().skipped).sum();
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    shut_down_all(schedulers).await;
     assert_eq!(max_active.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert!(skipped > 10, "{skipped}");
-    let history = store
-        .history(&JobName::new("slow").unwrap(), 100)
-        .await
-        .unwrap();
+    let history = history_of(&store, "slow", 100).await;
     assert!(
         history
             .iter()
@@ -1030,29 +1075,18 @@ async fn skewed_and_stepping_clocks_never_run_a_slot_twice() {
     ];
     let mut schedulers = Vec::new();
     for (name, c) in clocks {
-        let mut b = Scheduler::builder(store.clone())
-            .clock(c)
-            .instance_id(id(name));
-        let r = runs.clone();
+        let mut b = instance(store.clone(), c, name);
         b.job("tick", every(5))
             .unwrap()
             .max_late(Duration::from_secs(60))
-            .run(move |ctx| {
-                let r = r.clone();
-                async move {
-                    record(&r, &ctx);
-                    Ok::<_, String>(())
-                }
-            })
+            .run(recording(&runs))
             .unwrap();
         schedulers.push(b.start().unwrap());
     }
     sleep(100.0).await;
     stepper.step(true, Duration::from_secs(3600));
     sleep(100.0).await;
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    shut_down_all(schedulers).await;
     let map = by_slot(&runs);
     for (slot, who) in &map {
         assert_eq!(who.len(), 1, "slot {slot} ran {who:?}");
@@ -1091,17 +1125,10 @@ async fn a_claim_only_store_skips_late_slots_locally_after_a_clock_step() {
     let store = Arc::new(ClaimOnlyStore::default());
     let runs = runs();
     let mut b = Scheduler::builder(store).clock(clock.clone());
-    let r = runs.clone();
     b.job("tick", every(10))
         .unwrap()
         .max_late(Duration::from_secs(15))
-        .run(move |ctx| {
-            let r = r.clone();
-            async move {
-                record(&r, &ctx);
-                Ok::<_, String>(())
-            }
-        })
+        .run(recording(&runs))
         .unwrap();
     let s = b.start().unwrap();
     sleep(25.0).await;
@@ -1121,30 +1148,16 @@ async fn a_claim_only_store_skips_late_slots_locally_after_a_clock_step() {
 async fn lease_only_options_from_configuration_are_refused_for_claim_only_stores() {
     let store: Arc<dyn ClaimStore> = Arc::new(ClaimOnlyStore::default());
     let cases: [(&str, JobOptions); 3] = [
-        ("overlap", {
-            let mut o = JobOptions::default();
-            o.overlap = Some(Overlap::Skip);
-            o
-        }),
-        ("max_attempts", {
-            let mut o = JobOptions::default();
-            o.max_attempts = Some(2);
-            o
-        }),
-        ("catch_up", {
-            let mut o = JobOptions::default();
-            o.catch_up = Some(Duration::from_secs(60));
-            o
-        }),
+        ("overlap", job_options(|o| o.overlap = Some(Overlap::Skip))),
+        ("max_attempts", job_options(|o| o.max_attempts = Some(2))),
+        (
+            "catch_up",
+            job_options(|o| o.catch_up = Some(Duration::from_secs(60))),
+        ),
     ];
     for (option, opts) in cases {
         let mut b = Scheduler::builder(store.clone());
-        let err = b
-            .job("j", every(60))
-            .unwrap()
-            .options(&opts)
-            .run(|_| async { Ok::<_, String>(()) })
-            .unwrap_err();
+        let err = job_refused(&mut b, |job| job.options(&opts));
         match &err {
             ConfigError::UnsupportedOption { option: o, backend } => {
                 assert_eq!(*o, option);
@@ -1154,18 +1167,17 @@ async fn lease_only_options_from_configuration_are_refused_for_claim_only_stores
         }
         assert!(err.to_string().contains(option), "{err}");
     }
-    for (option, opts) in [
-        ("lease", {
-            let mut o = SchedulerOptions::default();
-            o.lease = Some(Duration::from_secs(30));
-            o
-        }),
-        ("heartbeat", {
-            let mut o = SchedulerOptions::default();
-            o.heartbeat = Some(Duration::from_secs(5));
-            o
-        }),
-    ] {
+    let scheduler_cases: [(&str, SchedulerOptions); 2] = [
+        (
+            "lease",
+            scheduler_options(|o| o.lease = Some(Duration::from_secs(30))),
+        ),
+        (
+            "heartbeat",
+            scheduler_options(|o| o.heartbeat = Some(Duration::from_secs(5))),
+        ),
+    ];
+    for (option, opts) in scheduler_cases {
         let err = Scheduler::builder(store.clone())
             .options(&opts)
             .start()
@@ -1187,7 +1199,7 @@ async fn lease_only_options_from_configuration_are_refused_for_claim_only_stores
     b.job("j", every(60))
         .unwrap()
         .options(&opts)
-        .run(|_| async { Ok::<_, String>(()) })
+        .run(succeed)
         .unwrap();
     b.start().unwrap().shutdown().await;
 }
@@ -1214,29 +1226,16 @@ async fn bad_configuration_is_a_typed_error_at_build_time() {
     );
 
     let mut b = Scheduler::builder(store.clone());
-    let err = b
-        .job("j", every(60))
-        .unwrap()
-        .max_attempts(0)
-        .run(|_| async { Ok::<_, String>(()) })
-        .unwrap_err();
+    let err = job_refused(&mut b, |job| job.max_attempts(0));
     assert!(matches!(err, ConfigError::ZeroMaxAttempts), "{err}");
-    let err = b
-        .job("j", every(60))
-        .unwrap()
-        .timeout(Duration::ZERO)
-        .run(|_| async { Ok::<_, String>(()) })
-        .unwrap_err();
+    let err = job_refused(&mut b, |job| job.timeout(Duration::ZERO));
     assert!(
         matches!(err, ConfigError::ZeroDuration { option: "timeout" }),
         "{err}"
     );
     let err = b.job("bad name", every(60)).unwrap_err();
     assert!(matches!(err, ConfigError::InvalidJobName { .. }), "{err}");
-    b.job("j", every(60))
-        .unwrap()
-        .run(|_| async { Ok::<_, String>(()) })
-        .unwrap();
+    b.job("j", every(60)).unwrap().run(succeed).unwrap();
     let err = b.job("j", every(60)).unwrap_err();
     assert!(matches!(err, ConfigError::DuplicateJob { .. }), "{err}");
 
@@ -1244,12 +1243,7 @@ async fn bad_configuration_is_a_typed_error_at_build_time() {
         Duration::from_secs(60),
     )));
     let mut b = Scheduler::builder(short);
-    let err = b
-        .job("j", every(60))
-        .unwrap()
-        .max_late(Duration::from_secs(55))
-        .run(|_| async { Ok::<_, String>(()) })
-        .unwrap_err();
+    let err = job_refused(&mut b, |job| job.max_late(Duration::from_secs(55)));
     assert!(matches!(err, ConfigError::MemoryTooShort { .. }), "{err}");
     assert!(
         err.to_string().contains("could win the run a second time"),
@@ -1258,7 +1252,7 @@ async fn bad_configuration_is_a_typed_error_at_build_time() {
     b.job("j", every(60))
         .unwrap()
         .max_late(Duration::from_secs(50))
-        .run(|_| async { Ok::<_, String>(()) })
+        .run(succeed)
         .unwrap();
 
     let mut opts = SchedulerOptions::default();
@@ -1276,12 +1270,7 @@ async fn bad_configuration_is_a_typed_error_at_build_time() {
 #[tokio::test]
 async fn jitter_must_be_shorter_than_max_late() {
     let mut b = Scheduler::builder(Arc::new(MemoryStore::new()));
-    let err = b
-        .job("j", every(60))
-        .unwrap()
-        .jitter(Duration::from_secs(90))
-        .run(|_| async { Ok::<_, String>(()) })
-        .unwrap_err();
+    let err = job_refused(&mut b, |job| job.jitter(Duration::from_secs(90)));
     assert!(
         matches!(
             err,
@@ -1298,31 +1287,18 @@ async fn jitter_must_be_shorter_than_max_late() {
 async fn dropping_a_scheduler_stops_it_and_hands_its_runs_over() {
     let (clock, store) = setup();
     let runs = runs();
-    let mut b = Scheduler::builder(store.clone())
-        .clock(clock.clone())
-        .instance_id(id("dropped"));
-    let r = runs.clone();
-    b.job("long", every(60))
-        .unwrap()
-        .run(move |ctx| {
-            let r = r.clone();
-            async move {
-                record(&r, &ctx);
-                ctx.cancelled().await;
-                Ok::<_, String>(())
-            }
-        })
-        .unwrap();
-    let s = b.start().unwrap();
+    let s = start_with_one_job(
+        instance(store.clone(), clock.clone(), "dropped"),
+        "long",
+        every(60),
+        recording_holding(&runs, |_| true),
+    );
     sleep(1.0).await;
     assert_eq!(runs.lock().unwrap().len(), 1);
     drop(s);
     // A moment later, far inside the 30 s lease: released, not run out.
     sleep(0.1).await;
-    let history = store
-        .history(&JobName::new("long").unwrap(), 5)
-        .await
-        .unwrap();
+    let history = history_of(&store, "long", 5).await;
     assert_eq!(history.len(), 1);
     let view = store.peek(&history[0].run).await.unwrap();
     match view.state {
@@ -1342,38 +1318,26 @@ async fn a_hanging_heartbeat_does_not_hold_the_runner_past_its_lease() {
     let (clock, store) = setup();
     let faulty = Faulty::new(store.clone());
     let lease = Duration::from_secs(3);
-    let cancelled: Arc<Mutex<Option<(CancelReason, tokio::time::Instant)>>> = Arc::default();
-    let mut b = Scheduler::builder(faulty.clone())
-        .clock(clock.clone())
-        .lease(lease)
-        .heartbeat(Duration::from_secs(1));
-    let c = cancelled.clone();
-    b.job("long", every(60))
-        .unwrap()
-        .run(move |ctx| {
-            let c = c.clone();
-            async move {
-                ctx.cancelled().await;
-                *c.lock().unwrap() =
-                    Some((ctx.cancel_reason().unwrap(), tokio::time::Instant::now()));
-                Ok::<_, String>(())
-            }
-        })
-        .unwrap();
-    let s = b.start().unwrap();
+    let cancelled = Cancellations::default();
+    let s = start_waiting_for_cancellation(faulty.clone(), clock.clone(), lease, &cancelled);
     sleep(1.5).await;
     faulty.set_heartbeats_hang(true);
     sleep(10.0).await;
     let renewed = faulty
         .last_renewal_sent()
         .expect("a heartbeat was renewed before the hang");
-    let (reason, at) = cancelled.lock().unwrap().unwrap_or_else(|| {
+    let Some(Cancellation {
+        reason: Some(reason),
+        at: Some(at),
+        ..
+    }) = cancelled.lock().unwrap().clone()
+    else {
         panic!(
             "not cancelled; {:?}, {} heartbeats",
             s.metrics(),
             faulty.heartbeats()
         )
-    });
+    };
     assert_eq!(reason, CancelReason::LostContact);
     assert!(
         at <= renewed + lease,
@@ -1409,10 +1373,7 @@ async fn claims_go_out_ahead_and_handlers_start_on_the_slot() {
             "the handler starts on the slot, not after the claim"
         );
     }
-    let history = store
-        .history(&JobName::new("on-time").unwrap(), 3)
-        .await
-        .unwrap();
+    let history = history_of(&store, "on-time", 3).await;
     for record in &history[..2] {
         let claimed = record.started_at.unwrap();
         assert!(
@@ -1434,23 +1395,16 @@ async fn the_offset_to_the_store_clock_is_measured_and_exposed() {
             SkewedClock::new(clock.clone(), false, Duration::from_secs(30)) as Arc<dyn Clock>,
         ),
     ] {
-        let mut b = Scheduler::builder(store.clone())
-            .clock(c)
-            .instance_id(id(name));
+        let mut b = instance(store.clone(), c, name);
         b.job("long", every(120))
             .unwrap()
-            .run(|_| async {
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                Ok::<_, String>(())
-            })
+            .run(working_for(Duration::from_secs(60)))
             .unwrap();
         schedulers.push(b.start().unwrap());
     }
     sleep(200.0).await;
     let behind = schedulers[1].metrics();
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    shut_down_all(schedulers).await;
     let ahead = behind
         .store_clock_ahead_ms
         .expect("the late instance met a live lease");
@@ -1529,20 +1483,11 @@ async fn one_unreadable_job_costs_its_batch_nothing() {
         job: broken.clone(),
     });
     let runs = runs();
-    let mut b = Scheduler::builder(store)
-        .clock(clock.clone())
-        .instance_id(id("a"));
+    let mut b = instance(store, clock.clone(), "a");
     for name in ["first", "broken", "last"] {
-        let r = runs.clone();
         b.job(name, every(10))
             .unwrap()
-            .run(move |ctx| {
-                let r = r.clone();
-                async move {
-                    record(&r, &ctx);
-                    Ok::<_, String>(())
-                }
-            })
+            .run(recording(&runs))
             .unwrap();
     }
     let scheduler = b.start().unwrap();
@@ -1556,10 +1501,7 @@ async fn one_unreadable_job_costs_its_batch_nothing() {
         let records = memory.history(&job, 100).await.unwrap();
         per_job.insert(job, records.len());
         assert!(
-            records.len() >= 3
-                && records
-                    .iter()
-                    .all(|r| r.state == RecordState::Finished(FinalState::Succeeded)),
+            records.len() >= 3 && records.iter().all(|r| r.state == SUCCEEDED),
             "job {name} ran every slot: {records:?}"
         );
     }
@@ -1590,23 +1532,14 @@ async fn a_run_handed_over_before_its_handler_started_keeps_its_attempt() {
     let (clock, store) = setup();
     let runs = runs();
     let start = |name: &'static str, instance_clock: Arc<dyn Clock>| {
-        let mut b = Scheduler::builder(store.clone())
-            .clock(instance_clock)
-            .instance_id(id(name))
+        let mut b = instance(store.clone(), instance_clock, name)
             // No grace: a run still waiting for its fire time is handed
             // over at once.
             .shutdown_grace(Duration::ZERO);
-        let r = runs.clone();
         b.job("once", every(60))
             .unwrap()
             .max_attempts(1)
-            .run(move |ctx| {
-                let r = r.clone();
-                async move {
-                    record(&r, &ctx);
-                    Ok::<_, String>(())
-                }
-            })
+            .run(recording(&runs))
             .unwrap();
         b.start().unwrap()
     };
@@ -1620,10 +1553,7 @@ async fn a_run_handed_over_before_its_handler_started_keeps_its_attempt() {
     // waits for its fire time; it shuts down in that wait.
     sleep(60.0 - 0.05).await;
     let next = Slot::from_millis(clock.now().as_millis() + 50);
-    let claimed = store
-        .history(&JobName::new("once").unwrap(), 1)
-        .await
-        .unwrap();
+    let claimed = history_of(&store, "once", 1).await;
     assert_eq!(
         claimed[0].instance.as_ref().map(|i| i.as_str()),
         Some("a"),
@@ -1640,18 +1570,12 @@ async fn a_run_handed_over_before_its_handler_started_keeps_its_attempt() {
         Some(&vec![(Attempt::FIRST, "b".to_owned())]),
         "the backup ran the handed-over slot, as attempt 1: {ran:?}"
     );
-    let record = store
-        .history(&JobName::new("once").unwrap(), 10)
+    let record = history_of(&store, "once", 10)
         .await
-        .unwrap()
         .into_iter()
         .find(|r| r.run.slot == next)
         .unwrap();
-    assert_eq!(
-        record.state,
-        RecordState::Finished(FinalState::Succeeded),
-        "{record:?}"
-    );
+    assert_eq!(record.state, SUCCEEDED, "{record:?}");
 }
 
 /// A runner that cannot renew gives its run up `stop_grace` before the
@@ -1662,42 +1586,21 @@ async fn a_run_handed_over_before_its_handler_started_keeps_its_attempt() {
 async fn a_handler_given_a_stop_grace_has_stopped_before_the_backup_starts() {
     let (clock, store) = setup();
     let faulty = Faulty::new(store.clone());
-    type Span = (String, tokio::time::Instant, Option<tokio::time::Instant>);
-    let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
+    let spans: Spans = Arc::default();
     let stop_takes = Duration::from_millis(900);
     let start =
         |name: &'static str, handle: Arc<dyn LeaseStore>, instance_clock: Arc<dyn Clock>| {
-            let mut b = Scheduler::builder(handle)
-                .clock(instance_clock)
-                .instance_id(id(name))
+            let leased = instance(handle, instance_clock, name)
                 .lease(Duration::from_secs(3))
                 .heartbeat(Duration::from_millis(500))
                 .stop_grace(Duration::from_secs(1));
-            let spans = spans.clone();
-            b.job("slow-to-stop", every(3600))
-                .unwrap()
-                .run(move |ctx| {
-                    let spans = spans.clone();
-                    async move {
-                        let i = {
-                            let mut spans = spans.lock().unwrap();
-                            spans.push((
-                                ctx.instance().to_string(),
-                                tokio::time::Instant::now(),
-                                None,
-                            ));
-                            spans.len() - 1
-                        };
-                        tokio::select! {
-                            () = ctx.cancelled() => tokio::time::sleep(stop_takes).await,
-                            () = tokio::time::sleep(Duration::from_secs(60)) => {}
-                        }
-                        spans.lock().unwrap()[i].2 = Some(tokio::time::Instant::now());
-                        Err::<(), _>("stopped".to_owned())
-                    }
-                })
-                .unwrap();
-            b.start().unwrap()
+            let handler = span_recording(
+                &spans,
+                Duration::from_secs(60),
+                stop_takes,
+                Err("stopped".to_owned()),
+            );
+            start_with_one_job(leased, "slow-to-stop", every(3600), handler)
         };
     faulty.set_heartbeats_down(true);
     let runner = start("runner", faulty.clone(), clock.clone());
@@ -1718,8 +1621,8 @@ async fn a_handler_given_a_stop_grace_has_stopped_before_the_backup_starts() {
             .cloned()
             .unwrap_or_else(|| panic!("{who} never ran: {spans:?}"))
     };
-    let (_, _, runner_end) = ran("runner");
-    let (_, backup_start, _) = ran("backup");
+    let (_, _, _, runner_end) = ran("runner");
+    let (_, _, backup_start, _) = ran("backup");
     let runner_end = runner_end.expect("the runner's handler stopped");
     assert!(
         runner_end <= backup_start,
@@ -1735,21 +1638,12 @@ async fn catch_up_runs_only_the_newest_missed_slots_oldest_first() {
     let (clock, store) = setup();
     let runs = runs();
     let started_at = clock.now();
-    let mut b = Scheduler::builder(store.clone())
-        .clock(clock.clone())
-        .instance_id(id("after-outage"));
-    let r = runs.clone();
+    let mut b = instance(store.clone(), clock.clone(), "after-outage");
     b.job("minutely", every(60))
         .unwrap()
         .catch_up(Duration::from_secs(24 * 3600))
         .catch_up_limit(5)
-        .run(move |ctx| {
-            let r = r.clone();
-            async move {
-                record(&r, &ctx);
-                Ok::<_, String>(())
-            }
-        })
+        .run(recording(&runs))
         .unwrap();
     let scheduler = b.start().unwrap();
     sleep(30.0).await;
@@ -1818,10 +1712,7 @@ async fn caught_up_runs_over_all_jobs_take_turns_oldest_first() {
     let starts: Starts = Arc::default();
     let running = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));
-    let mut b = Scheduler::builder(store.clone())
-        .clock(clock.clone())
-        .instance_id(id("after-outage"))
-        .catch_up_concurrency(2);
+    let mut b = instance(store.clone(), clock.clone(), "after-outage").catch_up_concurrency(2);
     for name in ["a", "b", "c"] {
         counted_job(&mut b, name, &starts, &running, &most, Some(4));
     }
@@ -1867,9 +1758,7 @@ async fn a_fall_behind_catches_up_only_the_newest_slots() {
     let starts: Starts = Arc::default();
     let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut b = Scheduler::builder(store.clone())
-        .clock(clock.clone())
-        .instance_id(id("suspended"));
+    let mut b = instance(store.clone(), clock.clone(), "suspended");
     counted_job(&mut b, "a", &starts, &running, &most, Some(3));
     let scheduler = b.start().unwrap();
     sleep(90.0).await;

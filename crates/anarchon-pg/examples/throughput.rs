@@ -9,36 +9,74 @@
 //! table of its own that it drops at the end. Prints claims per second and
 //! statements per claim, for single claims and for batches.
 
+use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anarchon_core::{
-    ClaimRequest, InstanceId, JobName, LeaseClaim, LeaseStore, MaxAttempts, Overlap, RunKey, Slot,
-    Token,
-};
+use anarchon_core::{JobName, LeaseClaim, LeaseStore, Overlap, RunKey, Slot, Token};
 use anarchon_pg::{PgOptions, PgStore, TableName};
+use anarchon_testkit::lease::lease_claim;
 
 const INSTANCES: usize = 8;
 const JOBS: usize = 50;
 const SLOTS: i64 = 20;
 const BATCH_JOBS: usize = 100;
 
-fn claim(job: &JobName, slot: Slot, instance: &InstanceId) -> LeaseClaim {
-    LeaseClaim {
-        claim: ClaimRequest {
-            run: RunKey::new(job.clone(), slot),
-            token: Token::generate(),
-            instance: instance.clone(),
-            max_late: Duration::from_secs(60),
-        },
-        lease: Duration::from_secs(30),
-        overlap: Overlap::Skip,
-        max_attempts: MaxAttempts::DEFAULT,
+/// `instance`'s claim of `job` at `slot`: a 30 s lease, a minute late at
+/// most, skipping while another run of the job is live.
+fn claim(job: &JobName, slot: Slot, instance: &str) -> LeaseClaim {
+    let mut claim = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), instance);
+    claim.overlap = Overlap::Skip;
+    claim
+}
+
+/// `n` job names `{prefix}-0`, `{prefix}-1`, ...
+fn jobs(prefix: &str, n: usize) -> Result<Vec<JobName>, Box<dyn Error>> {
+    Ok((0..n)
+        .map(|i| JobName::new(&format!("{prefix}-{i}")))
+        .collect::<Result<_, _>>()?)
+}
+
+/// Every instance claims every run of `jobs` at `SLOTS` slots from `base`,
+/// all instances at once: one call per run, or with `batched` one
+/// `claim_many` per slot. How long that took, and the statements it sent.
+async fn claim_all(
+    stores: &[Arc<PgStore>],
+    jobs: &[JobName],
+    base: i64,
+    batched: bool,
+) -> Result<(Duration, u64), Box<dyn Error>> {
+    let sent_before: u64 = stores.iter().map(|s| s.statements_sent()).sum();
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, store) in stores.iter().enumerate() {
+        let (store, jobs) = (store.clone(), jobs.to_vec());
+        let me = format!("bench-{i}");
+        tasks.push(tokio::spawn(async move {
+            for s in 0..SLOTS {
+                let slot = Slot::from_millis(base + s * 1000);
+                if batched {
+                    let batch: Vec<LeaseClaim> = jobs.iter().map(|j| claim(j, slot, &me)).collect();
+                    store.claim_many(&batch).await?.all()?;
+                } else {
+                    for job in &jobs {
+                        store.claim_lease(&claim(job, slot, &me)).await?;
+                    }
+                }
+            }
+            Ok::<_, anarchon_core::StoreError>(())
+        }));
     }
+    for t in tasks {
+        t.await??;
+    }
+    let took = started.elapsed();
+    let sent: u64 = stores.iter().map(|s| s.statements_sent()).sum::<u64>() - sent_before;
+    Ok((took, sent))
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), Box<dyn Error>> {
     let url = std::env::var("ANARCHON_PG_URL")
         .ok()
         .filter(|u| !u.trim().is_empty())
@@ -64,31 +102,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let base = now - now.rem_euclid(1000) + 600_000;
 
     // Single claims: every instance claims every run, one call per run.
-    let jobs: Vec<JobName> = (0..JOBS)
-        .map(|i| JobName::new(&format!("job-{i}")))
-        .collect::<Result<_, _>>()?;
-    let sent_before: u64 = stores.iter().map(|s| s.statements_sent()).sum();
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for (i, store) in stores.iter().enumerate() {
-        let (store, jobs) = (store.clone(), jobs.clone());
-        let me = InstanceId::new(&format!("bench-{i}"))?;
-        tasks.push(tokio::spawn(async move {
-            for s in 0..SLOTS {
-                let slot = Slot::from_millis(base + s * 1000);
-                for job in &jobs {
-                    store.claim_lease(&claim(job, slot, &me)).await?;
-                }
-            }
-            Ok::<_, anarchon_core::StoreError>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let took = started.elapsed();
+    let (took, sent) = claim_all(&stores, &jobs("job", JOBS)?, base, false).await?;
     let claims = (INSTANCES * JOBS) as f64 * SLOTS as f64;
-    let sent: u64 = stores.iter().map(|s| s.statements_sent()).sum::<u64>() - sent_before;
     println!(
         "single claims: {INSTANCES} instances x {} runs = {claims} claims in {took:.2?}: {:.0} claims/s, {:.2} statements per claim",
         JOBS as i64 * SLOTS,
@@ -97,30 +112,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // Batches: every instance claims BATCH_JOBS jobs due at one slot per call.
-    let batch_jobs: Vec<JobName> = (0..BATCH_JOBS)
-        .map(|i| JobName::new(&format!("batch-{i}")))
-        .collect::<Result<_, _>>()?;
-    let sent_before: u64 = stores.iter().map(|s| s.statements_sent()).sum();
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for (i, store) in stores.iter().enumerate() {
-        let (store, jobs) = (store.clone(), batch_jobs.clone());
-        let me = InstanceId::new(&format!("bench-{i}"))?;
-        tasks.push(tokio::spawn(async move {
-            for s in 0..SLOTS {
-                let slot = Slot::from_millis(base + s * 1000);
-                let batch: Vec<LeaseClaim> = jobs.iter().map(|j| claim(j, slot, &me)).collect();
-                store.claim_many(&batch).await?.all()?;
-            }
-            Ok::<_, anarchon_core::StoreError>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let took = started.elapsed();
+    let (took, sent) = claim_all(&stores, &jobs("batch", BATCH_JOBS)?, base, true).await?;
     let claims = (INSTANCES * BATCH_JOBS) as f64 * SLOTS as f64;
-    let sent: u64 = stores.iter().map(|s| s.statements_sent()).sum::<u64>() - sent_before;
     println!(
         "batched claims ({BATCH_JOBS} per call): {claims} claims in {took:.2?}: {:.0} claims/s, {:.3} statements per claim",
         claims / took.as_secs_f64(),

@@ -31,6 +31,13 @@ pub fn future_slot<F: StoreFactory>(factory: &F, offset_ms: i64) -> Slot {
     Slot::from_millis(now - now.rem_euclid(1000) + 600_000 + offset_ms)
 }
 
+/// The slot `ago_ms` before the whole second of the factory's clock: in
+/// the past, for late claims and collections.
+pub fn past_slot<F: StoreFactory>(factory: &F, ago_ms: i64) -> Slot {
+    let now = factory.clock().now().as_millis();
+    Slot::from_millis(now - now.rem_euclid(1000) - ago_ms)
+}
+
 /// A plain claim of `run` by `instance` with `token`.
 pub fn claim_request(run: RunKey, token: Token, instance: &str) -> ClaimRequest {
     ClaimRequest {
@@ -51,6 +58,48 @@ pub(crate) async fn interleave(racer: usize, slot: Slot) {
     }
 }
 
+/// Races [`RACERS`] instances of `factory`, each with its own handle, for
+/// [`RACED_SLOTS`] future slots of `job` (each in slot order, all at once):
+/// `claim` makes one racer's claim of one run, as the instance it names,
+/// and says whether it won. Returns the slots, and how many racers won each.
+pub(crate) async fn race<F, C, Fut>(
+    factory: &F,
+    job: JobName,
+    claim: C,
+) -> (Vec<Slot>, HashMap<Slot, usize>)
+where
+    F: StoreFactory,
+    C: Fn(Arc<F::Store>, RunKey, String) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let base = future_slot(factory, 0).as_millis();
+    let slots: Vec<Slot> = (0..RACED_SLOTS as i64)
+        .map(|i| Slot::from_millis(base + i * 1000))
+        .collect();
+    let stores = instances(factory, RACERS).await;
+    let racers = stores.into_iter().enumerate().map(|(i, store)| {
+        let (job, slots, claim) = (&job, slots.clone(), &claim);
+        async move {
+            let mut won = Vec::new();
+            for slot in slots {
+                interleave(i, slot).await;
+                let run = RunKey::new(job.clone(), slot);
+                if claim(store.clone(), run, format!("racer-{i}")).await {
+                    won.push(slot);
+                }
+            }
+            won
+        }
+    });
+    let mut winners: HashMap<Slot, usize> = HashMap::new();
+    for won in join_all(racers).await {
+        for slot in won {
+            *winners.entry(slot).or_default() += 1;
+        }
+    }
+    (slots, winners)
+}
+
 fn is_won(outcome: &ClaimOutcome) -> bool {
     matches!(outcome, ClaimOutcome::Won(_))
 }
@@ -66,42 +115,16 @@ async fn instances<F: StoreFactory>(factory: &F, n: usize) -> Vec<Arc<F::Store>>
 /// 8 instances, each with its own handle, claim the same 200 slots (each in
 /// slot order, all at once): every slot has exactly one winner.
 pub async fn claim_is_exclusive<F: StoreFactory>(factory: &F) {
-    let job = job("exclusive");
-    let base = future_slot(factory, 0).as_millis();
-    let slots: Vec<Slot> = (0..RACED_SLOTS as i64)
-        .map(|i| Slot::from_millis(base + i * 1000))
-        .collect();
-    let stores = instances(factory, RACERS).await;
-    let racers = stores.into_iter().enumerate().map(|(i, store)| {
-        let job = job.clone();
-        let slots = slots.clone();
-        async move {
-            let mut won = Vec::new();
-            for slot in slots {
-                interleave(i, slot).await;
-                let req = claim_request(
-                    RunKey::new(job.clone(), slot),
-                    Token::generate(),
-                    &format!("racer-{i}"),
-                );
-                let outcome = store.claim(&req).await.expect("claim failed");
-                assert!(
-                    !matches!(outcome, ClaimOutcome::Unknown),
-                    "a claim with a healthy store must not be Unknown"
-                );
-                if is_won(&outcome) {
-                    won.push(slot);
-                }
-            }
-            won
-        }
-    });
-    let mut winners: HashMap<Slot, usize> = HashMap::new();
-    for won in join_all(racers).await {
-        for slot in won {
-            *winners.entry(slot).or_default() += 1;
-        }
-    }
+    let (slots, winners) = race(factory, job("exclusive"), |store, run, racer| async move {
+        let req = claim_request(run, Token::generate(), &racer);
+        let outcome = store.claim(&req).await.expect("claim failed");
+        assert!(
+            !matches!(outcome, ClaimOutcome::Unknown),
+            "a claim with a healthy store must not be Unknown"
+        );
+        is_won(&outcome)
+    })
+    .await;
     for slot in &slots {
         assert_eq!(
             winners.get(slot).copied().unwrap_or(0),

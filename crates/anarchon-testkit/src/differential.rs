@@ -280,12 +280,10 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
 
 /// The run's record as history shows it.
 async fn record_of<S: LeaseStore + ?Sized>(store: &S, run: &RunKey) -> Option<RunRecord> {
-    store
-        .history(&run.job, 20)
+    crate::lease::records_of(store, run, 20)
         .await
-        .expect("history")
         .into_iter()
-        .find(|r| r.run == *run)
+        .next()
 }
 
 /// The record as the core's decisions read it: history's facts plus the

@@ -47,13 +47,22 @@ pub trait StoreFactory: Send + Sync + 'static {
     }
 }
 
-/// One [`MemoryStore`] on a [`TestClock`]; every "instance" shares it, as
-/// processes share a server.
+/// One store shared by every "instance", as processes share a server,
+/// with a [`TestClock`] for the schedulers: what [`MemoryFactory`] and
+/// [`ClaimOnlyFactory`] are.
 #[derive(Debug)]
-pub struct MemoryFactory {
-    store: Arc<MemoryStore>,
+pub struct SharedStoreFactory<S> {
+    store: Arc<S>,
     clock: Arc<TestClock>,
 }
+
+/// One [`MemoryStore`] on a [`TestClock`]; every "instance" shares it, as
+/// processes share a server.
+pub type MemoryFactory = SharedStoreFactory<MemoryStore>;
+
+/// One [`ClaimOnlyStore`] shared by every instance, with a [`TestClock`]
+/// for the schedulers.
+pub type ClaimOnlyFactory = SharedStoreFactory<ClaimOnlyStore>;
 
 impl MemoryFactory {
     /// A fresh store whose clock starts at the real time now.
@@ -71,35 +80,6 @@ impl MemoryFactory {
     }
 }
 
-impl Default for MemoryFactory {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-#[async_trait]
-impl StoreFactory for MemoryFactory {
-    type Store = MemoryStore;
-
-    /// Every instance shares the one store, whose clock is the store's
-    /// clock: a `MemoryStore` has no client side to read `clock`.
-    async fn instance_with_clock(&self, _clock: Arc<dyn Clock>) -> Arc<MemoryStore> {
-        self.store.clone()
-    }
-
-    fn clock(&self) -> Arc<dyn Clock> {
-        self.clock.clone()
-    }
-}
-
-/// One [`ClaimOnlyStore`] shared by every instance, with a [`TestClock`]
-/// for the schedulers.
-#[derive(Debug)]
-pub struct ClaimOnlyFactory {
-    store: Arc<ClaimOnlyStore>,
-    clock: Arc<TestClock>,
-}
-
 impl ClaimOnlyFactory {
     /// A fresh store.
     pub fn new() -> Self {
@@ -110,6 +90,12 @@ impl ClaimOnlyFactory {
     }
 }
 
+impl Default for MemoryFactory {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Default for ClaimOnlyFactory {
     fn default() -> Self {
         Self::new()
@@ -117,12 +103,14 @@ impl Default for ClaimOnlyFactory {
 }
 
 #[async_trait]
-impl StoreFactory for ClaimOnlyFactory {
-    type Store = ClaimOnlyStore;
+impl<S: ClaimStore> StoreFactory for SharedStoreFactory<S> {
+    type Store = S;
 
-    /// The shared store; it decides nothing on a clock (claim-only stores
-    /// leave lateness to the scheduler).
-    async fn instance_with_clock(&self, _clock: Arc<dyn Clock>) -> Arc<ClaimOnlyStore> {
+    /// Every instance shares the one store. A `MemoryStore` decides on its
+    /// own clock and has no client side to read `clock`; a claim-only store
+    /// decides nothing on a clock (claim-only stores leave lateness to the
+    /// scheduler).
+    async fn instance_with_clock(&self, _clock: Arc<dyn Clock>) -> Arc<S> {
         self.store.clone()
     }
 

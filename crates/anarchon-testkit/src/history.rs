@@ -31,10 +31,11 @@ use std::time::Duration;
 
 use anarchon_core::layer::LeaseLayer;
 use anarchon_core::{
-    Attempt, ClaimAnswers, ClaimOutcome, ClaimRequest, LeaseClaim, LeaseStore, Renewal, RunKey,
-    RunOutcome, StoreError, Token,
+    Attempt, ClaimAnswers, ClaimOutcome, ClaimRequest, LeaseClaim, LeaseStore, Renewal, RunContext,
+    RunKey, RunOutcome, StoreError, Token,
 };
 use async_trait::async_trait;
+use futures::future::BoxFuture;
 use tokio::time::Instant;
 
 /// What a call was.
@@ -191,6 +192,31 @@ impl History {
         }
     }
 
+    /// A handler for `instance` that records its run here (see
+    /// [`Self::handler_started`]) and works for `work`, or stops early with
+    /// an error when cancelled: the job of a randomized history test.
+    pub fn working_handler(
+        &self,
+        instance: usize,
+        work: Duration,
+    ) -> impl Fn(RunContext) -> BoxFuture<'static, Result<(), String>> + Send + Sync + 'static {
+        let history = self.clone();
+        move |ctx| {
+            let running = history.handler_started(
+                instance,
+                RunKey::new(ctx.job().clone(), ctx.slot()),
+                ctx.attempt(),
+            );
+            Box::pin(async move {
+                let _running = running;
+                tokio::select! {
+                    () = tokio::time::sleep(work) => Ok(()),
+                    () = ctx.cancelled() => Err("stopped early".to_owned()),
+                }
+            })
+        }
+    }
+
     /// A copy of the handler runs.
     pub fn handler_runs(&self) -> Vec<HandlerRun> {
         self.handlers().clone()
@@ -252,6 +278,28 @@ impl<S: LeaseStore + ?Sized> Recorder<S> {
             instance,
             history,
         })
+    }
+}
+
+impl<S: LeaseStore + ?Sized> Recorder<S> {
+    /// Records `call` of `run` around `renewal`: the inner store's answer
+    /// to it, not yet started.
+    async fn record_renewal(
+        &self,
+        run: &RunKey,
+        call: Call,
+        renewal: impl Future<Output = Result<Renewal, StoreError>>,
+    ) -> Result<Renewal, StoreError> {
+        let i = self.history.begin(self.instance, run.clone(), call);
+        let answer = renewal.await;
+        self.history.end(
+            i,
+            match &answer {
+                Ok(r) => Answer::Renewal(*r),
+                Err(e) => failed(e),
+            },
+        );
+        answer
     }
 }
 
@@ -331,18 +379,9 @@ impl<S: LeaseStore + ?Sized> LeaseLayer for Recorder<S> {
         token: Token,
         lease: Duration,
     ) -> Result<Renewal, StoreError> {
-        let i = self
-            .history
-            .begin(self.instance, run.clone(), Call::Heartbeat { token, lease });
-        let answer = self.inner.heartbeat(run, token, lease).await;
-        self.history.end(
-            i,
-            match &answer {
-                Ok(r) => Answer::Renewal(*r),
-                Err(e) => failed(e),
-            },
-        );
-        answer
+        let call = Call::Heartbeat { token, lease };
+        let renewal = self.inner.heartbeat(run, token, lease);
+        self.record_renewal(run, call, renewal).await
     }
 
     async fn finish(
@@ -351,48 +390,21 @@ impl<S: LeaseStore + ?Sized> LeaseLayer for Recorder<S> {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
-        let i = self
-            .history
-            .begin(self.instance, run.clone(), Call::Finish { token });
-        let answer = self.inner.finish(run, token, outcome).await;
-        self.history.end(
-            i,
-            match &answer {
-                Ok(r) => Answer::Renewal(*r),
-                Err(e) => failed(e),
-            },
-        );
-        answer
+        let call = Call::Finish { token };
+        let renewal = self.inner.finish(run, token, outcome);
+        self.record_renewal(run, call, renewal).await
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        let i = self
-            .history
-            .begin(self.instance, run.clone(), Call::Release { token });
-        let answer = self.inner.release(run, token).await;
-        self.history.end(
-            i,
-            match &answer {
-                Ok(r) => Answer::Renewal(*r),
-                Err(e) => failed(e),
-            },
-        );
-        answer
+        let call = Call::Release { token };
+        let renewal = self.inner.release(run, token);
+        self.record_renewal(run, call, renewal).await
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
-        let i = self
-            .history
-            .begin(self.instance, run.clone(), Call::GiveBack { token });
-        let answer = self.inner.give_back(run, token).await;
-        self.history.end(
-            i,
-            match &answer {
-                Ok(r) => Answer::Renewal(*r),
-                Err(e) => failed(e),
-            },
-        );
-        answer
+        let call = Call::GiveBack { token };
+        let renewal = self.inner.give_back(run, token);
+        self.record_renewal(run, call, renewal).await
     }
 }
 
@@ -413,6 +425,47 @@ pub struct Summary {
     pub uncertain: usize,
     /// Handler runs recorded.
     pub handlers: usize,
+}
+
+/// The seed of a randomized history test: `ANARCHON_SEED` when it is set
+/// (a replay), else a random one. The test prints it.
+pub fn seed() -> u64 {
+    std::env::var("ANARCHON_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| Token::generate().as_u128() as u64)
+}
+
+/// [`check`] for a randomized test run with `seed`: prints the counts and
+/// how many calls the history holds, and returns the counts; or panics
+/// with the seed and every violation.
+pub fn check_seeded(history: &History, seed: u64) -> Summary {
+    match check(history) {
+        Ok(summary) => {
+            println!("seed {seed}: {summary:?} over {} calls", history.len());
+            summary
+        }
+        Err(v) => panic!("seed {seed}: {} violations:\n{}", v.0.len(), v.0.join("\n")),
+    }
+}
+
+impl Summary {
+    /// Asserts that a randomized run with `seed` did what it is for: at
+    /// least `at_least` wins and as many handler runs recorded, and faults
+    /// that bit: a takeover happened and a call ended uncertain.
+    pub fn assert_faults_bit(&self, seed: u64, at_least: usize) {
+        for (count, least, what) in [
+            (self.wins, at_least, "wins"),
+            (self.handlers, at_least, "handler runs recorded"),
+            (self.takeovers, 1, "takeovers caused by the faults"),
+            (self.uncertain, 1, "calls the faults left uncertain"),
+        ] {
+            assert!(
+                count >= least,
+                "seed {seed}: expected at least {least} {what}: {self:?}"
+            );
+        }
+    }
 }
 
 /// Checks the history; returns counts, or every violation found.

@@ -10,6 +10,7 @@ mod clocks;
 mod gc;
 mod holder;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_core::{
@@ -17,7 +18,8 @@ use anarchon_core::{
     RunView, Timestamp, Token, Win,
 };
 
-use crate::claim::claim_request;
+use crate::claim::{claim_request, future_slot, job};
+use crate::factory::StoreFactory;
 
 pub use self::batches::{claim_many_answers_in_order, claim_many_answers_with_each_runs_facts};
 pub use self::claims::{
@@ -78,17 +80,42 @@ fn lease_end(view: &RunView) -> Timestamp {
     }
 }
 
+/// Two instances of `factory`'s store, and a run of the job `name` at a
+/// future slot: most lease checks' cast, a holder and another instance.
+async fn two_instances_and_a_run<F: StoreFactory>(
+    factory: &F,
+    name: &str,
+) -> (Arc<F::Store>, Arc<F::Store>, RunKey) {
+    let a = factory.instance().await;
+    let b = factory.instance().await;
+    (a, b, RunKey::new(job(name), future_slot(factory, 0)))
+}
+
+/// Claims `run` as "a" with a new token, which must win: the holder's
+/// token.
+async fn hold<S: LeaseStore + ?Sized>(store: &S, run: &RunKey) -> Token {
+    let token = Token::generate();
+    won(store
+        .claim_lease(&lease_claim(run.clone(), token, "a"))
+        .await
+        .expect("claim"));
+    token
+}
+
 /// What `peek` and `history` say about one run, to compare before and after.
 async fn facts<S: LeaseStore + ?Sized>(store: &S, run: &RunKey) -> (RunState, Vec<RunRecord>) {
     let state = store.peek(run).await.expect("peek").state;
-    let records = store
-        .history(&run.job, 100)
-        .await
-        .expect("history")
-        .into_iter()
-        .filter(|r| &r.run == run)
-        .collect();
-    (state, records)
+    (state, records_of(store, run, 100).await)
+}
+
+/// The records of `run` among the latest `limit` of its job's history.
+pub(crate) async fn records_of<S: LeaseStore + ?Sized>(
+    store: &S,
+    run: &RunKey,
+    limit: usize,
+) -> Vec<RunRecord> {
+    let history = store.history(&run.job, limit).await.expect("history");
+    history.into_iter().filter(|r| &r.run == run).collect()
 }
 
 /// The lease suite as one `#[tokio::test]` per check; arguments as for

@@ -335,13 +335,23 @@ mod tests {
         Ok(buf)
     }
 
+    /// A fault proxy in front of a fresh echo server.
+    async fn proxied_echo() -> FaultProxy {
+        FaultProxy::start(echo_server().await.to_string())
+            .await
+            .unwrap()
+    }
+
+    /// A new client connection through `proxy`.
+    async fn client(proxy: &FaultProxy) -> TcpStream {
+        TcpStream::connect(proxy.address()).await.unwrap()
+    }
+
     #[tokio::test]
     async fn swallows_the_reply_to_the_matching_request_only() {
-        let proxy = FaultProxy::start(echo_server().await.to_string())
-            .await
-            .unwrap();
-        let mut other = TcpStream::connect(proxy.address()).await.unwrap();
-        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        let proxy = proxied_echo().await;
+        let mut other = client(&proxy).await;
+        let mut c = client(&proxy).await;
         proxy.swallow_reply_to(&[b"token-a", b"\x01\x02"]);
         assert_eq!(
             round_trip(&mut c, b"health check").await.unwrap(),
@@ -361,10 +371,8 @@ mod tests {
 
     #[tokio::test]
     async fn forwards_and_injects_faults() {
-        let proxy = FaultProxy::start(echo_server().await.to_string())
-            .await
-            .unwrap();
-        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        let proxy = proxied_echo().await;
+        let mut c = client(&proxy).await;
         assert_eq!(round_trip(&mut c, b"hello").await.unwrap(), b"hello");
 
         // A swallowed reply: the connection is closed without an answer.
@@ -373,13 +381,13 @@ mod tests {
         assert_eq!(proxy.swallowed(), 1);
 
         // Blackhole: no answer, connection open.
-        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        let mut c = client(&proxy).await;
         proxy.set_blackhole(true);
         assert!(round_trip(&mut c, b"void").await.is_err());
         proxy.set_blackhole(false);
 
         // Cut: every open connection ends; new ones work.
-        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        let mut c = client(&proxy).await;
         assert_eq!(round_trip(&mut c, b"x").await.unwrap(), b"x");
         proxy.cut_connections();
         let mut buf = [0u8; 1];
@@ -387,22 +395,20 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(closed, Ok(0) | Err(_)));
-        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        let mut c = client(&proxy).await;
         assert_eq!(round_trip(&mut c, b"again").await.unwrap(), b"again");
 
         // Refuse: accepted and closed at once.
         proxy.set_refuse(true);
-        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        let mut c = client(&proxy).await;
         assert!(round_trip(&mut c, b"no").await.is_err());
         assert!(proxy.connections() >= 5);
     }
 
     #[tokio::test]
     async fn adds_latency() {
-        let proxy = FaultProxy::start(echo_server().await.to_string())
-            .await
-            .unwrap();
-        let mut c = TcpStream::connect(proxy.address()).await.unwrap();
+        let proxy = proxied_echo().await;
+        let mut c = client(&proxy).await;
         proxy.set_latency(Duration::from_millis(300));
         // 2 × 300 ms > the 500 ms the round trip is given.
         assert!(round_trip(&mut c, b"slow").await.is_err());

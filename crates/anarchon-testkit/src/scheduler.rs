@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anarchon_core::{
-    Attempt, CancelReason, ClaimStore, Clock, Fence, LeaseStore, Schedule, Scheduler, Slot,
-    Timestamp,
+    Attempt, CancelReason, ClaimStore, Clock, Fence, LeaseStore, RunContext, Schedule, Scheduler,
+    SchedulerBuilder, Slot, Timestamp,
 };
+use futures::future::BoxFuture;
 use tokio::time::Instant;
 
 use crate::clock::TestClock;
@@ -100,8 +101,10 @@ async fn wait_for(log: &Log, what: &str, done: impl Fn(&[Started]) -> bool) {
     }
 }
 
-/// Waits for the frozen run to start and returns its entry.
-async fn wait_for_frozen(log: &Log, frozen: &FrozenRun) -> Started {
+/// Arms `frozen` on `clock`, waits for the frozen run to start and returns
+/// its entry.
+async fn wait_for_frozen(log: &Log, frozen: &FrozenRun, clock: &dyn Clock) -> Started {
+    frozen.arm(clock);
     wait_for(log, "the frozen run to start", |e| {
         frozen
             .slot()
@@ -115,6 +118,86 @@ async fn wait_for_frozen(log: &Log, frozen: &FrozenRun) -> Started {
         .expect("waited for it")
 }
 
+/// Waits for a later attempt of `first`'s slot to start (`what` names it
+/// in the failure), and returns its entry.
+async fn wait_for_takeover(log: &Log, what: &str, first: &Started) -> Started {
+    let is_takeover = |s: &Started| s.slot == first.slot && s.attempt > Attempt::FIRST;
+    wait_for(log, what, |e| e.iter().any(is_takeover)).await;
+    entries(log)
+        .into_iter()
+        .find(is_takeover)
+        .expect("waited for it")
+}
+
+/// Records in `log` that the handler of `ctx` started, on the scheduler at
+/// `scheduler` in the check.
+fn note_start(log: &Log, ctx: &RunContext, scheduler: usize) {
+    log.lock().unwrap_or_else(|p| p.into_inner()).push(Started {
+        slot: ctx.slot(),
+        attempt: ctx.attempt(),
+        fence: ctx.fence(),
+        scheduler,
+        job: ctx.job().to_string(),
+        at: Instant::now(),
+    });
+}
+
+/// A handler that records each start in `log`, as the scheduler at
+/// `index`, and succeeds.
+fn noting_starts(
+    log: &Log,
+    index: usize,
+) -> impl Fn(RunContext) -> BoxFuture<'static, Result<(), String>> + Send + Sync + 'static {
+    let log = log.clone();
+    move |ctx| {
+        let log = log.clone();
+        Box::pin(async move {
+            note_start(&log, &ctx, index);
+            Ok(())
+        })
+    }
+}
+
+fn every_second() -> Schedule {
+    Schedule::every(Duration::from_secs(1)).expect("1 s")
+}
+
+async fn shut_down_all(schedulers: Vec<Scheduler>) {
+    for s in schedulers {
+        s.shutdown().await;
+    }
+}
+
+/// Two instances of `factory`'s store behind fault wrappers (the handles,
+/// by index), and a scheduler builder on each, holding leases of `lease`
+/// renewed every `heartbeat`: the runner and the backup of a takeover
+/// check.
+async fn leased_pair<F: StoreFactory>(
+    factory: &F,
+    lease: Duration,
+    heartbeat: Duration,
+) -> (
+    Vec<Arc<Faulty<F::Store>>>,
+    Vec<SchedulerBuilder<Faulty<F::Store>>>,
+)
+where
+    F::Store: LeaseStore,
+{
+    let mut handles = Vec::new();
+    let mut builders = Vec::new();
+    for _ in 0..2 {
+        let store = Faulty::new(factory.instance().await);
+        handles.push(store.clone());
+        builders.push(
+            Scheduler::builder(store)
+                .clock(factory.clock())
+                .lease(lease)
+                .heartbeat(heartbeat),
+        );
+    }
+    (handles, builders)
+}
+
 /// Three schedulers on one store run a per-second job: every slot from the
 /// first to the last one seen ran its handler exactly once.
 pub async fn schedulers_run_each_slot_once<F: StoreFactory>(factory: &F) {
@@ -124,27 +207,10 @@ pub async fn schedulers_run_each_slot_once<F: StoreFactory>(factory: &F) {
     for index in 0..3 {
         let store = factory.instance().await;
         let mut builder = Scheduler::builder(store).clock(factory.clock());
-        let log = log.clone();
         builder
-            .job(
-                "every-second",
-                Schedule::every(Duration::from_secs(1)).expect("1 s"),
-            )
+            .job("every-second", every_second())
             .expect("job")
-            .run(move |ctx| {
-                let log = log.clone();
-                async move {
-                    log.lock().unwrap_or_else(|p| p.into_inner()).push(Started {
-                        slot: ctx.slot(),
-                        attempt: ctx.attempt(),
-                        fence: ctx.fence(),
-                        scheduler: index,
-                        job: ctx.job().to_string(),
-                        at: Instant::now(),
-                    });
-                    Ok::<_, String>(())
-                }
-            })
+            .run(noting_starts(&log, index))
             .expect("handler");
         schedulers.push(builder.start().expect("start"));
     }
@@ -154,9 +220,7 @@ pub async fn schedulers_run_each_slot_once<F: StoreFactory>(factory: &F) {
         slots.len()
     };
     wait_for(&log, "five slots to run", |e| distinct(e) > SLOTS).await;
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    shut_down_all(schedulers).await;
     let mut runs: BTreeMap<Slot, Vec<usize>> = BTreeMap::new();
     for e in entries(&log) {
         runs.entry(e.slot).or_default().push(e.scheduler);
@@ -183,33 +247,17 @@ where
     let log = log();
     let cancelled: Arc<Mutex<Option<(CancelReason, Instant)>>> = Arc::default();
     let frozen = FrozenRun::default();
-    let mut handles = Vec::new();
+    let (handles, builders) = leased_pair(factory, lease, heartbeat).await;
     let mut schedulers = Vec::new();
-    for index in 0..2 {
-        let store = Faulty::new(factory.instance().await);
-        handles.push(store.clone());
-        let mut builder = Scheduler::builder(store)
-            .clock(factory.clock())
-            .lease(lease)
-            .heartbeat(heartbeat);
+    for (index, mut builder) in builders.into_iter().enumerate() {
         let (log, cancelled, frozen) = (log.clone(), cancelled.clone(), frozen.clone());
         builder
-            .job(
-                "long-runner",
-                Schedule::every(Duration::from_secs(1)).expect("1 s"),
-            )
+            .job("long-runner", every_second())
             .expect("job")
             .run(move |ctx| {
                 let (log, cancelled, frozen) = (log.clone(), cancelled.clone(), frozen.clone());
                 async move {
-                    log.lock().unwrap_or_else(|p| p.into_inner()).push(Started {
-                        slot: ctx.slot(),
-                        attempt: ctx.attempt(),
-                        fence: ctx.fence(),
-                        scheduler: index,
-                        job: ctx.job().to_string(),
-                        at: Instant::now(),
-                    });
+                    note_start(&log, &ctx, index);
                     // The frozen run hangs until it is told to stop, and
                     // then says it did not finish its work.
                     if frozen.is_frozen(ctx.slot(), ctx.attempt()) {
@@ -225,22 +273,11 @@ where
             .expect("handler");
         schedulers.push(builder.start().expect("start"));
     }
-    frozen.arm(factory.clock().as_ref());
-    let first = wait_for_frozen(&log, &frozen).await;
+    let first = wait_for_frozen(&log, &frozen, factory.clock().as_ref()).await;
     handles[first.scheduler].set_heartbeats_down(true);
     let cut = Instant::now();
-    wait_for(&log, "a takeover of the frozen run", |e| {
-        e.iter()
-            .any(|s| s.slot == first.slot && s.attempt > Attempt::FIRST)
-    })
-    .await;
-    let second = entries(&log)
-        .into_iter()
-        .find(|s| s.slot == first.slot && s.attempt > Attempt::FIRST)
-        .expect("takeover");
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    let second = wait_for_takeover(&log, "a takeover of the frozen run", &first).await;
+    shut_down_all(schedulers).await;
     assert_eq!(second.attempt, first.attempt.next());
     assert_ne!(
         second.scheduler, first.scheduler,
@@ -291,36 +328,20 @@ where
         for index in 0..2 {
             let mut builder = Scheduler::builder(store.clone()).clock(clock.clone());
             for (name, expr) in [("fixed", "30 3 * * *"), ("hourly", "0 * * * *")] {
-                let log = log.clone();
                 builder
                     .job(
                         name,
                         Schedule::cron_in(expr, "Europe/Athens").expect("cron"),
                     )
                     .expect("job")
-                    .run(move |ctx| {
-                        let log = log.clone();
-                        async move {
-                            log.lock().unwrap_or_else(|p| p.into_inner()).push(Started {
-                                slot: ctx.slot(),
-                                attempt: ctx.attempt(),
-                                fence: ctx.fence(),
-                                scheduler: index,
-                                job: ctx.job().to_string(),
-                                at: Instant::now(),
-                            });
-                            Ok::<_, String>(())
-                        }
-                    })
+                    .run(noting_starts(&log, index))
                     .expect("handler");
             }
             schedulers.push(builder.start().expect("start"));
         }
         // Live through the local day.
         tokio::time::sleep(Duration::from_secs(u64::from(hours) * 3600 + 60)).await;
-        for s in schedulers {
-            s.shutdown().await;
-        }
+        shut_down_all(schedulers).await;
         let day_end = day_start_utc.as_millis() + i64::from(hours) * 3_600_000;
         let runs: Vec<Started> = entries(&log)
             .into_iter()
@@ -347,6 +368,47 @@ where
             n, hours as usize,
             "an hourly job fires once per real hour of the local day"
         );
+    }
+}
+
+/// What the handlers of [`a_paused_runner_cannot_write_after_a_takeover`]
+/// share with the check.
+#[derive(Clone)]
+struct PausedWriter {
+    log: Log,
+    resource: Arc<crate::stores::FencedResource>,
+    resume: Arc<tokio::sync::Notify>,
+    stale_write: Arc<Mutex<Option<bool>>>,
+    frozen: FrozenRun,
+}
+
+impl PausedWriter {
+    /// One handler run on the scheduler at `index`: the frozen run writes,
+    /// pauses (deaf to cancellation) until the check wakes it, and writes
+    /// again with its old fence; the takeover of that slot writes once.
+    async fn write(self, ctx: RunContext, index: usize) -> Result<(), String> {
+        let Self {
+            log,
+            resource,
+            resume,
+            stale_write,
+            frozen,
+        } = self;
+        let fence = ctx.fence().expect("lease stores give fences");
+        if !frozen.is_frozen(ctx.slot(), ctx.attempt()) {
+            if frozen.slot() == Some(ctx.slot()) {
+                resource.write(fence, "the new runner");
+            }
+            note_start(&log, &ctx, index);
+            return Ok(());
+        }
+        note_start(&log, &ctx, index);
+        assert!(resource.write(fence, "the first runner, before the pause"));
+        // Paused: deaf to cancellation until the test wakes it.
+        resume.notified().await;
+        *stale_write.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(resource.write(fence, "the first runner, after the pause"));
+        Ok(())
     }
 }
 
@@ -395,80 +457,28 @@ where
     let log = log();
     let stale_write: Arc<Mutex<Option<bool>>> = Arc::default();
     let frozen = FrozenRun::default();
-    let mut handles = Vec::new();
+    let writer = PausedWriter {
+        log: log.clone(),
+        resource: resource.clone(),
+        resume: resume.clone(),
+        stale_write: stale_write.clone(),
+        frozen: frozen.clone(),
+    };
+    let (handles, builders) = leased_pair(factory, lease, heartbeat).await;
     let mut schedulers = Vec::new();
-    for index in 0..2 {
-        let store = Faulty::new(factory.instance().await);
-        handles.push(store.clone());
-        let mut builder = Scheduler::builder(store)
-            .clock(factory.clock())
-            .lease(lease)
-            .heartbeat(heartbeat);
-        let (log, resource, resume, stale_write, frozen) = (
-            log.clone(),
-            resource.clone(),
-            resume.clone(),
-            stale_write.clone(),
-            frozen.clone(),
-        );
+    for (index, mut builder) in builders.into_iter().enumerate() {
+        let writer = writer.clone();
         builder
-            .job(
-                "fenced-writer",
-                Schedule::every(Duration::from_secs(1)).expect("1 s"),
-            )
+            .job("fenced-writer", every_second())
             .expect("job")
-            .run(move |ctx| {
-                let (log, resource, resume, stale_write, frozen) = (
-                    log.clone(),
-                    resource.clone(),
-                    resume.clone(),
-                    stale_write.clone(),
-                    frozen.clone(),
-                );
-                async move {
-                    let fence = ctx.fence().expect("lease stores give fences");
-                    if !frozen.is_frozen(ctx.slot(), ctx.attempt()) {
-                        if frozen.slot() == Some(ctx.slot()) {
-                            resource.write(fence, "the new runner");
-                        }
-                        log.lock().unwrap_or_else(|p| p.into_inner()).push(Started {
-                            slot: ctx.slot(),
-                            attempt: ctx.attempt(),
-                            fence: ctx.fence(),
-                            scheduler: index,
-                            job: ctx.job().to_string(),
-                            at: Instant::now(),
-                        });
-                        return Ok::<_, String>(());
-                    }
-                    log.lock().unwrap_or_else(|p| p.into_inner()).push(Started {
-                        slot: ctx.slot(),
-                        attempt: ctx.attempt(),
-                        fence: ctx.fence(),
-                        scheduler: index,
-                        job: ctx.job().to_string(),
-                        at: Instant::now(),
-                    });
-                    assert!(resource.write(fence, "the first runner, before the pause"));
-                    // Paused: deaf to cancellation until the test wakes it.
-                    resume.notified().await;
-                    *stale_write.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some(resource.write(fence, "the first runner, after the pause"));
-                    Ok(())
-                }
-            })
+            .run(move |ctx| writer.clone().write(ctx, index))
             .expect("handler");
         schedulers.push(builder.start().expect("start"));
     }
-    frozen.arm(factory.clock().as_ref());
-    let first = wait_for_frozen(&log, &frozen).await;
+    let first = wait_for_frozen(&log, &frozen, factory.clock().as_ref()).await;
     handles[first.scheduler].set_heartbeats_hang(true);
     let paused = Instant::now();
-    wait_for(&log, "a takeover of the paused run", |e| {
-        e.iter()
-            .any(|s| s.slot == first.slot && s.attempt > Attempt::FIRST)
-    })
-    .await;
+    wait_for_takeover(&log, "a takeover of the paused run", &first).await;
     let taken = Instant::now();
     resume.notify_one();
     let start = Instant::now();
@@ -481,9 +491,7 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     handles[first.scheduler].set_heartbeats_hang(false);
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    shut_down_all(schedulers).await;
     assert_eq!(
         *stale_write.lock().unwrap_or_else(|p| p.into_inner()),
         Some(false),

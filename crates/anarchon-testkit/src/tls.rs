@@ -323,6 +323,25 @@ mod tests {
         assert_eq!(mark_tls_required("PING\r\n"), None);
     }
 
+    /// A TLS handshake with `terminator` as "localhost", trusting `roots`.
+    async fn handshake(
+        terminator: &TlsTerminator,
+        provider: Arc<rustls::crypto::CryptoProvider>,
+        roots: rustls::RootCertStore,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = TcpStream::connect(terminator.address())
+            .await
+            .expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+        connector.connect(name, tcp).await
+    }
+
     #[tokio::test]
     async fn a_client_with_the_authority_connects_and_one_without_is_refused() {
         let echo = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -346,18 +365,7 @@ mod tests {
         {
             trusted.add(cert.expect("pem")).expect("add");
         }
-        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(trusted)
-            .with_no_client_auth();
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-        let tcp = TcpStream::connect(terminator.address())
-            .await
-            .expect("connect");
-        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-        let mut tls = connector
-            .connect(name, tcp)
+        let mut tls = handshake(&terminator, provider.clone(), trusted)
             .await
             .expect("trusted handshake");
         tls.write_all(b"ping").await.expect("write");
@@ -365,17 +373,7 @@ mod tests {
         tls.read_exact(&mut back).await.expect("read");
         assert_eq!(&back, b"ping");
 
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-        let tcp = TcpStream::connect(terminator.address())
-            .await
-            .expect("connect");
-        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-        let refused = connector.connect(name, tcp).await;
+        let refused = handshake(&terminator, provider, rustls::RootCertStore::empty()).await;
         assert!(refused.is_err(), "an unknown authority must be refused");
         for _ in 0..100 {
             if terminator.refused_handshakes() == 1 {

@@ -12,45 +12,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_core::{
-    Attempt, ClaimOutcome, Clock, FinalState, InstanceId, JobName, MemoryStore, Renewal, RunKey,
-    Schedule, Scheduler, Slot, Timestamp, Token, Win,
+    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Clock, FinalState, InstanceId,
+    JobName, LeaseClaim, LeaseStore, Memory, MemoryStore, Renewal, RunKey, RunOutcome, RunRecord,
+    RunView, Schedule, Scheduler, Slot, StoreError, Timestamp, Token, Win,
 };
+use anarchon_testkit::faults::{SplitMix, heal_and_shut_down};
 use anarchon_testkit::history::{self, Answer, Call, Event, HandlerRun, History, Recorder};
 use anarchon_testkit::{Faulty, TestClock};
 
-/// splitmix64: small, fast, and the same everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn seed() -> u64 {
-    std::env::var("ANARCHON_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| anarchon_core::Token::generate().as_u128() as u64)
-}
-
 #[tokio::test(start_paused = true)]
 async fn random_faults_never_give_a_run_two_runners() {
-    let seed = seed();
+    let seed = history::seed();
     println!("history test seed: {seed} (replay with ANARCHON_SEED={seed})");
     let seconds: u64 = std::env::var("ANARCHON_HISTORY_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(180);
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix(seed);
 
     let now = anarchon_core::SystemClock.now().as_millis();
     let clock = TestClock::starting_at(Timestamp::from_millis(now - now.rem_euclid(60_000)));
@@ -64,7 +42,6 @@ async fn random_faults_never_give_a_run_two_runners() {
         let f = Faulty::new(store.clone());
         faulty.push(f.clone());
         let recorder = Recorder::new(f, instance, history.clone());
-        let seen = history.clone();
         let mut b = Scheduler::builder(recorder)
             .clock(clock.clone())
             .instance_id(InstanceId::new(&format!("i{instance}")).unwrap())
@@ -74,27 +51,13 @@ async fn random_faults_never_give_a_run_two_runners() {
             // Jobs of different lengths: some finish at once, some outlive
             // several heartbeats and get caught by faults.
             let work = Duration::from_millis(job * 900);
-            let seen = seen.clone();
             b.job(
                 format!("job{job}"),
                 Schedule::every(Duration::from_secs(1 + job % 3)).unwrap(),
             )
             .unwrap()
             .max_attempts(3)
-            .run(move |ctx| {
-                let running = seen.handler_started(
-                    instance,
-                    RunKey::new(ctx.job().clone(), ctx.slot()),
-                    ctx.attempt(),
-                );
-                async move {
-                    let _running = running;
-                    tokio::select! {
-                        () = tokio::time::sleep(work) => Ok(()),
-                        () = ctx.cancelled() => Err("stopped early".to_owned()),
-                    }
-                }
-            })
+            .run(history.working_handler(instance, work))
             .unwrap();
         }
         schedulers.push(b.start().unwrap());
@@ -114,36 +77,9 @@ async fn random_faults_never_give_a_run_two_runners() {
             _ => faulty[i].heal(),
         }
     }
-    for f in &faulty {
-        f.heal();
-    }
-    for s in schedulers {
-        s.shutdown().await;
-    }
+    heal_and_shut_down(&faulty, schedulers).await;
 
-    match history::check(&history) {
-        Ok(summary) => {
-            println!("seed {seed}: {summary:?} over {} calls", history.len());
-            assert!(summary.wins > 100, "the test ran runs: {summary:?}");
-            assert!(
-                summary.takeovers > 0,
-                "faults caused takeovers: {summary:?}"
-            );
-            assert!(
-                summary.uncertain > 0,
-                "faults caused failed calls: {summary:?}"
-            );
-            assert!(
-                summary.handlers > 100,
-                "handlers recorded their runs: {summary:?}"
-            );
-        }
-        Err(violations) => panic!(
-            "seed {seed}: {} violations:\n{}",
-            violations.0.len(),
-            violations.0.join("\n")
-        ),
-    }
+    history::check_seeded(&history, seed).assert_faults_bit(seed, 101);
 }
 
 #[test]
@@ -231,31 +167,30 @@ mod the_checker_objects_to {
         );
     }
 
-    #[test]
-    fn two_winners_of_one_attempt() {
+    /// Claims by fresh tokens, each (invoked, completed, outcome) in ms
+    /// from now: the checker must object, and say `says`.
+    fn assert_claims_named<const N: usize>(claims: [(u64, u64, ClaimOutcome); N], says: &str) {
         let base = Instant::now();
         let h = History::new();
-        h.push(claim(base, 0, 1, Token::generate(), won(1)));
-        h.push(claim(base, 0, 2, Token::generate(), won(1)));
-        assert_names(&h, "won by two tokens");
+        for (from, to, outcome) in claims {
+            h.push(claim(base, from, to, Token::generate(), outcome));
+        }
+        assert_names(&h, says);
+    }
+
+    #[test]
+    fn two_winners_of_one_attempt() {
+        assert_claims_named([(0, 1, won(1)), (0, 2, won(1))], "won by two tokens");
     }
 
     #[test]
     fn attempts_that_go_backwards() {
-        let base = Instant::now();
-        let h = History::new();
-        h.push(claim(base, 0, 1, Token::generate(), won(2)));
-        h.push(claim(base, 20_000, 20_001, Token::generate(), won(1)));
-        assert_names(&h, "a later winner");
+        assert_claims_named([(0, 1, won(2)), (20_000, 20_001, won(1))], "a later winner");
     }
 
     #[test]
     fn a_takeover_inside_the_lease() {
-        let base = Instant::now();
-        let h = History::new();
-        h.push(claim(base, 0, 1, Token::generate(), won(1)));
-        h.push(claim(base, 5_000, 5_001, Token::generate(), won(2)));
-        assert_names(&h, "inside its");
+        assert_claims_named([(0, 1, won(1)), (5_000, 5_001, won(2))], "inside its");
     }
 
     #[test]
@@ -281,17 +216,13 @@ mod the_checker_objects_to {
 
     #[test]
     fn a_win_after_done() {
-        let base = Instant::now();
-        let h = History::new();
-        h.push(claim(
-            base,
-            0,
-            1,
-            Token::generate(),
-            ClaimOutcome::Done(FinalState::Succeeded),
-        ));
-        h.push(claim(base, 2, 3, Token::generate(), won(1)));
-        assert_names(&h, "won after the run was done");
+        assert_claims_named(
+            [
+                (0, 1, ClaimOutcome::Done(FinalState::Succeeded)),
+                (2, 3, won(1)),
+            ],
+            "won after the run was done",
+        );
     }
 
     #[test]
@@ -323,88 +254,58 @@ mod the_checker_objects_to {
 /// A broken store: every claim wins attempt 1, every renewal succeeds.
 struct Yes;
 
+/// What `Yes` answers every claim.
+fn won() -> Result<ClaimOutcome, StoreError> {
+    Ok(ClaimOutcome::Won(Win {
+        attempt: Attempt::FIRST,
+        fence: None,
+    }))
+}
+
 #[async_trait::async_trait]
-impl anarchon_core::ClaimStore for Yes {
-    async fn claim(
-        &self,
-        _: &anarchon_core::ClaimRequest,
-    ) -> Result<anarchon_core::ClaimOutcome, anarchon_core::StoreError> {
-        Ok(won())
+impl ClaimStore for Yes {
+    async fn claim(&self, _: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        won()
     }
-    fn info(&self) -> anarchon_core::BackendInfo {
-        anarchon_core::BackendInfo {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
             name: "yes",
-            memory: anarchon_core::Memory::Forever,
+            memory: Memory::Forever,
         }
     }
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn anarchon_core::LeaseStore>> {
+    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
         Some(self)
     }
 }
 
-fn won() -> anarchon_core::ClaimOutcome {
-    anarchon_core::ClaimOutcome::Won(anarchon_core::Win {
-        attempt: anarchon_core::Attempt::FIRST,
-        fence: None,
-    })
-}
-
 #[async_trait::async_trait]
-impl anarchon_core::LeaseStore for Yes {
-    async fn claim_lease(
-        &self,
-        _: &anarchon_core::LeaseClaim,
-    ) -> Result<anarchon_core::ClaimOutcome, anarchon_core::StoreError> {
-        Ok(won())
+impl LeaseStore for Yes {
+    async fn claim_lease(&self, _: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
+        won()
     }
-    async fn peek(
-        &self,
-        _: &anarchon_core::RunKey,
-    ) -> Result<anarchon_core::RunView, anarchon_core::StoreError> {
-        Err(anarchon_core::StoreError::invalid("yes", "no peeking"))
+    async fn peek(&self, _: &RunKey) -> Result<RunView, StoreError> {
+        Err(StoreError::invalid("yes", "no peeking"))
     }
-    async fn heartbeat(
-        &self,
-        _: &anarchon_core::RunKey,
-        _: anarchon_core::Token,
-        _: Duration,
-    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
-        Ok(anarchon_core::Renewal::Renewed)
+    async fn heartbeat(&self, _: &RunKey, _: Token, _: Duration) -> Result<Renewal, StoreError> {
+        Ok(Renewal::Renewed)
     }
-    async fn finish(
-        &self,
-        _: &anarchon_core::RunKey,
-        _: anarchon_core::Token,
-        _: anarchon_core::RunOutcome,
-    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
-        Ok(anarchon_core::Renewal::Renewed)
+    async fn finish(&self, _: &RunKey, _: Token, _: RunOutcome) -> Result<Renewal, StoreError> {
+        Ok(Renewal::Renewed)
     }
-    async fn release(
-        &self,
-        _: &anarchon_core::RunKey,
-        _: anarchon_core::Token,
-    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
-        Ok(anarchon_core::Renewal::Renewed)
+    async fn release(&self, _: &RunKey, _: Token) -> Result<Renewal, StoreError> {
+        Ok(Renewal::Renewed)
     }
-    async fn give_back(
-        &self,
-        _: &anarchon_core::RunKey,
-        _: anarchon_core::Token,
-    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
-        Ok(anarchon_core::Renewal::Renewed)
+    async fn give_back(&self, _: &RunKey, _: Token) -> Result<Renewal, StoreError> {
+        Ok(Renewal::Renewed)
     }
-    async fn wait_for_hand_over(&self, _: &anarchon_core::RunKey, timeout: Duration) -> bool {
+    async fn wait_for_hand_over(&self, _: &RunKey, timeout: Duration) -> bool {
         tokio::time::sleep(timeout).await;
         false
     }
-    async fn history(
-        &self,
-        _: &anarchon_core::JobName,
-        _: usize,
-    ) -> Result<Vec<anarchon_core::RunRecord>, anarchon_core::StoreError> {
+    async fn history(&self, _: &JobName, _: usize) -> Result<Vec<RunRecord>, StoreError> {
         Ok(Vec::new())
     }
-    async fn collect_garbage(&self, _: Duration) -> Result<u64, anarchon_core::StoreError> {
+    async fn collect_garbage(&self, _: Duration) -> Result<u64, StoreError> {
         Ok(0)
     }
 }

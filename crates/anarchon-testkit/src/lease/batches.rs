@@ -8,10 +8,10 @@ use anarchon_core::{
     Token,
 };
 
-use crate::claim::{future_slot, job};
+use crate::claim::{future_slot, job, past_slot};
 use crate::factory::StoreFactory;
 
-use super::{LONG_LEASE, lease_claim, lease_end, won};
+use super::{LONG_LEASE, lease_claim, lease_end, records_of, won};
 
 /// `claim_many` answers in order, like claims one by one.
 pub async fn claim_many_answers_in_order<F: StoreFactory>(factory: &F)
@@ -35,12 +35,7 @@ where
         let mine = lease_claim(claim.run().clone(), Token::generate(), "b");
         won(b.claim_lease(&mine).await.expect("claim"));
     }
-    let outcomes = a
-        .claim_many(&claims_a)
-        .await
-        .expect("claim_many")
-        .all()
-        .expect("every claim of the batch answered");
+    let outcomes = claim_batch(&*a, &claims_a, "claim_many").await;
     assert_eq!(outcomes.len(), claims_a.len());
     for (i, outcome) in outcomes.iter().enumerate() {
         if i % 2 == 0 {
@@ -55,12 +50,7 @@ where
             );
         }
     }
-    let again = a
-        .claim_many(&claims_a)
-        .await
-        .expect("claim_many again")
-        .all()
-        .expect("every claim of the batch answered");
+    let again = claim_batch(&*a, &claims_a, "claim_many again").await;
     // The same answers, except the store's clock, which has moved on.
     let without_clock = |outcomes: &[ClaimOutcome]| -> Vec<ClaimOutcome> {
         outcomes
@@ -80,6 +70,21 @@ where
         "a retried batch with the same tokens gets the same answers"
     );
     assert!(a.claim_many(&[]).await.expect("empty batch").is_empty());
+}
+
+/// `store`'s answers to `batch`, one per claim (`what` names the call in
+/// a failure).
+async fn claim_batch<S: LeaseStore + ?Sized>(
+    store: &S,
+    batch: &[LeaseClaim],
+    what: &str,
+) -> Vec<ClaimOutcome> {
+    store
+        .claim_many(batch)
+        .await
+        .expect(what)
+        .all()
+        .expect("every claim of the batch answered")
 }
 
 /// A permutation of `0..n` from `seed` (Fisher–Yates on splitmix64).
@@ -114,8 +119,7 @@ where
     let a = factory.instance().await;
     let b = factory.instance().await;
     let base = future_slot(factory, 0).as_millis();
-    let now = factory.clock().now().as_millis();
-    let old_base = now - now.rem_euclid(1000) - 3_600_000;
+    let old_base = past_slot(factory, 3_600_000).as_millis();
     for (round, size) in [1usize, 3, 7, 13].into_iter().enumerate() {
         let setups: Vec<Setup> = (0..size)
             .map(|i| match (i * 7 + round) % 4 {
@@ -166,12 +170,7 @@ where
             .iter()
             .map(|&i| lease_claim(runs[i].clone(), Token::generate(), "a"))
             .collect();
-        let answers = a
-            .claim_many(&batch)
-            .await
-            .expect("claim_many")
-            .all()
-            .expect("every claim of the batch answered");
+        let answers = claim_batch(&*a, &batch, "claim_many").await;
         assert_eq!(answers.len(), batch.len(), "one answer per claim");
         let mut fences = Vec::new();
         for (answer, &i) in answers.iter().zip(&order) {
@@ -180,12 +179,10 @@ where
             match (setups[i], answer) {
                 (Setup::Free, ClaimOutcome::Won(win)) => {
                     assert_eq!(win.attempt, Attempt::FIRST, "{context}");
-                    let record = a
-                        .history(&run.job, 100)
+                    let record = records_of(&*a, run, 100)
                         .await
-                        .expect("history")
                         .into_iter()
-                        .find(|r| &r.run == run)
+                        .next()
                         .unwrap_or_else(|| panic!("{context}: won but not in the history"));
                     assert_eq!(record.fence, win.fence, "{context}: the fence of this run");
                     assert_eq!(

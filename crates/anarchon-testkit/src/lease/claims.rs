@@ -1,65 +1,42 @@
 //! Claims and takeover: who wins a run, what the others hear, when a
 //! lease that ran out is taken over, and how `overlap` and fences go.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use anarchon_core::{
     Attempt, ClaimOutcome, FinalState, LeaseStore, MaxAttempts, Overlap, RecordState, Renewal,
     RunKey, RunOutcome, RunState, Slot, Token,
 };
-use futures::future::join_all;
 
-use crate::claim::{RACED_SLOTS, RACERS, future_slot, job};
+use crate::claim::{future_slot, job, past_slot, race};
 use crate::factory::StoreFactory;
 
-use super::{LONG_LEASE, SHORT_LEASE, lease_claim, short, wait_out, won};
+use super::{
+    LONG_LEASE, SHORT_LEASE, hold, lease_claim, short, two_instances_and_a_run, wait_out, won,
+};
 
 /// 8 instances race `claim_lease` over 200 slots: one winner per slot.
 pub async fn lease_claim_is_exclusive<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let job = job("lease-exclusive");
-    let base = future_slot(factory, 0).as_millis();
-    let slots: Vec<Slot> = (0..RACED_SLOTS as i64)
-        .map(|i| Slot::from_millis(base + i * 1000))
-        .collect();
-    let mut stores = Vec::new();
-    for _ in 0..RACERS {
-        stores.push(factory.instance().await);
-    }
-    let racers = stores.into_iter().enumerate().map(|(i, store)| {
-        let job = job.clone();
-        let slots = slots.clone();
-        async move {
-            let mut won = Vec::new();
-            for slot in slots {
-                crate::claim::interleave(i, slot).await;
-                let req = lease_claim(
-                    RunKey::new(job.clone(), slot),
-                    Token::generate(),
-                    &format!("racer-{i}"),
-                );
-                let outcome = store.claim_lease(&req).await.expect("claim_lease failed");
-                match outcome {
-                    ClaimOutcome::Won(w) => {
-                        assert_eq!(w.attempt, Attempt::FIRST);
-                        won.push(slot);
-                    }
-                    ClaimOutcome::Running { .. } => {}
-                    other => panic!("a raced claim must be Won or Running, got {other:?}"),
+    let (slots, winners) = race(
+        factory,
+        job("lease-exclusive"),
+        |store, run, racer| async move {
+            let req = lease_claim(run, Token::generate(), &racer);
+            let outcome = store.claim_lease(&req).await.expect("claim_lease failed");
+            match outcome {
+                ClaimOutcome::Won(w) => {
+                    assert_eq!(w.attempt, Attempt::FIRST);
+                    true
                 }
+                ClaimOutcome::Running { .. } => false,
+                other => panic!("a raced claim must be Won or Running, got {other:?}"),
             }
-            won
-        }
-    });
-    let mut winners: HashMap<Slot, usize> = HashMap::new();
-    for won in join_all(racers).await {
-        for slot in won {
-            *winners.entry(slot).or_default() += 1;
-        }
-    }
+        },
+    )
+    .await;
     for slot in &slots {
         assert_eq!(winners.get(slot).copied().unwrap_or(0), 1, "slot {slot}");
     }
@@ -88,9 +65,7 @@ pub async fn live_lease_answers_running<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
-    let run = RunKey::new(job("live"), future_slot(factory, 0));
+    let (a, b, run) = two_instances_and_a_run(factory, "live").await;
     won(a
         .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
         .await
@@ -121,8 +96,7 @@ where
     F::Store: LeaseStore,
 {
     let store = factory.instance().await;
-    let now = factory.clock().now().as_millis();
-    let slot = Slot::from_millis(now - now.rem_euclid(1000) - 3_600_000);
+    let slot = past_slot(factory, 3_600_000);
     let run = RunKey::new(job("late"), slot);
     let late = lease_claim(run.clone(), Token::generate(), "a");
     assert_eq!(
@@ -157,9 +131,7 @@ pub async fn expired_lease_is_taken_over<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
-    let run = RunKey::new(job("takeover"), future_slot(factory, 0));
+    let (a, b, run) = two_instances_and_a_run(factory, "takeover").await;
     let old = Token::generate();
     let first = won(a
         .claim_lease(&short(lease_claim(run.clone(), old, "a")))
@@ -210,9 +182,7 @@ pub async fn attempts_exhausted_is_interrupted<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
-    let run = RunKey::new(job("exhausted"), future_slot(factory, 0));
+    let (a, b, run) = two_instances_and_a_run(factory, "exhausted").await;
     let mut claim = short(lease_claim(run.clone(), Token::generate(), "a"));
     claim.max_attempts = MaxAttempts::new(1).expect("1");
     won(a.claim_lease(&claim).await.expect("claim"));
@@ -294,23 +264,18 @@ where
     let s1 = future_slot(factory, 0);
     let s2 = Slot::from_millis(s1.as_millis() + 1000);
     let s3 = Slot::from_millis(s1.as_millis() + 2000);
+    let by_a = |job: &anarchon_core::JobName, slot: Slot| {
+        lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a")
+    };
     won(store
-        .claim_lease(&short(lease_claim(
-            RunKey::new(job.clone(), s1),
-            Token::generate(),
-            "a",
-        )))
+        .claim_lease(&short(by_a(&job, s1)))
         .await
         .expect("claim"));
     won(store
-        .claim_lease(&lease_claim(
-            RunKey::new(job.clone(), s2),
-            Token::generate(),
-            "a",
-        ))
+        .claim_lease(&by_a(&job, s2))
         .await
         .expect("allow overlaps"));
-    let mut c3 = lease_claim(RunKey::new(job.clone(), s3), Token::generate(), "a");
+    let mut c3 = by_a(&job, s3);
     c3.overlap = Overlap::Skip;
     assert_eq!(
         store.claim_lease(&c3).await.expect("claim"),
@@ -319,15 +284,11 @@ where
     );
     let job2 = crate::claim::job("overlap-expired-2");
     won(store
-        .claim_lease(&short(lease_claim(
-            RunKey::new(job2.clone(), s1),
-            Token::generate(),
-            "a",
-        )))
+        .claim_lease(&short(by_a(&job2, s1)))
         .await
         .expect("claim"));
     wait_out(SHORT_LEASE).await;
-    let mut c = lease_claim(RunKey::new(job2, s2), Token::generate(), "a");
+    let mut c = by_a(&job2, s2);
     c.overlap = Overlap::Skip;
     won(store
         .claim_lease(&c)
@@ -352,11 +313,7 @@ where
         view.store_now,
         local
     );
-    let token = Token::generate();
-    won(store
-        .claim_lease(&lease_claim(run.clone(), token, "a"))
-        .await
-        .expect("claim"));
+    let token = hold(&*store, &run).await;
     match store.peek(&run).await.expect("peek").state {
         RunState::Running {
             attempt,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anarchon_core::{
-    ClaimOutcome, FinalState, LeaseStore, RunKey, RunOutcome, RunRecord, Slot, Token,
+    ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, RunKey, RunOutcome, Slot, Token,
 };
 
 use crate::claim::job;
@@ -48,38 +48,22 @@ where
     let recent = Slot::from_millis(now - now.rem_euclid(1000) - 60_000);
     // The job's window ends shortly: after it only `keep` decides.
     let window = closing_window(now, old_running);
-    let catch_up = |slot: Slot| {
-        let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
-        c.claim.max_late = window;
-        c
-    };
+    let catch_up = |slot: Slot| late_claim(&job, slot, window);
     let c_old = catch_up(old);
     let c_running = catch_up(old_running);
     let c_recent = catch_up(recent);
     won(store.claim_lease(&c_old).await.expect("claim"));
-    store
-        .finish(c_old.run(), c_old.claim.token, RunOutcome::Succeeded)
-        .await
-        .expect("finish");
+    finish_succeeded(&*store, &c_old).await;
     let last = won(store.claim_lease(&c_running).await.expect("claim"));
     won(store.claim_lease(&c_recent).await.expect("claim"));
-    store
-        .finish(c_recent.run(), c_recent.claim.token, RunOutcome::Succeeded)
-        .await
-        .expect("finish");
+    finish_succeeded(&*store, &c_recent).await;
     wait_out_windows().await;
     let deleted = store
         .collect_garbage(Duration::from_secs(3600))
         .await
         .expect("gc");
     assert_eq!(deleted, 1, "only the old finished run goes");
-    let left: Vec<Slot> = store
-        .history(&job, 10)
-        .await
-        .expect("history")
-        .iter()
-        .map(|r| r.run.slot)
-        .collect();
+    let left: Vec<Slot> = slots_in_history(&*store, &job).await;
     assert_eq!(left, [recent, old_running]);
     let next = Slot::from_millis(recent.as_millis() + 1000);
     let mut claim = catch_up(next);
@@ -89,6 +73,27 @@ where
         after.fence > last.fence,
         "fences keep growing after a collection"
     );
+}
+
+/// A claim by "a" of `job`'s `slot`, which may be up to `max_late` late.
+fn late_claim(job: &JobName, slot: Slot, max_late: Duration) -> LeaseClaim {
+    let mut claim = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
+    claim.claim.max_late = max_late;
+    claim
+}
+
+/// The holder of `claim` reports its run succeeded.
+async fn finish_succeeded<S: LeaseStore + ?Sized>(store: &S, claim: &LeaseClaim) {
+    store
+        .finish(claim.run(), claim.claim.token, RunOutcome::Succeeded)
+        .await
+        .expect("finish");
+}
+
+/// The slots of the latest ten runs `job`'s history lists, newest first.
+async fn slots_in_history<S: LeaseStore + ?Sized>(store: &S, job: &JobName) -> Vec<Slot> {
+    let history = store.history(job, 10).await.expect("history");
+    history.iter().map(|r| r.run.slot).collect()
 }
 
 /// Collection keeps each job's runs for as long as the job's own late
@@ -107,26 +112,18 @@ where
     let long_window = Duration::from_secs(24 * 3600);
     let short = job("gc-window-short");
     let long = job("gc-window-long");
-    let claim = |job: &anarchon_core::JobName, max_late: Duration| {
-        let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
-        c.claim.max_late = max_late;
-        c
-    };
+    let claim = |job: &JobName, max_late: Duration| late_claim(job, slot, max_late);
     for c in [
         claim(&short, closing_window(now, slot)),
         claim(&long, long_window),
     ] {
         won(store.claim_lease(&c).await.expect("claim"));
-        store
-            .finish(c.run(), c.claim.token, RunOutcome::Succeeded)
-            .await
-            .expect("finish");
+        finish_succeeded(&*store, &c).await;
     }
     wait_out_windows().await;
     store.collect_garbage(keep).await.expect("gc");
-    let slots = |records: Vec<RunRecord>| records.iter().map(|r| r.run.slot).collect::<Vec<_>>();
     assert_eq!(
-        slots(store.history(&long, 10).await.expect("history")),
+        slots_in_history(&*store, &long).await,
         [slot],
         "a collection with keep = {keep:?} took a run that its job's late window \
          ({long_window:?}) still covers"
@@ -162,17 +159,18 @@ where
     let keep = Duration::from_secs(3600);
     // Every window ends shortly, so `keep` decides what is collected.
     let window = closing_window(now, old(0));
-    let catch_up = |job: &anarchon_core::JobName, slot: Slot| {
-        let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
-        c.claim.max_late = window;
-        c
-    };
+    let catch_up = |job: &JobName, slot: Slot| late_claim(job, slot, window);
     let fence_of = |outcome: ClaimOutcome| won(outcome).fence.expect("lease stores fence");
 
-    let later = |job: &anarchon_core::JobName, slot: Slot| {
-        let mut c = catch_up(job, slot);
-        c.claim.max_late = keep;
-        c
+    // A claim after the collection, its window `keep`: the job's next fence.
+    let next_fence = async |job: &JobName, slot: Slot| {
+        let claim = late_claim(job, slot, keep);
+        fence_of(
+            store
+                .claim_lease(&claim)
+                .await
+                .expect("claim after collection"),
+        )
     };
 
     // Job one: every run is collected.
@@ -183,10 +181,7 @@ where
         highest = highest.max(Some(fence_of(
             store.claim_lease(&claim).await.expect("claim"),
         )));
-        store
-            .finish(claim.run(), claim.claim.token, RunOutcome::Succeeded)
-            .await
-            .expect("finish");
+        finish_succeeded(&*store, &claim).await;
     }
     // Job two: only the highest-fenced run is collected; an older fence stays.
     let top_gone = job("gc-fence-top");
@@ -195,14 +190,7 @@ where
     let collected = catch_up(&top_gone, old(0));
     let top = fence_of(store.claim_lease(&collected).await.expect("claim"));
     assert!(top > kept_fence);
-    store
-        .finish(
-            collected.run(),
-            collected.claim.token,
-            RunOutcome::Succeeded,
-        )
-        .await
-        .expect("finish");
+    finish_succeeded(&*store, &collected).await;
 
     wait_out_windows().await;
     store.collect_garbage(keep).await.expect("gc");
@@ -215,32 +203,16 @@ where
             .is_empty(),
         "collection takes every finished run older than `keep`"
     );
-    let next = fence_of(
-        store
-            .claim_lease(&later(&all_gone, recent(0)))
-            .await
-            .expect("claim after collection"),
-    );
+    let next = next_fence(&all_gone, recent(0)).await;
     assert!(
         Some(next) > highest,
         "after collecting every run of a job its next fence {next:?} must exceed every \
          earlier one (up to {highest:?})"
     );
 
-    let left: Vec<Slot> = store
-        .history(&top_gone, 10)
-        .await
-        .expect("history")
-        .iter()
-        .map(|r| r.run.slot)
-        .collect();
+    let left: Vec<Slot> = slots_in_history(&*store, &top_gone).await;
     assert_eq!(left, [recent(0)], "collection took the old run only");
-    let next = fence_of(
-        store
-            .claim_lease(&later(&top_gone, recent(1)))
-            .await
-            .expect("claim after collection"),
-    );
+    let next = next_fence(&top_gone, recent(1)).await;
     assert!(
         next > top,
         "the next fence {next:?} must exceed the collected run's {top:?}, not only the \

@@ -11,7 +11,10 @@ use anarchon_core::{
 use crate::claim::{future_slot, job};
 use crate::factory::StoreFactory;
 
-use super::{LONG_LEASE, SHORT_LEASE, facts, lease_claim, short, wait_out, won};
+use super::{
+    LONG_LEASE, SHORT_LEASE, facts, hold, lease_claim, short, two_instances_and_a_run, wait_out,
+    won,
+};
 
 /// A finished run is `Done` for every later claim; its token is fenced for
 /// everything but the same finish sent again.
@@ -19,14 +22,8 @@ pub async fn finished_run_is_done<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
-    let run = RunKey::new(job("finished"), future_slot(factory, 0));
-    let token = Token::generate();
-    won(a
-        .claim_lease(&lease_claim(run.clone(), token, "a"))
-        .await
-        .expect("claim"));
+    let (a, b, run) = two_instances_and_a_run(factory, "finished").await;
+    let token = hold(&*a, &run).await;
     assert_eq!(
         a.finish(&run, token, RunOutcome::Succeeded)
             .await
@@ -92,11 +89,7 @@ where
         ),
     ] {
         let run = RunKey::new(job(name), future_slot(factory, 0));
-        let token = Token::generate();
-        won(a
-            .claim_lease(&lease_claim(run.clone(), token, "a"))
-            .await
-            .expect("claim"));
+        let token = hold(&*a, &run).await;
         assert_eq!(
             a.finish(&run, token, outcome.clone())
                 .await
@@ -104,21 +97,20 @@ where
             Renewal::Renewed
         );
         let recorded = facts(&*a, &run).await;
-        // Sent again, through another connection as a retry may be.
-        assert_eq!(
-            b.finish(&run, token, outcome.clone())
-                .await
-                .expect("finish again"),
-            Renewal::Renewed,
-            "{run}: the same finish from the same token gets the same answer"
-        );
-        assert_eq!(
-            b.finish(&run, token, outcome.clone())
-                .await
-                .expect("finish a third time"),
-            Renewal::Renewed,
-            "{run}: and again"
-        );
+        // Sent again, through another connection as a retry may be; and again.
+        for (call, says) in [
+            (
+                "finish again",
+                "the same finish from the same token gets the same answer",
+            ),
+            ("finish a third time", "and again"),
+        ] {
+            assert_eq!(
+                b.finish(&run, token, outcome.clone()).await.expect(call),
+                Renewal::Renewed,
+                "{run}: {says}"
+            );
+        }
         assert_eq!(
             b.finish(&run, token, other).await.expect("finish"),
             Renewal::Fenced,
@@ -146,11 +138,7 @@ where
 {
     let store = factory.instance().await;
     let run = RunKey::new(job("failed"), future_slot(factory, 0));
-    let token = Token::generate();
-    won(store
-        .claim_lease(&lease_claim(run.clone(), token, "a"))
-        .await
-        .expect("claim"));
+    let token = hold(&*store, &run).await;
     let error = "exit status 3: disk full".to_owned();
     let answer = store
         .finish(
@@ -174,9 +162,7 @@ pub async fn heartbeat_extends_the_lease<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
-    let run = RunKey::new(job("heartbeat"), future_slot(factory, 0));
+    let (a, b, run) = two_instances_and_a_run(factory, "heartbeat").await;
     let token = Token::generate();
     let lease = Duration::from_millis(800);
     let mut claim = lease_claim(run.clone(), token, "a");
@@ -395,9 +381,7 @@ pub async fn release_hands_over_at_once<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
-    let run = RunKey::new(job("release"), future_slot(factory, 0));
+    let (a, b, run) = two_instances_and_a_run(factory, "release").await;
     let token = Token::generate();
     let first = won(a
         .claim_lease(&lease_claim(run.clone(), token, "a"))
@@ -477,11 +461,7 @@ where
 
     // A live run held by someone else.
     let live = RunKey::new(job("stranger-live"), future_slot(factory, 0));
-    let holder = Token::generate();
-    won(a
-        .claim_lease(&lease_claim(live.clone(), holder, "a"))
-        .await
-        .expect("claim"));
+    let holder = hold(&*a, &live).await;
     let before = facts(&*a, &live).await;
     try_everything(live.clone(), stranger, false).await;
     assert_eq!(
@@ -516,11 +496,7 @@ where
 
     // A finished run: neither a stranger nor its old runner changes it.
     let done = RunKey::new(job("stranger-done"), future_slot(factory, 0));
-    let runner = Token::generate();
-    won(a
-        .claim_lease(&lease_claim(done.clone(), runner, "a"))
-        .await
-        .expect("claim"));
+    let runner = hold(&*a, &done).await;
     a.finish(&done, runner, RunOutcome::Succeeded)
         .await
         .expect("finish");
