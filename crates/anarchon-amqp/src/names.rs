@@ -6,6 +6,7 @@
 //! so with a prefix of at most [`MAX_PREFIX_LEN`] bytes that does not start
 //! with `amq` every name below fits and is not reserved.
 
+use anarchon_core::name::check_dotted;
 use anarchon_core::{RunKey, Token};
 
 use crate::error::Error;
@@ -44,28 +45,7 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), Error> {
         prefix: prefix.chars().take(120).collect(),
         reason,
     };
-    if prefix.is_empty() {
-        return Err(invalid("it is empty".into()));
-    }
-    if prefix.len() > MAX_PREFIX_LEN {
-        return Err(invalid(format!(
-            "it is {} bytes long; the limit is {MAX_PREFIX_LEN}",
-            prefix.len()
-        )));
-    }
-    for segment in prefix.split('.') {
-        if segment.is_empty() {
-            return Err(invalid(
-                "it has an empty segment (a leading, trailing or doubled '.')".into(),
-            ));
-        }
-        if let Some(bad) = segment
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
-        {
-            return Err(invalid(format!("it contains {bad:?}")));
-        }
-    }
+    check_dotted(prefix, MAX_PREFIX_LEN).map_err(|problem| invalid(problem.to_string()))?;
     if prefix
         .split('.')
         .next()

@@ -29,24 +29,12 @@ impl JobName {
     /// [`ConfigError::InvalidJobName`] if the name is empty, longer than
     /// [`MAX_JOB_NAME_LEN`], or contains a character outside `[A-Za-z0-9_-]`.
     pub fn new(name: &str) -> Result<Self, ConfigError> {
-        let invalid = |reason: String| ConfigError::InvalidJobName {
-            name: name.chars().take(80).collect(),
-            reason,
-        };
-        if name.is_empty() {
-            return Err(invalid("it is empty".into()));
-        }
-        if name.len() > MAX_JOB_NAME_LEN {
-            return Err(invalid(format!(
-                "it is {} bytes long; the limit is {MAX_JOB_NAME_LEN}",
-                name.len()
-            )));
-        }
-        if let Some(bad) = name.chars().find(|c| !is_name_char(*c)) {
-            return Err(invalid(format!(
-                "it contains {bad:?}; use only letters A-Z a-z, digits, '_' and '-'"
-            )));
-        }
+        check_plain(name, MAX_JOB_NAME_LEN, is_name_char).map_err(|problem| {
+            ConfigError::InvalidJobName {
+                name: name.chars().take(80).collect(),
+                reason: problem.with_hint("; use only letters A-Z a-z, digits, '_' and '-'"),
+            }
+        })?;
         Ok(Self(Arc::from(name)))
     }
 
@@ -54,6 +42,96 @@ impl JobName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// What is wrong with a name a store builds keys, queues or subjects from
+/// (a job name, a key or queue prefix, a stream name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameProblem {
+    /// It is empty.
+    Empty,
+    /// It is longer than the store allows.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// A dotted name has an empty segment.
+    EmptySegment,
+    /// It holds a character the store cannot take literally.
+    BadChar(char),
+}
+
+impl NameProblem {
+    /// The problem in words, with `hint` (which says what to use instead)
+    /// after a refused character.
+    pub fn with_hint(self, hint: &str) -> String {
+        match self {
+            NameProblem::BadChar(_) => format!("{self}{hint}"),
+            other => other.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for NameProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NameProblem::Empty => f.write_str("it is empty"),
+            NameProblem::TooLong { len, max } => {
+                write!(f, "it is {len} bytes long; the limit is {max}")
+            }
+            NameProblem::EmptySegment => {
+                f.write_str("it has an empty segment (a leading, trailing or doubled '.')")
+            }
+            NameProblem::BadChar(c) => write!(f, "it contains {c:?}"),
+        }
+    }
+}
+
+/// Checks that `text` is 1 to `max` bytes of characters `allowed` takes.
+///
+/// # Errors
+///
+/// The first [`NameProblem`] found.
+pub fn check_plain(
+    text: &str,
+    max: usize,
+    allowed: impl Fn(char) -> bool,
+) -> Result<(), NameProblem> {
+    if text.is_empty() {
+        return Err(NameProblem::Empty);
+    }
+    if text.len() > max {
+        return Err(NameProblem::TooLong {
+            len: text.len(),
+            max,
+        });
+    }
+    match text.chars().find(|c| !allowed(*c)) {
+        Some(bad) => Err(NameProblem::BadChar(bad)),
+        None => Ok(()),
+    }
+}
+
+/// Checks that `text` is 1 to `max` bytes of segments joined by `.`, each
+/// a non-empty run of [`is_name_char`] characters: a queue name or subject
+/// prefix.
+///
+/// # Errors
+///
+/// The first [`NameProblem`] found.
+pub fn check_dotted(text: &str, max: usize) -> Result<(), NameProblem> {
+    check_plain(text, max, |_| true)?;
+    for segment in text.split('.') {
+        if segment.is_empty() {
+            return Err(NameProblem::EmptySegment);
+        }
+        if let Some(bad) = segment.chars().find(|c| !is_name_char(*c)) {
+            return Err(NameProblem::BadChar(bad));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `c` may appear in a [`JobName`].

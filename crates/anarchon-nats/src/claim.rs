@@ -1,5 +1,6 @@
 //! The claim-only store: JetStream de-duplication by message id.
 
+use anarchon_core::name::{check_plain, is_name_char};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -203,22 +204,12 @@ impl ClaimOptions {
     pub fn validate(&self) -> Result<(), Error> {
         validate_prefix(&self.prefix)?;
         let stream = self.stream_name();
-        let bad_stream = |reason: String| Error::InvalidStreamName {
-            stream: stream.chars().take(140).collect(),
-            reason,
-        };
-        if stream.is_empty() {
-            return Err(bad_stream("it is empty".into()));
-        }
-        if stream.len() > MAX_STREAM_NAME_LEN {
-            return Err(bad_stream(format!("it is {} bytes long", stream.len())));
-        }
-        if let Some(bad) = stream
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
-        {
-            return Err(bad_stream(format!("it contains {bad:?}")));
-        }
+        check_plain(&stream, MAX_STREAM_NAME_LEN, is_name_char).map_err(|problem| {
+            Error::InvalidStreamName {
+                stream: stream.chars().take(140).collect(),
+                reason: problem.to_string(),
+            }
+        })?;
         if self.duplicate_window < MIN_DUPLICATE_WINDOW
             || self.duplicate_window > MAX_DUPLICATE_WINDOW
         {

@@ -1,6 +1,7 @@
 //! How to reach NATS: the URL, its credentials and time limits. Shared by
 //! every store in this crate.
 
+use anarchon_core::name::check_dotted;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -327,35 +328,10 @@ pub(crate) fn server_of(url: &str) -> String {
 
 /// Checks a name prefix: segments of `[A-Za-z0-9_-]` joined by `.`.
 pub(crate) fn validate_prefix(prefix: &str) -> Result<(), Error> {
-    let invalid = |reason: String| Error::InvalidPrefix {
+    check_dotted(prefix, MAX_PREFIX_LEN).map_err(|problem| Error::InvalidPrefix {
         prefix: prefix.chars().take(120).collect(),
-        reason,
-    };
-    if prefix.is_empty() {
-        return Err(invalid("it is empty".into()));
-    }
-    if prefix.len() > MAX_PREFIX_LEN {
-        return Err(invalid(format!(
-            "it is {} bytes long; the limit is {MAX_PREFIX_LEN}",
-            prefix.len()
-        )));
-    }
-    for segment in prefix.split('.') {
-        if segment.is_empty() {
-            return Err(invalid(
-                "it has an empty segment (a leading, trailing or doubled '.')".into(),
-            ));
-        }
-        if let Some(bad) = segment
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
-        {
-            return Err(invalid(format!(
-                "it contains {bad:?} (NATS gives '*', '>' and spaces special meanings)"
-            )));
-        }
-    }
-    Ok(())
+        reason: problem.with_hint(" (NATS gives '*', '>' and spaces special meanings)"),
+    })
 }
 
 #[cfg(test)]

@@ -543,3 +543,39 @@ mod tests {
         assert_eq!(config_value(&Value::Array(vec![])), None);
     }
 }
+
+/// Implements [`ClaimStore`](anarchon_core::ClaimStore) for a claim-only
+/// strategy's store: its `try_claim` is the claim, `$memory` (an
+/// expression over the store) how long it remembers a run, and it is no
+/// lease store. The three claim-only strategies differ only there.
+macro_rules! claim_only_store {
+    ($store:ty, |$this:ident| $memory:expr) => {
+        #[async_trait::async_trait]
+        impl anarchon_core::ClaimStore for $store {
+            async fn claim(
+                &self,
+                req: &anarchon_core::ClaimRequest,
+            ) -> Result<anarchon_core::ClaimOutcome, anarchon_core::StoreError> {
+                self.try_claim(req)
+                    .await
+                    .map_err(|e| e.into_store_error(BACKEND))
+            }
+
+            fn info(&self) -> anarchon_core::BackendInfo {
+                let $this = self;
+                anarchon_core::BackendInfo {
+                    name: BACKEND,
+                    memory: $memory,
+                }
+            }
+
+            fn as_lease_store(
+                self: std::sync::Arc<Self>,
+            ) -> Option<std::sync::Arc<dyn anarchon_core::LeaseStore>> {
+                None
+            }
+        }
+    };
+}
+
+pub(crate) use claim_only_store;

@@ -6,11 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anarchon_core::{
-    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, Clock, JobName, LeaseStore,
-    Memory, StoreError, Token, Win,
-};
-use async_trait::async_trait;
+use anarchon_core::{Attempt, ClaimOutcome, ClaimRequest, Clock, JobName, Memory, Token, Win};
 use deadpool_redis::redis::{self, Value};
 
 use crate::MIN_MEMORY;
@@ -294,22 +290,4 @@ impl RedisIdmpStore {
     }
 }
 
-#[async_trait]
-impl ClaimStore for RedisIdmpStore {
-    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.try_claim(req)
-            .await
-            .map_err(|e| e.into_store_error(BACKEND))
-    }
-
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: BACKEND,
-            memory: Memory::Window(self.duration),
-        }
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        None
-    }
-}
+crate::connection::claim_only_store!(RedisIdmpStore, |store| Memory::Window(store.duration));

@@ -1,5 +1,6 @@
 //! Connection options and the key prefix.
 
+use anarchon_core::name::check_plain;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,27 +92,11 @@ impl KeyPrefix {
     /// [`Error::InvalidPrefix`] if it is empty, longer than
     /// [`MAX_PREFIX_LEN`] or contains a character outside `[A-Za-z0-9_.:-]`.
     pub fn new(prefix: &str) -> Result<Self, Error> {
-        let invalid = |reason: String| Error::InvalidPrefix {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-');
+        check_plain(prefix, MAX_PREFIX_LEN, allowed).map_err(|problem| Error::InvalidPrefix {
             prefix: prefix.chars().take(80).collect(),
-            reason,
-        };
-        if prefix.is_empty() {
-            return Err(invalid("it is empty".into()));
-        }
-        if prefix.len() > MAX_PREFIX_LEN {
-            return Err(invalid(format!(
-                "it is {} bytes long; the limit is {MAX_PREFIX_LEN}",
-                prefix.len()
-            )));
-        }
-        if let Some(bad) = prefix
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-')))
-        {
-            return Err(invalid(format!(
-                "it contains {bad:?}; use only letters, digits, '_', '.', ':' and '-'"
-            )));
-        }
+            reason: problem.with_hint("; use only letters, digits, '_', '.', ':' and '-'"),
+        })?;
         Ok(Self(prefix.to_owned()))
     }
 

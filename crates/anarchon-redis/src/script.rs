@@ -1,15 +1,10 @@
 //! The `script` strategy: a Lua script scans the last window of claims.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_core::time::millis;
-use anarchon_core::{
-    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, LeaseStore, Memory, StoreError,
-    Token, Win,
-};
-use async_trait::async_trait;
+use anarchon_core::{Attempt, ClaimOutcome, ClaimRequest, Memory, Token, Win};
 use deadpool_redis::redis::Value;
 
 use crate::MIN_MEMORY;
@@ -144,22 +139,4 @@ impl RedisScriptStore {
     }
 }
 
-#[async_trait]
-impl ClaimStore for RedisScriptStore {
-    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.try_claim(req)
-            .await
-            .map_err(|e| e.into_store_error(BACKEND))
-    }
-
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: BACKEND,
-            memory: Memory::Window(self.window),
-        }
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        None
-    }
-}
+crate::connection::claim_only_store!(RedisScriptStore, |store| Memory::Window(store.window));

@@ -1,14 +1,9 @@
 //! The `stream-id` strategy: the slot is the stream entry's ID.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use anarchon_core::{
-    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, LeaseStore, Memory, StoreError,
-    Token, Win,
-};
-use async_trait::async_trait;
+use anarchon_core::{Attempt, ClaimOutcome, ClaimRequest, Memory, Token, Win};
 use deadpool_redis::redis::{self, Value};
 
 use crate::connection::{Link, check, text};
@@ -170,25 +165,7 @@ pub(crate) fn entry_token(range: Value) -> Option<String> {
         .and_then(|pair| pair.get(1).and_then(text))
 }
 
-#[async_trait]
-impl ClaimStore for RedisStreamIdStore {
-    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.try_claim(req)
-            .await
-            .map_err(|e| e.into_store_error(BACKEND))
-    }
-
-    fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: BACKEND,
-            memory: Memory::Forever,
-        }
-    }
-
-    fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
-        None
-    }
-}
+crate::connection::claim_only_store!(RedisStreamIdStore, |_store| Memory::Forever);
 
 #[cfg(test)]
 mod tests {
