@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use anarchon_core::hand_over::announced;
 use anarchon_core::time::millis;
 use anarchon_core::{
     ClaimAnswers, ClaimOutcome, FinalState, HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore,
@@ -307,10 +308,7 @@ impl LeaseStore for PgStore {
                 |q| q,
             )
             .await?;
-        if answer == Renewal::Renewed {
-            self.announce_hand_over(run).await;
-        }
-        Ok(answer)
+        Ok(announced(answer, self.announce_hand_over(run)).await)
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
@@ -324,10 +322,7 @@ impl LeaseStore for PgStore {
                 |q| q,
             )
             .await?;
-        if answer == Renewal::Renewed {
-            self.announce_hand_over(run).await;
-        }
-        Ok(answer)
+        Ok(announced(answer, self.announce_hand_over(run)).await)
     }
 
     async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
