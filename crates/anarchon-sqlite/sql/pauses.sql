@@ -1,2 +1,2 @@
 -- Every pause.
-SELECT scope, since, until, reason, by FROM {prefix}_pauses;
+SELECT scope, since, until, reason, paused_by FROM {prefix}_pauses;

@@ -129,7 +129,7 @@ pub(crate) struct PauseRow {
     pub(crate) since: i64,
     pub(crate) until: Option<i64>,
     pub(crate) reason: Option<String>,
-    pub(crate) by: Option<String>,
+    pub(crate) paused_by: Option<String>,
 }
 
 impl PauseRow {
@@ -140,7 +140,7 @@ impl PauseRow {
             since: Timestamp::from_millis(self.since),
             end: PauseEnd::from_millis(self.until),
             reason: self.reason,
-            by: self.by,
+            by: self.paused_by,
         })
     }
 }

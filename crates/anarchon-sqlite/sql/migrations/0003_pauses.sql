@@ -36,9 +36,9 @@ CREATE INDEX {prefix}_runs_live
 -- part of a job name). `until` is NULL for a pause that lasts until it is
 -- resumed. Times are on SQLite's clock, like the runs'.
 CREATE TABLE {prefix}_pauses (
-    scope  TEXT    NOT NULL PRIMARY KEY,
-    since  INTEGER NOT NULL,
-    until  INTEGER,
-    reason TEXT,
-    by     TEXT
+    scope     TEXT    NOT NULL PRIMARY KEY,
+    since     INTEGER NOT NULL,
+    until     INTEGER,
+    reason    TEXT,
+    paused_by TEXT
 ) WITHOUT ROWID;
