@@ -97,6 +97,37 @@ pub(crate) enum Error {
         backend: &'static str,
     },
 
+    /// `pause`, `resume` or `status` on a claim-only store.
+    #[error(
+        "the `{backend}` store is claim-only: it keeps no state between claims, so there is nothing a pause could be written to or read from. Pause, resume and status need a lease store (sqlite://, postgres://, redis:// with strategy=lease, or nats-kv://)"
+    )]
+    NoControl {
+        /// The backend, e.g. `rabbitmq`.
+        backend: &'static str,
+    },
+
+    /// A command names a job the crontab does not have.
+    #[error("{path}: has no job {job:?} (jobs: {known})", path = path.display())]
+    UnknownJob {
+        path: PathBuf,
+        job: String,
+        /// The crontab's job names, comma-separated.
+        known: String,
+    },
+
+    /// The store refused a pause (its end has passed on the store's clock,
+    /// a note too long): nothing was written.
+    #[error("the pause was refused, nothing was written: {0}")]
+    PauseRefused(#[source] anarchon::StoreError),
+
+    /// A time on the command line that is not RFC 3339.
+    #[error("{text:?} is not a time: write it in RFC 3339, e.g. 2026-12-24T06:00:00Z")]
+    BadTime { text: String },
+
+    /// `pause` or `resume` with a job and `--all`, or with neither.
+    #[error("name one job, or pass --all for every job of the store (not both)")]
+    Scope,
+
     /// `anarchon history` without a job on a store that cannot list its
     /// jobs, and no crontab to take them from.
     #[error(
@@ -128,6 +159,11 @@ impl Error {
             | Error::Job { .. }
             | Error::Config { .. }
             | Error::NoHistory { .. }
+            | Error::NoControl { .. }
+            | Error::UnknownJob { .. }
+            | Error::Scope
+            | Error::BadTime { .. }
+            | Error::PauseRefused(_)
             | Error::JobsUnknown { .. } => true,
             Error::Open(e) => match e {
                 OpenError::Store(_) | OpenError::Missing { .. } => false,

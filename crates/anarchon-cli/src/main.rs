@@ -3,6 +3,7 @@
 mod app;
 mod backend;
 mod config;
+mod control;
 mod error;
 mod printable;
 mod runner;
@@ -14,7 +15,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anarchon::url::redact;
-use anarchon::{JobName, Opened, Schedule, StoreUrl, Timestamp};
+use anarchon::{JobName, Opened, Schedule, StoreUrl, Timestamp, Until};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
@@ -59,6 +60,56 @@ enum Cmd {
         #[arg(short = 'n', long, default_value_t = 20)]
         limit: usize,
     },
+    /// Pause a job (or every job) for the whole fleet: its slots are
+    /// recorded `paused` and run nowhere until it is resumed or the pause
+    /// ends. Runs already going are not stopped.
+    Pause {
+        /// The job (or --all).
+        job: Option<String>,
+        /// Pause every job of the store.
+        #[arg(long)]
+        all: bool,
+        /// End the pause after this long, on the store's clock (e.g. `2h`).
+        #[arg(long = "for", value_name = "DURATION", conflicts_with = "until")]
+        length: Option<humantime::Duration>,
+        /// End the pause at this time (RFC 3339, e.g.
+        /// `2026-12-24T06:00:00Z`), on the store's clock.
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        /// Why, shown by `status`.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        /// Who (default: $USER@host).
+        #[arg(long, value_name = "WHO")]
+        by: Option<String>,
+        #[command(flatten)]
+        place: Place,
+    },
+    /// Remove the pause of a job (or of every job). Slots recorded
+    /// `paused` are not run afterwards.
+    Resume {
+        /// The job (or --all).
+        job: Option<String>,
+        /// Remove the pause of every job.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        place: Place,
+    },
+    /// Show each job's pause, last finished run, the run holding a lease
+    /// now and (with --config) the next slot.
+    Status {
+        /// Only this job (default: the crontab's jobs, or the store's).
+        job: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// How many of each job's latest runs to read.
+        #[arg(short = 'n', long, default_value_t = 20)]
+        recent: usize,
+        #[command(flatten)]
+        place: Place,
+    },
     /// Print the next slots of a cron expression, to check it before
     /// deploying it.
     Next {
@@ -81,6 +132,27 @@ enum Cmd {
         #[arg(long, value_name = "URL")]
         store: Option<String>,
     },
+}
+
+/// Where the store of `pause`, `resume` and `status` is.
+#[derive(Debug, clap::Args)]
+struct Place {
+    /// Read the store URL (and the job names) from this crontab.
+    #[arg(short, long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The store URL (default sqlite://anarchon.db, or $ANARCHON_STORE):
+    /// a lease store.
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+}
+
+impl Place {
+    fn as_where(&self) -> control::Where<'_> {
+        control::Where {
+            config: self.config.as_deref(),
+            store: self.store.clone(),
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -154,7 +226,47 @@ async fn dispatch(command: Cmd) -> anyhow::Result<()> {
             write_out(&show::next_slots(&schedule, now(), count))
         }
         Cmd::Check { config, store } => check(&config, store),
+        Cmd::Pause {
+            job,
+            all,
+            length,
+            until,
+            reason,
+            by,
+            place,
+        } => {
+            let until = match (length, until) {
+                (Some(d), _) => Until::For(d.into()),
+                (None, Some(text)) => Until::At(parse_time(&text)?),
+                (None, None) => Until::Resumed,
+            };
+            control::pause(
+                control::Target { job, all },
+                until,
+                reason,
+                by,
+                place.as_where(),
+            )
+            .await
+        }
+        Cmd::Resume { job, all, place } => {
+            control::resume(control::Target { job, all }, place.as_where()).await
+        }
+        Cmd::Status {
+            job,
+            json,
+            recent,
+            place,
+        } => control::status(job, json, recent, place.as_where()).await,
     }
+}
+
+/// An RFC 3339 time from the command line.
+fn parse_time(text: &str) -> Result<Timestamp, Error> {
+    let at = chrono::DateTime::parse_from_rfc3339(text).map_err(|_| Error::BadTime {
+        text: text.to_owned(),
+    })?;
+    Ok(Timestamp::from_datetime(&at))
 }
 
 fn now() -> Timestamp {

@@ -12,11 +12,13 @@
 //! store to these functions' answers.
 //!
 //! [`claim`] takes the facts that are costly for some stores — the store's
-//! clock, whether another run of the job holds a live lease — as options,
-//! and says which one it needs when it was not given ([`Needs`]): a store
-//! that can answer without its clock does not read it. [`claim_at`] is the
-//! same decision for a store that has both facts at hand.
+//! clock, whether another run of the job holds a live lease, the pauses
+//! that hold the job — as [`Facts`] that may be missing, and says which
+//! one it needs when it was not given ([`Needs`]): a store that can answer
+//! without its clock does not read it. [`claim_at`] is the same decision
+//! for a store that has its clock and the pauses at hand.
 
+use crate::control::Paused;
 use crate::ids::{Attempt, Fence, Token};
 use crate::store::{
     ClaimOutcome, FinalState, LeaseClaim, Overlap, RecordState, Renewal, RunOutcome, Win,
@@ -56,6 +58,40 @@ pub enum Needs {
     /// the job other than this one holds a lease alive at `now`
     /// (`lease_until >= now`) and decide again with the answer.
     OverlapCheck,
+    /// The slot could start: read the pauses of the job and of the
+    /// namespace and decide again with them.
+    Pauses,
+}
+
+/// What a store knows when it asks [`claim`]; `None` where it has not
+/// found out (yet).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// The store's clock.
+    pub now: Option<Timestamp>,
+    /// Whether a run of the job other than this one holds a lease alive at
+    /// `now`.
+    pub another_run_live: Option<bool>,
+    /// The pauses of the job and of the namespace.
+    pub paused: Option<Paused>,
+}
+
+impl Facts {
+    /// Nothing known yet.
+    pub const NONE: Facts = Facts {
+        now: None,
+        another_run_live: None,
+        paused: None,
+    };
+
+    /// Every fact known.
+    pub fn all(now: Timestamp, another_run_live: bool, paused: Paused) -> Self {
+        Facts {
+            now: Some(now),
+            another_run_live: Some(another_run_live),
+            paused: Some(paused),
+        }
+    }
 }
 
 /// What a claim makes a lease store do.
@@ -69,6 +105,10 @@ pub enum ClaimDecision {
     /// Write a record in state `skipped` (finished now, nobody's) in place
     /// of whatever was there; answer [`ClaimOutcome::Overlap`].
     RecordSkipped,
+    /// No record and the job is paused: write one in state `paused`
+    /// (finished now, nobody's); answer
+    /// [`ClaimOutcome::Done`]`(Paused)`.
+    RecordPaused,
     /// Start the run: a new record in state `running`, attempt 1, held by
     /// the claim's token and instance, a new fence from the job's counter,
     /// started now, its lease ending the claim's lease after now. Answer
@@ -97,6 +137,7 @@ impl ClaimDecision {
             ClaimDecision::Answer(outcome) => outcome,
             ClaimDecision::RecordMissed => ClaimOutcome::Late,
             ClaimDecision::RecordSkipped => ClaimOutcome::Overlap,
+            ClaimDecision::RecordPaused => ClaimOutcome::Done(FinalState::Paused),
             ClaimDecision::Start => ClaimOutcome::Won(Win {
                 attempt: Attempt::FIRST,
                 fence,
@@ -115,9 +156,7 @@ impl ClaimDecision {
 /// The lease flowchart for one claim.
 ///
 /// `record` is the run's record as the store holds it (`None`: no
-/// record), `now` the store's clock if it was read, `another_run_live`
-/// whether another run of the job holds a live lease at `now`, if that was
-/// found out. In order:
+/// record); `facts` what the store has found out so far. In order:
 ///
 /// 1. A finished run answers `Done` with how it ended.
 /// 2. A running run held by the claim's own token (the same claim sent
@@ -129,14 +168,20 @@ impl ClaimDecision {
 ///    attempt if the claim's `max_attempts` allows one — or with the same
 ///    attempt if the run was given back (no holder) — and otherwise ends
 ///    `interrupted`.
-/// 5. No record, or a `missed` one: a claim later than its `max_late`
+/// 5. No record, or a `missed` one, while a pause of the job or of every
+///    job holds at `now`: with no record, records `paused` and answers
+///    `Done(Paused)`; a `missed` record stays so and answers `Late`.
+/// 6. No record, or a `missed` one: a claim later than its `max_late`
 ///    (`now - slot > max_late`) answers `Late` and records `missed` if there
 ///    was no record; a claim with `Overlap::Skip` while another run of the
 ///    job is live records `skipped`; otherwise the run starts.
+///
+/// # Errors
+///
+/// The fact it needs next when `facts` lacks it.
 pub fn claim(
     record: Option<&LeaseRecord>,
-    now: Option<Timestamp>,
-    another_run_live: Option<bool>,
+    facts: Facts,
     req: &LeaseClaim,
 ) -> Result<ClaimDecision, Needs> {
     match record.map(|r| (r, r.state)) {
@@ -151,7 +196,7 @@ pub fn claim(
                     fence: rec.fence,
                 })));
             }
-            let now = now.ok_or(Needs::Now)?;
+            let now = facts.now.ok_or(Needs::Now)?;
             let lease_until = rec.lease_until.unwrap_or(now);
             if lease_until >= now {
                 return Ok(ClaimDecision::Answer(ClaimOutcome::Running {
@@ -171,7 +216,14 @@ pub fn claim(
             })
         }
         None | Some((_, RecordState::Missed)) => {
-            let now = now.ok_or(Needs::Now)?;
+            let now = facts.now.ok_or(Needs::Now)?;
+            if facts.paused.ok_or(Needs::Pauses)?.holds_at(now) {
+                return Ok(if record.is_none() {
+                    ClaimDecision::RecordPaused
+                } else {
+                    ClaimDecision::Answer(ClaimOutcome::Late)
+                });
+            }
             if now.since(req.run().slot.at()) > req.claim.max_late {
                 return Ok(if record.is_none() {
                     ClaimDecision::RecordMissed
@@ -179,7 +231,7 @@ pub fn claim(
                     ClaimDecision::Answer(ClaimOutcome::Late)
                 });
             }
-            if req.overlap == Overlap::Skip && another_run_live.ok_or(Needs::OverlapCheck)? {
+            if req.overlap == Overlap::Skip && facts.another_run_live.ok_or(Needs::OverlapCheck)? {
                 return Ok(ClaimDecision::RecordSkipped);
             }
             Ok(ClaimDecision::Start)
@@ -187,19 +239,32 @@ pub fn claim(
     }
 }
 
-/// [`claim`] for a store that has its clock and can tell at once whether
-/// another run of the job is live (asked only when the answer depends on
-/// it).
+/// [`claim`] for a store that has its clock and the job's pauses, and can
+/// tell at once whether another run of the job is live (asked only when the
+/// answer depends on it).
 pub fn claim_at(
     record: Option<&LeaseRecord>,
     now: Timestamp,
+    paused: Paused,
     req: &LeaseClaim,
     another_run_live: impl FnOnce() -> bool,
 ) -> ClaimDecision {
-    match claim(record, Some(now), None, req) {
+    let facts = Facts {
+        now: Some(now),
+        another_run_live: None,
+        paused: Some(paused),
+    };
+    match claim(record, facts, req) {
         Ok(decision) => decision,
-        Err(_) => claim(record, Some(now), Some(another_run_live()), req)
-            .unwrap_or(ClaimDecision::Answer(ClaimOutcome::Unknown)),
+        Err(_) => claim(
+            record,
+            Facts {
+                another_run_live: Some(another_run_live()),
+                ..facts
+            },
+            req,
+        )
+        .unwrap_or(ClaimDecision::Answer(ClaimOutcome::Unknown)),
     }
 }
 
@@ -287,6 +352,15 @@ mod tests {
 
     const NOW: i64 = 1_000_000_000;
 
+    /// The facts of a job nobody paused.
+    fn f(now: Option<Timestamp>, another_run_live: Option<bool>) -> Facts {
+        Facts {
+            now,
+            another_run_live,
+            paused: Some(Paused::NONE),
+        }
+    }
+
     fn req(token: Token, slot_age_ms: i64, overlap: Overlap, max_attempts: u32) -> LeaseClaim {
         LeaseClaim {
             claim: ClaimRequest {
@@ -330,56 +404,128 @@ mod tests {
     fn a_fresh_slot_starts_a_late_one_is_missed_once() {
         let t = Token::generate();
         let fresh = req(t, 1_000, Overlap::Allow, 3);
-        assert_eq!(claim(None, None, None, &fresh), Err(Needs::Now));
-        assert_eq!(claim(None, NOW_TS, None, &fresh), Ok(ClaimDecision::Start));
+        assert_eq!(claim(None, f(None, None), &fresh), Err(Needs::Now));
+        assert_eq!(
+            claim(None, f(NOW_TS, None), &fresh),
+            Ok(ClaimDecision::Start)
+        );
         let late = req(t, 61_000, Overlap::Allow, 3);
         assert_eq!(
-            claim(None, NOW_TS, None, &late),
+            claim(None, f(NOW_TS, None), &late),
             Ok(ClaimDecision::RecordMissed)
         );
         let missed = ended(RecordState::Missed, None);
         assert_eq!(
-            claim(Some(&missed), NOW_TS, None, &late),
+            claim(Some(&missed), f(NOW_TS, None), &late),
             Ok(ClaimDecision::Answer(ClaimOutcome::Late))
         );
         // A later claim with a longer window may still run a missed slot.
         assert_eq!(
-            claim(Some(&missed), NOW_TS, None, &fresh),
+            claim(Some(&missed), f(NOW_TS, None), &fresh),
             Ok(ClaimDecision::Start)
         );
         // Exactly max_late late is still in time.
         let edge = req(t, 60_000, Overlap::Allow, 3);
-        assert_eq!(claim(None, NOW_TS, None, &edge), Ok(ClaimDecision::Start));
+        assert_eq!(
+            claim(None, f(NOW_TS, None), &edge),
+            Ok(ClaimDecision::Start)
+        );
     }
 
     #[test]
     fn skip_asks_about_other_runs_and_records_skipped() {
         let skip = req(Token::generate(), 0, Overlap::Skip, 3);
-        assert_eq!(claim(None, NOW_TS, None, &skip), Err(Needs::OverlapCheck));
         assert_eq!(
-            claim(None, NOW_TS, Some(true), &skip),
+            claim(None, f(NOW_TS, None), &skip),
+            Err(Needs::OverlapCheck)
+        );
+        assert_eq!(
+            claim(None, f(NOW_TS, Some(true)), &skip),
             Ok(ClaimDecision::RecordSkipped)
         );
         assert_eq!(
-            claim(None, NOW_TS, Some(false), &skip),
+            claim(None, f(NOW_TS, Some(false)), &skip),
             Ok(ClaimDecision::Start)
         );
         let now = Timestamp::from_millis(NOW);
         assert_eq!(
-            claim_at(None, now, &skip, || true),
+            claim_at(None, now, Paused::NONE, &skip, || true),
             ClaimDecision::RecordSkipped
         );
         // Overlap::Allow never asks.
         let allow = req(Token::generate(), 0, Overlap::Allow, 3);
         assert_eq!(
-            claim_at(None, now, &allow, || panic!("asked")),
+            claim_at(None, now, Paused::NONE, &allow, || panic!("asked")),
             ClaimDecision::Start
         );
         // A late claim is late before it is an overlap.
         let late = req(Token::generate(), 61_000, Overlap::Skip, 3);
         assert_eq!(
-            claim(None, NOW_TS, Some(true), &late),
+            claim(None, f(NOW_TS, Some(true)), &late),
             Ok(ClaimDecision::RecordMissed)
+        );
+    }
+
+    #[test]
+    fn a_paused_job_records_its_fresh_slots_paused_and_starts_nothing() {
+        use crate::control::PauseEnd;
+        let paused = Paused {
+            job: None,
+            all: Some(PauseEnd::At(Timestamp::from_millis(NOW + 1))),
+        };
+        let facts = Facts {
+            now: NOW_TS,
+            another_run_live: None,
+            paused: Some(paused),
+        };
+        let fresh = req(Token::generate(), 1_000, Overlap::Skip, 3);
+        assert_eq!(
+            claim(
+                None,
+                Facts {
+                    paused: None,
+                    ..facts
+                },
+                &fresh
+            ),
+            Err(Needs::Pauses)
+        );
+        // Paused before late or overlap: nothing else is asked.
+        assert_eq!(claim(None, facts, &fresh), Ok(ClaimDecision::RecordPaused));
+        let late = req(Token::generate(), 61_000, Overlap::Allow, 3);
+        assert_eq!(claim(None, facts, &late), Ok(ClaimDecision::RecordPaused));
+        assert_eq!(
+            ClaimDecision::RecordPaused.outcome(None),
+            ClaimOutcome::Done(FinalState::Paused)
+        );
+        // A missed slot stays missed.
+        let missed = ended(RecordState::Missed, None);
+        assert_eq!(
+            claim(Some(&missed), facts, &fresh),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Late))
+        );
+        // A running run goes on: a live lease is still Running.
+        let live = running(Some(Token::generate()), 1, 1_000);
+        assert!(matches!(
+            claim(Some(&live), facts, &fresh),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Running { .. }))
+        ));
+        // At its end the pause no longer holds.
+        let ended_pause = Facts {
+            now: Some(Timestamp::from_millis(NOW + 1)),
+            another_run_live: Some(false),
+            ..facts
+        };
+        assert_eq!(claim(None, ended_pause, &fresh), Ok(ClaimDecision::Start));
+        assert_eq!(
+            claim_at(
+                None,
+                Timestamp::from_millis(NOW),
+                paused,
+                &fresh,
+                || panic!("asked")
+            ),
+            ClaimDecision::RecordPaused
         );
     }
 
@@ -392,16 +538,17 @@ mod tests {
             FinalState::Failed,
             FinalState::Interrupted,
             FinalState::Skipped,
+            FinalState::Paused,
         ] {
             let rec = ended(RecordState::Finished(state), Some(t));
             assert_eq!(
-                claim(Some(&rec), None, None, &r),
+                claim(Some(&rec), f(None, None), &r),
                 Ok(ClaimDecision::Answer(ClaimOutcome::Done(state)))
             );
         }
         let own = running(Some(t), 2, -5_000);
         assert_eq!(
-            claim(Some(&own), None, None, &r),
+            claim(Some(&own), f(None, None), &r),
             Ok(ClaimDecision::Answer(ClaimOutcome::Won(Win {
                 attempt: Attempt::new(2).unwrap(),
                 fence: Some(Fence::new(7)),
@@ -413,10 +560,10 @@ mod tests {
     fn a_live_lease_is_running_until_it_ends() {
         let r = req(Token::generate(), 0, Overlap::Allow, 3);
         let other = running(Some(Token::generate()), 1, 0);
-        assert_eq!(claim(Some(&other), None, None, &r), Err(Needs::Now));
+        assert_eq!(claim(Some(&other), f(None, None), &r), Err(Needs::Now));
         // lease_until == now is still alive.
         assert_eq!(
-            claim(Some(&other), NOW_TS, None, &r),
+            claim(Some(&other), f(NOW_TS, None), &r),
             Ok(ClaimDecision::Answer(ClaimOutcome::Running {
                 lease_until: Timestamp::from_millis(NOW),
                 store_now: Timestamp::from_millis(NOW),
@@ -429,19 +576,19 @@ mod tests {
         let r = req(Token::generate(), 0, Overlap::Allow, 2);
         let first = running(Some(Token::generate()), 1, -1);
         assert_eq!(
-            claim(Some(&first), NOW_TS, None, &r),
+            claim(Some(&first), f(NOW_TS, None), &r),
             Ok(ClaimDecision::TakeOver {
                 attempt: Attempt::new(2).unwrap()
             })
         );
         let last = running(Some(Token::generate()), 2, -1);
         assert_eq!(
-            claim(Some(&last), NOW_TS, None, &r),
+            claim(Some(&last), f(NOW_TS, None), &r),
             Ok(ClaimDecision::Interrupt)
         );
         let given_back = running(None, 2, -1);
         assert_eq!(
-            claim(Some(&given_back), NOW_TS, None, &r),
+            claim(Some(&given_back), f(NOW_TS, None), &r),
             Ok(ClaimDecision::TakeOver {
                 attempt: Attempt::new(2).unwrap()
             })

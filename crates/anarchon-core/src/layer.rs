@@ -85,6 +85,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::control::{Pause, PauseRequest, PauseScope, Pauses};
 use crate::error::StoreError;
 use crate::ids::Token;
 use crate::name::JobName;
@@ -253,6 +254,33 @@ pub trait LeaseLayer: Send + Sync + 'static {
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
         self.inner().collect_garbage(keep).await
     }
+
+    /// [`LeaseStore::pause`]; forwards by default.
+    ///
+    /// # Errors
+    ///
+    /// The inner store's, unless overridden.
+    async fn pause(&self, scope: &PauseScope, req: &PauseRequest) -> Result<Pause, StoreError> {
+        self.inner().pause(scope, req).await
+    }
+
+    /// [`LeaseStore::resume`]; forwards by default.
+    ///
+    /// # Errors
+    ///
+    /// The inner store's, unless overridden.
+    async fn resume(&self, scope: &PauseScope) -> Result<bool, StoreError> {
+        self.inner().resume(scope).await
+    }
+
+    /// [`LeaseStore::pauses`]; forwards by default.
+    ///
+    /// # Errors
+    ///
+    /// The inner store's, unless overridden.
+    async fn pauses(&self) -> Result<Pauses, StoreError> {
+        self.inner().pauses().await
+    }
 }
 
 #[async_trait]
@@ -341,6 +369,18 @@ impl<L: LeaseLayer> LeaseStore for L {
 
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
         LeaseLayer::collect_garbage(self, keep).await
+    }
+
+    async fn pause(&self, scope: &PauseScope, req: &PauseRequest) -> Result<Pause, StoreError> {
+        LeaseLayer::pause(self, scope, req).await
+    }
+
+    async fn resume(&self, scope: &PauseScope) -> Result<bool, StoreError> {
+        LeaseLayer::resume(self, scope).await
+    }
+
+    async fn pauses(&self) -> Result<Pauses, StoreError> {
+        LeaseLayer::pauses(self).await
     }
 }
 
@@ -450,6 +490,22 @@ mod tests {
             self.saw("collect_garbage");
             Ok(0)
         }
+
+        async fn pause(&self, scope: &PauseScope, req: &PauseRequest) -> Result<Pause, StoreError> {
+            self.saw("pause");
+            req.at(scope, Timestamp::from_millis(0))
+                .map_err(|e| e.into_store_error("probe"))
+        }
+
+        async fn resume(&self, _: &PauseScope) -> Result<bool, StoreError> {
+            self.saw("resume");
+            Ok(false)
+        }
+
+        async fn pauses(&self) -> Result<Pauses, StoreError> {
+            self.saw("pauses");
+            Ok(Pauses::holding(Vec::new(), Timestamp::from_millis(0)))
+        }
     }
 
     /// A lease layer that changes nothing, over any lease store.
@@ -531,9 +587,15 @@ mod tests {
         assert!(store.wait_for_hand_over(&run, Duration::ZERO).await);
         store.history(&run.job, 1).await.unwrap();
         store.collect_garbage(Duration::ZERO).await.unwrap();
+        store
+            .pause(&PauseScope::All, &PauseRequest::new())
+            .await
+            .unwrap();
+        store.resume(&PauseScope::All).await.unwrap();
+        store.pauses().await.unwrap();
     }
 
-    const EVERY_CALL: [&str; 12] = [
+    const EVERY_CALL: [&str; 15] = [
         "claim",
         "info",
         "claim_lease",
@@ -546,6 +608,9 @@ mod tests {
         "wait_for_hand_over",
         "history",
         "collect_garbage",
+        "pause",
+        "resume",
+        "pauses",
     ];
 
     #[tokio::test]

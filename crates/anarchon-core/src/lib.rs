@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod clock;
+pub mod control;
 pub mod decide;
 pub mod error;
 pub mod hand_over;
@@ -17,6 +18,10 @@ pub mod tls;
 pub mod url;
 
 pub use crate::clock::{Clock, SystemClock};
+pub use crate::control::{
+    Control, JobStatus, Pause, PauseEnd, PauseRefused, PauseRequest, PauseScope, Paused, Pauses,
+    Until,
+};
 pub use crate::error::{BoxError, ConfigError, StoreError, StoreErrorKind};
 pub use crate::hand_over::{HandOvers, Listener};
 pub use crate::ids::{Attempt, Fence, InstanceId, MaxAttempts, Token};

@@ -18,6 +18,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::clock::{Clock, SystemClock};
+use crate::control::{Pause, PauseRequest, PauseScope, Paused, Pauses};
 use crate::decide::{self, ClaimDecision, FinishDecision, LeaseRecord};
 use crate::error::StoreError;
 use crate::hand_over::HandOvers;
@@ -47,6 +48,19 @@ pub struct MemoryStore {
 #[derive(Default)]
 struct State {
     jobs: HashMap<JobName, JobRuns>,
+    /// The operator's pauses, by scope.
+    pauses: BTreeMap<PauseScope, Pause>,
+}
+
+impl State {
+    /// The pauses a claim of `job` must respect.
+    fn paused(&self, job: &JobName) -> Paused {
+        let end = |scope: &PauseScope| self.pauses.get(scope).map(|p| p.end);
+        Paused {
+            job: end(&PauseScope::Job(job.clone())),
+            all: end(&PauseScope::All),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -179,10 +193,11 @@ impl MemoryStore {
 /// job's runs.
 fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcome {
     let run = req.run();
+    let paused = state.paused(&run.job);
     let job = state.jobs.entry(run.job.clone()).or_default();
     job.window = job.window.max(req.claim.max_late);
     let record = job.runs.get(&run.slot).map(Record::lease_record);
-    let decision = decide::claim_at(record.as_ref(), now, req, || {
+    let decision = decide::claim_at(record.as_ref(), now, paused, req, || {
         another_run_is_live(job, run.slot, now)
     });
     let fence = decision.needs_fence().then(|| {
@@ -199,6 +214,10 @@ fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcom
         ClaimDecision::RecordSkipped => {
             let skipped = RecordState::Finished(FinalState::Skipped);
             job.runs.insert(run.slot, Record::ended(skipped, now));
+        }
+        ClaimDecision::RecordPaused => {
+            let paused = RecordState::Finished(FinalState::Paused);
+            job.runs.insert(run.slot, Record::ended(paused, now));
         }
         ClaimDecision::Start => {
             job.runs.insert(
@@ -422,5 +441,22 @@ impl LeaseStore for MemoryStore {
             // fences must keep increasing.
             deleted
         })
+    }
+
+    async fn pause(&self, scope: &PauseScope, req: &PauseRequest) -> Result<Pause, StoreError> {
+        self.step(|state, now| {
+            let pause = req.at(scope, now)?;
+            state.pauses.insert(scope.clone(), pause.clone());
+            Ok(pause)
+        })?
+        .map_err(|refused: crate::control::PauseRefused| refused.into_store_error(BACKEND))
+    }
+
+    async fn resume(&self, scope: &PauseScope) -> Result<bool, StoreError> {
+        self.step(|state, _| state.pauses.remove(scope).is_some())
+    }
+
+    async fn pauses(&self) -> Result<Pauses, StoreError> {
+        self.step(|state, now| Pauses::holding(state.pauses.values().cloned().collect(), now))
     }
 }

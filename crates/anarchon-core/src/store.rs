@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::control::{Pause, PauseRequest, PauseScope, Pauses};
 use crate::error::StoreError;
 use crate::ids::{Attempt, Fence, InstanceId, MaxAttempts, Token};
 use crate::name::JobName;
@@ -138,6 +139,9 @@ pub enum FinalState {
     Interrupted,
     /// Skipped because another run of the job was live (`Overlap::Skip`).
     Skipped,
+    /// Not run because the job (or every job) was paused when the slot was
+    /// claimed.
+    Paused,
 }
 
 impl FinalState {
@@ -148,6 +152,7 @@ impl FinalState {
             FinalState::Failed => "failed",
             FinalState::Interrupted => "interrupted",
             FinalState::Skipped => "skipped",
+            FinalState::Paused => "paused",
         }
     }
 }
@@ -334,6 +339,7 @@ impl RecordState {
             "failed" => RecordState::Finished(FinalState::Failed),
             "interrupted" => RecordState::Finished(FinalState::Interrupted),
             "skipped" => RecordState::Finished(FinalState::Skipped),
+            "paused" => RecordState::Finished(FinalState::Paused),
             _ => return None,
         })
     }
@@ -416,8 +422,8 @@ pub trait LeaseStore: ClaimStore {
     ///
     /// Read the run's record, then, in order:
     ///
-    /// 1. **Finished** (succeeded, failed, interrupted, skipped): answer
-    ///    `Done` with how it ended; write nothing.
+    /// 1. **Finished** (succeeded, failed, interrupted, skipped, paused):
+    ///    answer `Done` with how it ended; write nothing.
     /// 2. **Running, held by this claim's token** (the same claim sent
     ///    again after a lost reply): answer `Won` with the record's attempt
     ///    and fence; write nothing.
@@ -430,7 +436,12 @@ pub trait LeaseStore: ClaimStore {
     ///    attempt if the run was given back ([`Self::give_back`]) before its
     ///    handler started; with no attempt left, the run ends `interrupted`
     ///    and the answer is `Done(Interrupted)`.
-    /// 5. **No record, or `missed`**: a claim later than its `max_late`
+    /// 5. **No record, or `missed`, and paused**: when a pause of the job
+    ///    or of every job ([`Self::pause`]) holds at `now`, a slot with no
+    ///    record is recorded `paused` and answers `Done(Paused)`; a
+    ///    `missed` one stays `missed` and answers `Late`. The pauses are
+    ///    read in the same atomic step as the record.
+    /// 6. **No record, or `missed`**: a claim later than its `max_late`
     ///    answers `Late` (and records `missed` if there was no record); a
     ///    claim with [`Overlap::Skip`] while another run of the job holds a
     ///    live lease records `skipped` and answers `Overlap`; otherwise the
@@ -551,6 +562,35 @@ pub trait LeaseStore: ClaimStore {
     ///
     /// A [`StoreError`].
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError>;
+
+    /// Pauses `scope` for every instance: one atomic write on the store's
+    /// clock ([`PauseRequest::at`] turns the request into the pause),
+    /// replacing a pause of the same scope. From then on, every claim that
+    /// would start a slot of a covered job records it `paused` instead
+    /// (step 5 of [`Self::claim_lease`]). Returns the pause as written.
+    ///
+    /// # Errors
+    ///
+    /// An invalid [`StoreError`] with nothing written when the request is
+    /// refused ([`crate::control::PauseRefused`]); otherwise the store's.
+    async fn pause(&self, scope: &PauseScope, req: &PauseRequest) -> Result<Pause, StoreError>;
+
+    /// Removes the pause of `scope`, if any (one atomic write). Returns
+    /// whether a pause was removed, ended or not. Slots already recorded
+    /// `paused` stay so.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn resume(&self, scope: &PauseScope) -> Result<bool, StoreError>;
+
+    /// The pauses that hold at the store's clock, read with it
+    /// ([`Pauses::holding`] drops the ended ones and orders the rest).
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn pauses(&self) -> Result<Pauses, StoreError>;
 }
 
 /// Implements [`ClaimStore`] for a lease store type: a plain claim is a
@@ -573,6 +613,9 @@ pub trait LeaseStore: ClaimStore {
 /// #     async fn wait_for_hand_over(&self, r: &RunKey, d: Duration) -> bool { self.0.wait_for_hand_over(r, d).await }
 /// #     async fn history(&self, j: &JobName, n: usize) -> Result<Vec<RunRecord>, StoreError> { self.0.history(j, n).await }
 /// #     async fn collect_garbage(&self, k: Duration) -> Result<u64, StoreError> { self.0.collect_garbage(k).await }
+/// #     async fn pause(&self, s: &PauseScope, r: &PauseRequest) -> Result<Pause, StoreError> { self.0.pause(s, r).await }
+/// #     async fn resume(&self, s: &PauseScope) -> Result<bool, StoreError> { self.0.resume(s).await }
+/// #     async fn pauses(&self) -> Result<Pauses, StoreError> { self.0.pauses().await }
 /// # }
 /// anarchon_core::claims_through_leases!(MyStore, "my-store");
 /// ```

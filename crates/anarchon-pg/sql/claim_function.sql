@@ -95,7 +95,22 @@ BEGIN
         v_until := least(v_now::numeric + p_lease[i], 9223372036854775807)::bigint;
 
         IF NOT v_found OR v_run.state = 'missed' THEN
-            IF v_now::numeric - v_slot > p_max_late[i] THEN
+            IF EXISTS (
+                SELECT 1
+                  FROM "{{table}}_pauses" AS p
+                 WHERE p.scope IN (v_job, '*')
+                   AND (p.until IS NULL OR v_now < p.until)
+            ) THEN
+                -- The job, or every job, is paused: a slot nobody ran is
+                -- recorded so and runs nowhere; a missed one stays missed.
+                IF NOT v_found THEN
+                    INSERT INTO "{{table}}" (job, slot, state, finished_at)
+                    VALUES (v_job, v_slot, 'paused', v_now);
+                    r_outcome := 'paused';
+                ELSE
+                    r_outcome := 'late';
+                END IF;
+            ELSIF v_now::numeric - v_slot > p_max_late[i] THEN
                 -- Too late. The first late claim of a slot nobody ran says so.
                 IF NOT v_found THEN
                     INSERT INTO "{{table}}" (job, slot, state, finished_at)
@@ -138,7 +153,7 @@ BEGIN
                 r_fence := v_fence;
             END IF;
         ELSIF v_run.state <> 'running' THEN
-            -- Finished: succeeded, failed, interrupted or skipped.
+            -- Finished: succeeded, failed, interrupted, skipped or paused.
             r_outcome := v_run.state;
         ELSIF v_run.token = p_token[i] THEN
             -- Our own claim, sent again.

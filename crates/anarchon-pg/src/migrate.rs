@@ -24,7 +24,7 @@ use crate::options::TableName;
 use crate::sql::sql;
 
 /// The schema version this crate needs and migrates to.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 struct Migration {
     version: u32,
@@ -54,6 +54,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 4,
         description: "runs given back before their handler started",
         tables: None,
+    },
+    Migration {
+        version: 5,
+        description: "operator pauses",
+        tables: Some(include_str!("../migrations/0005_pauses.sql")),
     },
 ];
 

@@ -1,7 +1,9 @@
 //! The rows the store's statements read, and how their columns become the
 //! core's types.
 
-use anarchon_core::{Attempt, ClaimOutcome, Fence, RecordState, Timestamp, Win};
+use anarchon_core::{
+    Attempt, ClaimOutcome, Fence, Pause, PauseEnd, PauseScope, RecordState, Timestamp, Win,
+};
 use sqlx::FromRow;
 
 /// One answer of the claim function.
@@ -90,4 +92,32 @@ pub(crate) fn fence(value: Option<i64>) -> Result<Option<Fence>, String> {
 
 pub(crate) fn record_state(text: &str) -> Result<RecordState, String> {
     RecordState::parse(text).ok_or_else(|| format!("unknown run state {text:?}"))
+}
+
+/// One row of `pauses`: the server's clock, and a pause if there is any.
+#[derive(FromRow)]
+pub(crate) struct PauseRow {
+    pub(crate) store_now: i64,
+    pub(crate) scope: Option<String>,
+    pub(crate) since: Option<i64>,
+    pub(crate) until: Option<i64>,
+    pub(crate) reason: Option<String>,
+    pub(crate) paused_by: Option<String>,
+}
+
+impl PauseRow {
+    /// The pause, if the row holds one.
+    pub(crate) fn into_pause(self) -> Result<Option<Pause>, String> {
+        let Some(key) = self.scope else {
+            return Ok(None);
+        };
+        Ok(Some(Pause {
+            scope: PauseScope::from_key(&key)
+                .ok_or_else(|| format!("invalid pause scope {key:?}"))?,
+            since: Timestamp::from_millis(self.since.ok_or("a pause without a start")?),
+            end: PauseEnd::from_millis(self.until),
+            reason: self.reason,
+            by: self.paused_by,
+        }))
+    }
 }

@@ -29,6 +29,10 @@ pub(crate) struct Statements {
     pub(crate) peek: SqlStr,
     pub(crate) history: SqlStr,
     pub(crate) collect_garbage: SqlStr,
+    pub(crate) now: SqlStr,
+    pub(crate) pause: SqlStr,
+    pub(crate) resume: SqlStr,
+    pub(crate) pauses: SqlStr,
 }
 
 impl Statements {
@@ -42,6 +46,10 @@ impl Statements {
             peek: sql(include_str!("../sql/peek.sql"), table),
             history: sql(include_str!("../sql/history.sql"), table),
             collect_garbage: sql(include_str!("../sql/collect_garbage.sql"), table),
+            now: sql(include_str!("../sql/now.sql"), table),
+            pause: sql(include_str!("../sql/pause.sql"), table),
+            resume: sql(include_str!("../sql/resume.sql"), table),
+            pauses: sql(include_str!("../sql/pauses.sql"), table),
         }
     }
 }
@@ -63,9 +71,13 @@ mod tests {
             &s.peek,
             &s.history,
             &s.collect_garbage,
+            &s.pause,
+            &s.resume,
+            &s.pauses,
         ] {
             assert!(!text.as_str().contains("{{"), "{}", text.as_str());
             assert!(text.as_str().contains("\"t_x"), "{}", text.as_str());
         }
+        assert!(!s.now.as_str().contains("{{"));
     }
 }

@@ -9,8 +9,8 @@ use anarchon_core::hand_over::announced;
 use anarchon_core::time::millis;
 use anarchon_core::{
     ClaimAnswers, ClaimOutcome, FinalState, HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore,
-    Listener, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError,
-    Timestamp, Token,
+    Listener, Pause, PauseRequest, PauseScope, Pauses, Renewal, RunKey, RunOutcome, RunRecord,
+    RunState, RunView, Slot, StoreError, Timestamp, Token,
 };
 use async_trait::async_trait;
 use sqlx::PgPool;
@@ -20,7 +20,7 @@ use crate::connection::{Resend, send};
 use crate::error::{BACKEND, Error};
 use crate::migrate::{drop_schema, schema_version};
 use crate::options::TableName;
-use crate::rows::{HistoryRow, PeekRow, attempt, fence, record_state};
+use crate::rows::{HistoryRow, PauseRow, PeekRow, attempt, fence, record_state};
 use crate::sql::Statements;
 
 /// A lease store on PostgreSQL.
@@ -375,5 +375,56 @@ impl LeaseStore for PgStore {
             }
         )?;
         Ok(done.rows_affected())
+    }
+
+    async fn pause(&self, scope: &PauseScope, req: &PauseRequest) -> Result<Pause, StoreError> {
+        let action = || format!("pausing {scope} in table {}", self.table);
+        let now: i64 = send!(self, Resend::Always, action(), |conn| {
+            sqlx::query_scalar(self.sql.now.clone()).fetch_one(conn)
+        })?;
+        let pause = req
+            .at(scope, Timestamp::from_millis(now))
+            .map_err(|refused| refused.into_store_error(BACKEND))?;
+        // Writing the same pause again changes nothing.
+        send!(self, Resend::Always, action(), |conn| {
+            sqlx::query(self.sql.pause.clone())
+                .bind(scope.key())
+                .bind(pause.since.as_millis())
+                .bind(pause.end.as_millis())
+                .bind(pause.reason.as_deref())
+                .bind(pause.by.as_deref())
+                .execute(conn)
+        })?;
+        Ok(pause)
+    }
+
+    async fn resume(&self, scope: &PauseScope) -> Result<bool, StoreError> {
+        // Sent again after a lost reply, the delete finds nothing: the
+        // answer would say no pause was there.
+        let done = send!(
+            self,
+            Resend::IfNotApplied,
+            format!("resuming {scope} in table {}", self.table),
+            |conn| {
+                sqlx::query(self.sql.resume.clone())
+                    .bind(scope.key())
+                    .execute(conn)
+            }
+        )?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn pauses(&self) -> Result<Pauses, StoreError> {
+        let action = || format!("reading the pauses of table {}", self.table);
+        let rows: Vec<PauseRow> = send!(self, Resend::Always, action(), |conn| {
+            sqlx::query_as::<_, PauseRow>(self.sql.pauses.clone()).fetch_all(conn)
+        })?;
+        let now = rows.first().map_or(0, |row| row.store_now);
+        let pauses = rows
+            .into_iter()
+            .filter_map(|row| row.into_pause().transpose())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|reason| StoreError::from(Error::protocol(action(), reason)))?;
+        Ok(Pauses::holding(pauses, Timestamp::from_millis(now)))
     }
 }

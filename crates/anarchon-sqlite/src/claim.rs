@@ -2,7 +2,7 @@
 //! [`LeaseStore::claim_many`](anarchon_core::LeaseStore::claim_many),
 //! decided by [`anarchon_core::decide::claim`].
 
-use anarchon_core::decide::{self, ClaimDecision};
+use anarchon_core::decide::{self, ClaimDecision, Facts};
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, ClaimOutcome, Fence, FinalState, InstanceId, JobName, LeaseClaim, RecordState, RunKey,
@@ -42,11 +42,20 @@ impl SqliteStore {
             .map_err(|e| self.err("reading the run", e))?;
         let now = *batch_now.get_or_insert(Timestamp::from_millis(row.now));
         let record = row.lease_record()?;
-        let decision = match decide::claim(record.as_ref(), Some(now), None, req) {
+        let facts = Facts {
+            now: Some(now),
+            another_run_live: None,
+            paused: Some(row.paused()),
+        };
+        let decision = match decide::claim(record.as_ref(), facts, req) {
             Ok(decision) => decision,
             Err(_) => {
                 let live = self.another_run_is_live(conn, run, now).await?;
-                decide::claim(record.as_ref(), Some(now), Some(live), req).map_err(|needs| {
+                let facts = Facts {
+                    another_run_live: Some(live),
+                    ..facts
+                };
+                decide::claim(record.as_ref(), facts, req).map_err(|needs| {
                     StoreError::protocol(BACKEND, format!("the claim still needs {needs:?}"))
                 })?
             }
@@ -66,6 +75,11 @@ impl SqliteStore {
             ClaimDecision::RecordSkipped => {
                 let skipped = RecordState::Finished(FinalState::Skipped);
                 self.write_run(conn, run, Written::ended(skipped, now))
+                    .await?;
+            }
+            ClaimDecision::RecordPaused => {
+                let paused = RecordState::Finished(FinalState::Paused);
+                self.write_run(conn, run, Written::ended(paused, now))
                     .await?;
             }
             ClaimDecision::Start => {

@@ -3,8 +3,8 @@
 
 use anarchon_core::decide::LeaseRecord;
 use anarchon_core::{
-    Attempt, Fence, InstanceId, JobName, RecordState, RunKey, RunRecord, Slot, StoreError,
-    Timestamp, Token,
+    Attempt, Fence, InstanceId, JobName, Pause, PauseEnd, PauseScope, Paused, RecordState, RunKey,
+    RunRecord, Slot, StoreError, Timestamp, Token,
 };
 use sqlx::FromRow;
 
@@ -19,9 +19,22 @@ pub(crate) struct ClaimRow {
     pub(crate) token: Option<String>,
     pub(crate) fence: Option<i64>,
     pub(crate) lease_until: Option<i64>,
+    pub(crate) job_paused: Option<i64>,
+    pub(crate) job_until: Option<i64>,
+    pub(crate) all_paused: Option<i64>,
+    pub(crate) all_until: Option<i64>,
 }
 
 impl ClaimRow {
+    /// The pauses of the run's job and of every job.
+    pub(crate) fn paused(&self) -> Paused {
+        let end = |paused: Option<i64>, until| paused.map(|_| PauseEnd::from_millis(until));
+        Paused {
+            job: end(self.job_paused, self.job_until),
+            all: end(self.all_paused, self.all_until),
+        }
+    }
+
     /// The run's record as the core's decisions read it; `None` when the
     /// run has no record.
     pub(crate) fn lease_record(&self) -> Result<Option<LeaseRecord>, StoreError> {
@@ -107,4 +120,27 @@ pub(crate) fn parse_fence(n: i64) -> Result<Fence, StoreError> {
 
 pub(crate) fn fence_value(fence: Fence) -> Result<i64, StoreError> {
     i64::try_from(fence.get()).map_err(|_| bad_value("fence", fence.get()))
+}
+
+/// One pause as `pauses` reads it.
+#[derive(FromRow)]
+pub(crate) struct PauseRow {
+    pub(crate) scope: String,
+    pub(crate) since: i64,
+    pub(crate) until: Option<i64>,
+    pub(crate) reason: Option<String>,
+    pub(crate) paused_by: Option<String>,
+}
+
+impl PauseRow {
+    pub(crate) fn into_pause(self) -> Result<Pause, StoreError> {
+        Ok(Pause {
+            scope: PauseScope::from_key(&self.scope)
+                .ok_or_else(|| bad_value("pause scope", &self.scope))?,
+            since: Timestamp::from_millis(self.since),
+            end: PauseEnd::from_millis(self.until),
+            reason: self.reason,
+            by: self.paused_by,
+        })
+    }
 }

@@ -20,6 +20,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
         2,
         include_str!("../sql/migrations/0002_job_late_window.sql"),
     ),
+    (3, include_str!("../sql/migrations/0003_pauses.sql")),
 ];
 
 /// Every statement the store sends, rendered for one prefix.
@@ -45,6 +46,10 @@ pub(crate) struct Sql {
     pub(crate) history: SqlStr,
     pub(crate) collect_garbage: SqlStr,
     pub(crate) jobs: SqlStr,
+    pub(crate) now: SqlStr,
+    pub(crate) pause: SqlStr,
+    pub(crate) resume: SqlStr,
+    pub(crate) pauses: SqlStr,
 }
 
 impl Sql {
@@ -83,6 +88,10 @@ impl Sql {
             history: r(include_str!("../sql/history.sql")),
             collect_garbage: r(include_str!("../sql/collect_garbage.sql")),
             jobs: r(include_str!("../sql/jobs.sql")),
+            now: r(include_str!("../sql/now.sql")),
+            pause: r(include_str!("../sql/pause.sql")),
+            resume: r(include_str!("../sql/resume.sql")),
+            pauses: r(include_str!("../sql/pauses.sql")),
         })
     }
 
@@ -117,6 +126,10 @@ mod tests {
             &sql.history,
             &sql.collect_garbage,
             &sql.jobs,
+            &sql.now,
+            &sql.pause,
+            &sql.resume,
+            &sql.pauses,
         ];
         for s in all.into_iter().chain(sql.migrations.iter().map(|(_, s)| s)) {
             assert!(!s.as_str().contains('{'), "{}", s.as_str());

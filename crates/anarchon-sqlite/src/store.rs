@@ -8,8 +8,9 @@ use std::time::Duration;
 use anarchon_core::HandOvers;
 use anarchon_core::time::millis;
 use anarchon_core::{
-    ClaimAnswers, ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, Renewal, RunKey,
-    RunOutcome, RunRecord, RunState, RunView, StoreError, Timestamp, Token,
+    ClaimAnswers, ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, Pause, PauseRequest,
+    PauseScope, Pauses, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, StoreError,
+    Timestamp, Token,
 };
 use async_trait::async_trait;
 use sqlx::SqlitePool;
@@ -17,7 +18,7 @@ use sqlx::SqlitePool;
 use crate::BACKEND;
 use crate::error::{bad_value, is_busy, store_error};
 use crate::options::SqliteOptions;
-use crate::rows::{HistoryRow, PeekRow, parse_attempt, parse_state};
+use crate::rows::{HistoryRow, PauseRow, PeekRow, parse_attempt, parse_state};
 use crate::sql::Sql;
 
 /// A lease store in a SQLite file, shared by the processes of one host.
@@ -297,6 +298,60 @@ impl LeaseStore for SqliteStore {
             .map_err(|e| self.err("collecting old runs", e))?
             .rows_affected();
         Ok(deleted)
+    }
+
+    async fn pause(&self, scope: &PauseScope, req: &PauseRequest) -> Result<Pause, StoreError> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err("starting the pause", e))?;
+        let now: i64 = sqlx::query_scalar(self.sql.now.clone())
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| self.err("reading the clock", e))?;
+        let pause = req
+            .at(scope, Timestamp::from_millis(now))
+            .map_err(|refused| refused.into_store_error(BACKEND))?;
+        sqlx::query(self.sql.pause.clone())
+            .bind(scope.key())
+            .bind(pause.since.as_millis())
+            .bind(pause.end.as_millis())
+            .bind(pause.reason.as_deref())
+            .bind(pause.by.as_deref())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err("writing the pause", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| self.err("committing the pause", e))?;
+        Ok(pause)
+    }
+
+    async fn resume(&self, scope: &PauseScope) -> Result<bool, StoreError> {
+        let removed = sqlx::query(self.sql.resume.clone())
+            .bind(scope.key())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err("removing the pause", e))?
+            .rows_affected();
+        Ok(removed > 0)
+    }
+
+    async fn pauses(&self) -> Result<Pauses, StoreError> {
+        let now: i64 = sqlx::query_scalar(self.sql.now.clone())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.err("reading the clock", e))?;
+        let rows: Vec<PauseRow> = sqlx::query_as(self.sql.pauses.clone())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("reading the pauses", e))?;
+        let pauses = rows
+            .into_iter()
+            .map(PauseRow::into_pause)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Pauses::holding(pauses, Timestamp::from_millis(now)))
     }
 }
 

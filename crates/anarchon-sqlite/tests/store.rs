@@ -492,3 +492,65 @@ async fn a_read_only_store_reads_the_history_and_changes_nothing() {
 fn slot_after(slot: Slot) -> Slot {
     Slot::from_millis(slot.as_millis() + 60_000)
 }
+
+/// A database left by version 2 (before pauses), with a finished run in it,
+/// is migrated when a store opens: the run is still there, and the rebuilt
+/// runs table takes the new `paused` state.
+#[tokio::test]
+async fn a_database_from_before_pauses_is_migrated_with_its_runs() {
+    let factory = SqliteFactory::new();
+    let raw = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            SqliteConnectOptions::new()
+                .filename(factory.path())
+                .create_if_missing(true),
+        )
+        .await
+        .expect("a plain pool on a new file");
+    let old = [
+        include_str!("../sql/schema_table.sql"),
+        include_str!("../sql/migrations/0001_runs_and_jobs.sql"),
+        include_str!("../sql/migrations/0002_job_late_window.sql"),
+        "INSERT INTO {prefix}_schema (id, version) VALUES (1, 2);
+         INSERT INTO {prefix}_jobs (job, last_fence) VALUES ('legacy', 7);
+         INSERT INTO {prefix}_runs (job, slot, state, attempt, fence, instance, started_at, finished_at)
+         VALUES ('legacy', 60000, 'succeeded', 1, 7, 'old-host', 60001, 60002);",
+    ];
+    for sql in old {
+        sqlx::raw_sql(AssertSqlSafe(sql.replace("{prefix}", "anarchon")))
+            .execute(&raw)
+            .await
+            .expect("building the version 2 schema");
+    }
+    raw.close().await;
+
+    let store = SqliteStore::open(factory.options()).await.unwrap();
+    assert_eq!(
+        store.schema_version().await.unwrap(),
+        anarchon_sqlite::schema_version()
+    );
+    let legacy = JobName::new("legacy").unwrap();
+    let history = store.history(&legacy, 10).await.unwrap();
+    assert_eq!(history.len(), 1, "{history:?}");
+    assert_eq!(
+        history[0].state,
+        anarchon_core::RecordState::Finished(anarchon_core::FinalState::Succeeded)
+    );
+    assert_eq!(history[0].fence, Some(anarchon_core::Fence::new(7)));
+
+    store
+        .pause(
+            &anarchon_core::PauseScope::Job(legacy.clone()),
+            &anarchon_core::PauseRequest::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .claim_lease(&claim("legacy", next_minute(), Token::generate()))
+            .await
+            .unwrap(),
+        ClaimOutcome::Done(anarchon_core::FinalState::Paused)
+    );
+}

@@ -15,10 +15,11 @@
 
 use std::time::Duration;
 
-use anarchon_core::decide::{self, ClaimDecision, FinishDecision, LeaseRecord};
+use anarchon_core::decide::{self, ClaimDecision, Facts, FinishDecision, LeaseRecord};
 use anarchon_core::{
-    ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, MaxAttempts, Overlap, RecordState,
-    Renewal, RunKey, RunOutcome, RunRecord, RunState, Slot, Timestamp, Token,
+    ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, MaxAttempts, Overlap, PauseEnd,
+    PauseRequest, PauseScope, Paused, RecordState, Renewal, RunKey, RunOutcome, RunRecord,
+    RunState, Slot, Timestamp, Token,
 };
 use futures::StreamExt;
 
@@ -54,13 +55,14 @@ enum Prior {
     Running { attempt: u32, lease: Lease },
 }
 
-const PRIORS: [Prior; 15] = [
+const PRIORS: [Prior; 16] = [
     Prior::None,
     Prior::Missed,
     Prior::Ended(FinalState::Succeeded),
     Prior::Ended(FinalState::Failed),
     Prior::Ended(FinalState::Interrupted),
     Prior::Ended(FinalState::Skipped),
+    Prior::Ended(FinalState::Paused),
     Prior::Running {
         attempt: 1,
         lease: Lease::Alive,
@@ -117,28 +119,35 @@ struct ClaimCase {
     max_attempts: u32,
     /// The request comes from the token that holds (or last held) the run.
     from_holder: bool,
+    /// The job is paused when the request comes.
+    paused: bool,
 }
 
-/// Every claim case: 15 records × 3 other runs × fresh or late × 2 overlap
-/// rules × 1–3 attempts × holder or stranger.
+/// Every claim case: 16 records × 3 other runs × fresh or late × 2 overlap
+/// rules × 1–3 attempts × holder or stranger, with the job not paused; and
+/// the same records, other runs, lateness and overlap rules from a stranger
+/// allowed 3 attempts while the job is paused.
 fn claim_cases() -> Vec<ClaimCase> {
     let mut cases = Vec::new();
     for prior in PRIORS {
         for other in [Other::None, Other::Live, Other::RunOut] {
             for late in [false, true] {
                 for overlap in [Overlap::Allow, Overlap::Skip] {
+                    let case = |max_attempts, from_holder, paused| ClaimCase {
+                        prior,
+                        other,
+                        late,
+                        overlap,
+                        max_attempts,
+                        from_holder,
+                        paused,
+                    };
                     for max_attempts in 1..=3 {
                         for from_holder in [false, true] {
-                            cases.push(ClaimCase {
-                                prior,
-                                other,
-                                late,
-                                overlap,
-                                max_attempts,
-                                from_holder,
-                            });
+                            cases.push(case(max_attempts, from_holder, false));
                         }
                     }
+                    cases.push(case(3, false, true));
                 }
             }
         }
@@ -226,6 +235,24 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
                 "building an interrupted record"
             );
             Some(token)
+        }
+        Prior::Ended(FinalState::Paused) => {
+            // Claimed while the job was paused, then resumed.
+            let scope = PauseScope::Job(run.job.clone());
+            store
+                .pause(&scope, &PauseRequest::new())
+                .await
+                .expect("pause");
+            assert_eq!(
+                store
+                    .claim_lease(&planting(run, Token::generate(), PLANTING_LATE, 3))
+                    .await
+                    .expect("claim"),
+                ClaimOutcome::Done(FinalState::Paused),
+                "building a paused record"
+            );
+            assert!(store.resume(&scope).await.expect("resume"), "resumed");
+            None
         }
         Prior::Ended(FinalState::Skipped) => {
             // Another run of the job live for a moment, then released.
@@ -345,6 +372,20 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
             }
         }
     }
+    let paused = if case.paused {
+        let scope = PauseScope::Job(job.clone());
+        let pause = store
+            .pause(&scope, &PauseRequest::new())
+            .await
+            .expect("pause");
+        assert_eq!(pause.end, PauseEnd::OnResume, "a pause until resumed");
+        Paused {
+            job: Some(pause.end),
+            all: None,
+        }
+    } else {
+        Paused::NONE
+    };
     // One read of the job gives the run's record and the job's highest
     // fence, which a new win must pass.
     let runs = store.history(&job, 20).await.expect("history");
@@ -367,7 +408,7 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
         Other::None | Other::RunOut => false,
     };
     let record = lease_record(before.as_ref(), case.prior, holder);
-    let decision = decide::claim(record.as_ref(), Some(now), Some(other_live), &claim)
+    let decision = decide::claim(record.as_ref(), Facts::all(now, other_live, paused), &claim)
         .expect("every fact given");
     let answer = store.claim_lease(&claim).await.expect("claim");
     let after = record_of(store, &run).await;
@@ -404,6 +445,11 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
         ClaimDecision::RecordSkipped => assert_eq!(
             after_record.map(|r| r.state),
             Some(RecordState::Finished(FinalState::Skipped)),
+            "{context}"
+        ),
+        ClaimDecision::RecordPaused => assert_eq!(
+            after_record.map(|r| r.state),
+            Some(RecordState::Finished(FinalState::Paused)),
             "{context}"
         ),
         ClaimDecision::Start | ClaimDecision::TakeOver { .. } => {
@@ -583,8 +629,12 @@ async fn check_renewal<S: LeaseStore + ?Sized>(
                 r
             });
             let next = planting(&run, Token::generate(), PLANTING_LATE, 3);
-            let decision = decide::claim(handed.as_ref(), Some(view.store_now), Some(false), &next)
-                .expect("every fact given");
+            let decision = decide::claim(
+                handed.as_ref(),
+                Facts::all(view.store_now, false, Paused::NONE),
+                &next,
+            )
+            .expect("every fact given");
             let answer = store.claim_lease(&next).await.expect("claim");
             match (decision, &answer) {
                 (ClaimDecision::TakeOver { attempt }, ClaimOutcome::Won(win)) => {

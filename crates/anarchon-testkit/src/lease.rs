@@ -9,6 +9,7 @@ mod claims;
 mod clocks;
 mod gc;
 mod holder;
+mod pauses;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +40,10 @@ pub use self::holder::{
     a_run_given_back_keeps_its_attempt, failed_run_keeps_its_error, finished_run_is_done,
     heartbeat_extends_the_lease, release_hands_over_at_once,
     tokens_that_hold_nothing_are_fenced_and_change_nothing,
+};
+pub use self::pauses::{
+    a_pause_ends_on_the_store_clock, a_pause_leaves_running_runs_and_missed_slots_alone,
+    paused_slots_run_nowhere_and_are_recorded_paused, pausing_every_job_holds_each_until_resumed,
 };
 
 /// The lease of checks that wait for one to run out.
@@ -157,6 +162,10 @@ macro_rules! lease_suite {
             fences_outlive_garbage_collection,
             tokens_that_hold_nothing_are_fenced_and_change_nothing,
             claim_many_answers_with_each_runs_facts,
+            paused_slots_run_nowhere_and_are_recorded_paused,
+            a_pause_ends_on_the_store_clock,
+            pausing_every_job_holds_each_until_resumed,
+            a_pause_leaves_running_runs_and_missed_slots_alone,
         );
         $crate::__suite_tests!(
             $factory,

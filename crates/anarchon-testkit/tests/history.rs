@@ -308,4 +308,23 @@ impl LeaseStore for Yes {
     async fn collect_garbage(&self, _: Duration) -> Result<u64, StoreError> {
         Ok(0)
     }
+    async fn pause(
+        &self,
+        _: &anarchon_core::PauseScope,
+        _: &anarchon_core::PauseRequest,
+    ) -> Result<anarchon_core::Pause, anarchon_core::StoreError> {
+        Err(anarchon_core::StoreError::invalid("yes", "no pausing"))
+    }
+    async fn resume(
+        &self,
+        _: &anarchon_core::PauseScope,
+    ) -> Result<bool, anarchon_core::StoreError> {
+        Ok(false)
+    }
+    async fn pauses(&self) -> Result<anarchon_core::Pauses, anarchon_core::StoreError> {
+        Ok(anarchon_core::Pauses::holding(
+            Vec::new(),
+            anarchon_core::Timestamp::from_millis(0),
+        ))
+    }
 }

@@ -17,7 +17,8 @@ use std::time::Duration;
 use anarchon_core::layer::LeaseLayer;
 use anarchon_core::{
     ClaimAnswers, ClaimOutcome, ClaimRequest, Clock, Fence, JobName, LeaseClaim, LeaseStore,
-    MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Timestamp, Token,
+    MemoryStore, Pause, PauseRequest, PauseScope, Pauses, Renewal, RunKey, RunOutcome, RunRecord,
+    RunView, Slot, StoreError, Timestamp, Token,
 };
 use anarchon_testkit::{StoreFactory, TestClock, differential, lease};
 use async_trait::async_trait;
@@ -55,6 +56,8 @@ enum Mutation {
     /// A claim reads the run, and if it was free, claims it and calls any
     /// answer a win: the read and the write are two steps.
     CheckThenAct,
+    /// `pause` answers with the pause it would write and writes nothing.
+    PausesIgnored,
 }
 
 tokio::task_local! {
@@ -281,6 +284,19 @@ impl LeaseLayer for Mutant {
         Ok(records)
     }
 
+    async fn pause(&self, scope: &PauseScope, req: &PauseRequest) -> Result<Pause, StoreError> {
+        if self.mutation == Mutation::PausesIgnored {
+            let probe = RunKey::new(JobName::new("pause-probe").unwrap(), Slot::from_millis(0));
+            let now = self.inner.peek(&probe).await?.store_now;
+            return req.at(scope, now).map_err(|e| e.into_store_error("mutant"));
+        }
+        self.on_clock(self.inner.pause(scope, req)).await
+    }
+
+    async fn pauses(&self) -> Result<Pauses, StoreError> {
+        self.on_clock(self.inner.pauses()).await
+    }
+
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
         let deleted = self.on_clock(self.inner.collect_garbage(keep)).await?;
         if matches!(
@@ -385,6 +401,25 @@ macro_rules! caught {
             ),
         }
     }};
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_drops_pauses_or_times_them_by_the_caller_is_caught() {
+    caught!(
+        lease::paused_slots_run_nowhere_and_are_recorded_paused,
+        Mutation::PausesIgnored,
+        "must be recorded paused"
+    );
+    caught!(
+        lease::pausing_every_job_holds_each_until_resumed,
+        Mutation::PausesIgnored,
+        "must be recorded paused"
+    );
+    caught!(
+        lease::a_pause_ends_on_the_store_clock,
+        Mutation::CallerClock,
+        "the pause's start"
+    );
 }
 
 #[tokio::test(start_paused = true)]

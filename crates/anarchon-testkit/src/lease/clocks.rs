@@ -15,7 +15,7 @@ use super::{LONG_LEASE, SHORT_LEASE, lease_claim, lease_end, short, wait_out, wo
 /// caller's clock gets every answer wrong.
 pub const SKEW: Duration = Duration::from_secs(60);
 
-fn assert_store_clock(what: &str, store_now: Timestamp, reference: Timestamp) {
+pub(crate) fn assert_store_clock(what: &str, store_now: Timestamp, reference: Timestamp) {
     let off = (store_now.as_millis() - reference.as_millis()).abs();
     assert!(
         off < SKEW.as_millis() as i64 / 4,

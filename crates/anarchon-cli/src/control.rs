@@ -1,0 +1,333 @@
+//! The operator's commands: `pause`, `resume` and `status`.
+//!
+//! They act on the store, not on a daemon: a pause written here holds for
+//! every instance at once, from the store's clock, and needs no daemon to
+//! be reachable. The store must exist already (a daemon or the library
+//! created it): a mistyped SQLite path or table name is an error, not a new
+//! empty store. A claim-only store is refused before connecting, since it
+//! keeps nothing to pause.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anarchon::url::redact;
+use anarchon::{
+    Control, JobName, JobStatus, LeaseStore, Opened, Pause, PauseEnd, PauseRequest, PauseScope,
+    RecordState, StoreErrorKind, StoreUrl, Timestamp, Until,
+};
+use anyhow::Context as _;
+use chrono::SecondsFormat;
+
+use crate::config::Crontab;
+use crate::error::Error;
+use crate::printable::printable;
+use crate::{backend, store_url, write_out};
+
+/// What `pause` and `resume` act on, as typed.
+pub(crate) struct Target {
+    pub(crate) job: Option<String>,
+    pub(crate) all: bool,
+}
+
+/// Where the store is, as typed.
+pub(crate) struct Where<'a> {
+    pub(crate) config: Option<&'a Path>,
+    pub(crate) store: Option<String>,
+}
+
+/// The store's URL, the crontab if given, and the URL parsed; a claim-only
+/// store is refused here, before anything connects.
+fn locate(place: Where<'_>) -> anyhow::Result<(String, Option<Crontab>, StoreUrl)> {
+    let crontab = place.config.map(Crontab::load).transpose()?;
+    let url = store_url(place.store, crontab.as_ref());
+    let parsed = StoreUrl::parse(&url).map_err(Error::from)?;
+    if !parsed.is_lease() {
+        return Err(Error::NoControl {
+            backend: parsed.backend(),
+        }
+        .into());
+    }
+    Ok((url, crontab, parsed))
+}
+
+/// A job name, checked, and when a crontab was given, one of its jobs.
+fn job_name(name: &str, crontab: Option<&Crontab>) -> Result<JobName, Error> {
+    let job = JobName::new(name).map_err(|source| Error::config(None, None, source))?;
+    if let Some(crontab) = crontab
+        && !crontab.jobs.iter().any(|j| j.name == name)
+    {
+        return Err(Error::UnknownJob {
+            path: crontab.path.clone(),
+            job: name.to_owned(),
+            known: crontab
+                .jobs
+                .iter()
+                .map(|j| j.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    Ok(job)
+}
+
+fn scope(target: &Target, crontab: Option<&Crontab>) -> Result<PauseScope, Error> {
+    match (&target.job, target.all) {
+        (Some(name), false) => Ok(PauseScope::Job(job_name(name, crontab)?)),
+        (None, true) => Ok(PauseScope::All),
+        _ => Err(Error::Scope),
+    }
+}
+
+/// Opens the store, which must exist already. `status` reads it as
+/// `history` does (a SQLite file read-only); `pause` and `resume` write,
+/// so once the store is known to exist it is opened as a daemon opens it.
+async fn open(url: &str, parsed: &StoreUrl, write: bool) -> anyhow::Result<Opened> {
+    let context = || format!("cannot open the store {}", redact(url));
+    let existing = backend::open_for_history(parsed)
+        .await
+        .with_context(context)?;
+    if !write {
+        return Ok(existing);
+    }
+    existing.close().await;
+    Ok(parsed
+        .open()
+        .await
+        .map_err(Error::from)
+        .with_context(context)?)
+}
+
+fn control(opened: &Opened, parsed: &StoreUrl) -> Result<Control<dyn LeaseStore>, Error> {
+    opened
+        .lease_store()
+        .map(Control::new)
+        .ok_or(Error::NoControl {
+            backend: parsed.backend(),
+        })
+}
+
+/// The author a pause records when `--by` is not given: `user@host`.
+fn default_author() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-host".into());
+    format!("{user}@{host}")
+}
+
+/// `anarchon pause`.
+pub(crate) async fn pause(
+    target: Target,
+    until: Until,
+    reason: Option<String>,
+    by: Option<String>,
+    place: Where<'_>,
+) -> anyhow::Result<()> {
+    let (url, crontab, parsed) = locate(place)?;
+    let scope = scope(&target, crontab.as_ref())?;
+    let refused = |e: anarchon::PauseRefused| Error::PauseRefused(e.into_store_error("anarchon"));
+    let mut request = PauseRequest::new().with_until(until);
+    if let Some(reason) = &reason {
+        request = request.with_reason(reason).map_err(refused)?;
+    }
+    request = request
+        .with_by(&by.unwrap_or_else(default_author))
+        .map_err(refused)?;
+    let opened = open(&url, &parsed, true).await?;
+    let result = async {
+        control(&opened, &parsed)?
+            .pause(&scope, &request)
+            .await
+            .map_err(|e| match e.kind() {
+                StoreErrorKind::Invalid => Error::PauseRefused(e),
+                _ => Error::Store(e),
+            })
+    }
+    .await;
+    opened.close().await;
+    write_out(&format!("paused {}\n", describe(&result?)))
+}
+
+/// `anarchon resume`.
+pub(crate) async fn resume(target: Target, place: Where<'_>) -> anyhow::Result<()> {
+    let (url, crontab, parsed) = locate(place)?;
+    let scope = scope(&target, crontab.as_ref())?;
+    let opened = open(&url, &parsed, true).await?;
+    let result = async { Ok::<_, Error>(control(&opened, &parsed)?.resume(&scope).await?) }.await;
+    opened.close().await;
+    let text = if result? {
+        format!("resumed {scope}; slots recorded paused stay so (backfill them if they must run)\n")
+    } else {
+        format!("{scope} was not paused: nothing to do\n")
+    };
+    write_out(&text)
+}
+
+/// `anarchon status`.
+pub(crate) async fn status(
+    job: Option<String>,
+    json: bool,
+    recent: usize,
+    place: Where<'_>,
+) -> anyhow::Result<()> {
+    let (url, crontab, parsed) = locate(place)?;
+    let named = job
+        .as_deref()
+        .map(|name| job_name(name, crontab.as_ref()))
+        .transpose()?;
+    if named.is_none() && crontab.is_none() && !parsed.lists_jobs() {
+        return Err(Error::JobsUnknown {
+            backend: parsed.backend(),
+        }
+        .into());
+    }
+    let opened = open(&url, &parsed, false).await?;
+    let result = async {
+        let jobs = match named {
+            Some(job) => vec![job],
+            None => match &crontab {
+                Some(crontab) => crontab
+                    .jobs
+                    .iter()
+                    .map(|j| JobName::new(&j.name))
+                    .collect::<Result<_, _>>()
+                    .map_err(|source| Error::config(None, None, source))?,
+                None => opened.jobs().await?.unwrap_or_default(),
+            },
+        };
+        let control = control(&opened, &parsed)?;
+        let pauses = control.pauses().await?;
+        let statuses = control.status(&jobs, recent.max(1)).await?;
+        Ok::<_, Error>((pauses.store_now, statuses))
+    }
+    .await;
+    opened.close().await;
+    let (store_now, statuses) = result?;
+    let next = |job: &JobName| {
+        crontab
+            .as_ref()
+            .and_then(|c| c.jobs.iter().find(|j| j.name == job.as_str()))
+            .and_then(|j| j.schedule.next_after(store_now))
+            .map(|slot| slot.at())
+    };
+    let text = if json {
+        status_json(&statuses, store_now, &next)
+    } else {
+        status_table(&statuses, store_now, &next)
+    };
+    write_out(&text)
+}
+
+fn utc(at: Timestamp) -> String {
+    at.to_datetime().to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// One line for a pause: what, until when, why, who.
+fn describe(pause: &Pause) -> String {
+    let mut text = format!("{} since {}", pause.scope, utc(pause.since));
+    match pause.end {
+        PauseEnd::OnResume => text.push_str(" until resumed"),
+        PauseEnd::At(until) => {
+            let _ = write!(text, " until {} (store clock)", utc(until));
+        }
+    }
+    if let Some(reason) = &pause.reason {
+        let _ = write!(text, ": {}", printable(reason));
+    }
+    if let Some(by) = &pause.by {
+        let _ = write!(text, " (by {})", printable(by));
+    }
+    text
+}
+
+/// The run holding a lease now, if the latest runs show one.
+fn live(status: &JobStatus, now: Timestamp) -> Option<String> {
+    status.recent.iter().find_map(|r| {
+        (r.state == RecordState::Running).then(|| {
+            let lease = match r.lease_until {
+                Some(until) if until >= now => format!("lease until {}", utc(until)),
+                _ => "lease ran out: a backup takes it over".to_owned(),
+            };
+            format!(
+                "{} attempt {} on {}, {lease}",
+                r.run.slot,
+                r.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
+                r.instance
+                    .as_ref()
+                    .map_or_else(|| "-".into(), |i| printable(i.as_str())),
+            )
+        })
+    })
+}
+
+fn status_table(
+    statuses: &[JobStatus],
+    now: Timestamp,
+    next: &dyn Fn(&JobName) -> Option<Timestamp>,
+) -> String {
+    let mut out = format!("store clock {}\n", utc(now));
+    if statuses.is_empty() {
+        out.push_str("no jobs\n");
+    }
+    for status in statuses {
+        let _ = writeln!(out, "{}", status.job);
+        if let Some(pause) = &status.pause {
+            let _ = writeln!(out, "  paused   {}", describe(pause));
+        }
+        match status
+            .recent
+            .iter()
+            .find(|r| r.state != RecordState::Running)
+        {
+            Some(last) => {
+                let _ = writeln!(out, "  last     {} {}", last.run.slot, last.state.as_str());
+            }
+            None => out.push_str("  last     (no finished run recorded)\n"),
+        }
+        if let Some(live) = live(status, now) {
+            let _ = writeln!(out, "  running  {live}");
+        }
+        if let Some(at) = next(&status.job) {
+            let _ = writeln!(out, "  next     {}", utc(at));
+        }
+    }
+    out
+}
+
+fn status_json(
+    statuses: &[JobStatus],
+    now: Timestamp,
+    next: &dyn Fn(&JobName) -> Option<Timestamp>,
+) -> String {
+    let jobs: Vec<serde_json::Value> = statuses
+        .iter()
+        .map(|s| {
+            let pause = s.pause.as_ref().map(|p| {
+                serde_json::json!({
+                    "scope": p.scope.key(),
+                    "since": utc(p.since),
+                    "until": match p.end {
+                        PauseEnd::OnResume => None,
+                        PauseEnd::At(until) => Some(utc(until)),
+                    },
+                    "reason": p.reason,
+                    "by": p.by,
+                })
+            });
+            let last = s
+                .recent
+                .iter()
+                .find(|r| r.state != RecordState::Running)
+                .map(|r| serde_json::json!({"slot": utc(r.run.slot.at()), "state": r.state.as_str()}));
+            serde_json::json!({
+                "job": s.job.as_str(),
+                "paused": pause,
+                "last": last,
+                "running": live(s, now),
+                "next": next(&s.job).map(utc),
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({ "store_now": utc(now), "jobs": jobs });
+    format!("{doc:#}\n")
+}

@@ -1,0 +1,2 @@
+-- The store's clock.
+SELECT {now};

@@ -1,0 +1,2 @@
+-- Every pause.
+SELECT scope, since, until, reason, paused_by FROM {prefix}_pauses;
