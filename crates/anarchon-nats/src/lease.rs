@@ -6,6 +6,7 @@ mod clock;
 mod gc;
 mod kv;
 mod options;
+mod pauses;
 mod records;
 mod store;
 
@@ -25,6 +26,7 @@ use crate::options::NatsOptions;
 
 pub use self::kv::is_wrong_last_sequence;
 pub use self::options::{DEFAULT_BUCKET, MAX_BUCKET_NAME_LEN, MAX_HISTORY, NatsLeaseOptions};
+pub use self::pauses::{PAUSE_ALL_KEY, PAUSE_JOB_PREFIX};
 
 /// The lease store's name in [`BackendInfo`](anarchon_core::BackendInfo), logs and errors.
 pub const LEASE_BACKEND: &str = "nats-kv";
@@ -85,6 +87,8 @@ impl Counters {
 /// | `job.<job>` | the job's document: its fence counter, its live runs (token, attempt, fence, instance, lease end), and runs that ended since the job was last claimed |
 /// | `run.<job>.<slot ms>` | the record of a run that ended or was missed |
 /// | `clock` ([`CLOCK_KEY`]) | empty; written to learn the server's time |
+/// | `pause.job.<job>` ([`PAUSE_JOB_PREFIX`]) | the job's pause (JSON: since, until, reason, by; server times) |
+/// | `pause.all` ([`PAUSE_ALL_KEY`]) | the pause of every job of the bucket |
 ///
 /// # One compare-and-swap per decision
 ///
@@ -97,6 +101,28 @@ impl Counters {
 /// are the same read-then-swap on the document; an old runner's token is no
 /// longer in it, so they answer [`Renewal::Fenced`](anarchon_core::Renewal::Fenced). Since a job's live
 /// runs share one document, the `overlap` check and the write are one swap.
+///
+/// # Pauses
+///
+/// [`pause`](anarchon_core::LeaseStore::pause) reads the server's time,
+/// judges the request on it ([`PauseRequest::at`](anarchon_core::PauseRequest::at))
+/// and puts the pause's key; [`resume`](anarchon_core::LeaseStore::resume)
+/// purges it; [`pauses`](anarchon_core::LeaseStore::pauses) lists the keys
+/// under `pause.>` and reads them with the server's time.
+///
+/// A claim that may start a slot (no record, or a `missed` one) reads the
+/// job's pause and `pause.all` in the round trip that reads the server's
+/// time, and decides with them. **NATS KV has no step that reads one key
+/// and writes another atomically**: the pauses are read before the swap of
+/// the job's document, not in it. So a claim that has already read the
+/// pauses when a pause is written may still start that one slot; every
+/// claim that reads after the pause's write was acknowledged sees it, and
+/// [`pause`](anarchon_core::LeaseStore::pause) returns only after that
+/// acknowledgement. Each slot still has exactly one outcome — the swap of
+/// the document decides between a start and a `paused` record — and a
+/// slot recorded `paused` is in the document like a skipped one. The
+/// other lease stores (Redis `lease`, PostgreSQL, SQLite) read the pauses
+/// inside the claim's atomic step and have no such window.
 ///
 /// # Time
 ///
@@ -115,13 +141,17 @@ impl Counters {
 ///
 /// | call | round trips |
 /// |---|---|
-/// | claim that wins, takes over, skips or is late | 3: read document + write clock, read clock (+ the run key when needed), swap |
+/// | claim that wins, takes over, skips or is late | 3: read document + write clock, read clock and the pauses (+ the run key when needed), swap |
+/// | claim of a paused job's slot the document never held | 4: its run key is read after the pauses (a `missed` record stays) |
 /// | claim that finds a live lease | 2 |
 /// | claim by the run's own token, or of an ended run in the document | 1 |
 /// | lost swap | +2 (read again, swap again) |
 /// | heartbeat, finish, release | 2: read, swap |
 /// | peek | 2 |
 /// | `claim_many` | as one claim, whatever the number of jobs |
+/// | pause | 3: write + read the clock, put |
+/// | resume | 1: purge |
+/// | pauses | 2: list + write the clock, read the pauses + the clock |
 ///
 /// [`NatsLeaseStore::stats`] counts them.
 ///
@@ -359,6 +389,7 @@ mod tests {
             include_str!("lease/gc.rs"),
             include_str!("lease/kv.rs"),
             include_str!("lease/options.rs"),
+            include_str!("lease/pauses.rs"),
             include_str!("lease/records.rs"),
             include_str!("lease/store.rs"),
         ];

@@ -15,7 +15,7 @@ pub use crate::claim::{
 pub use crate::error::Error;
 pub use crate::lease::{
     CLOCK_KEY, DEFAULT_BUCKET, LEASE_BACKEND, LeaseStats, MAX_BUCKET_NAME_LEN, MAX_HISTORY,
-    NatsLeaseOptions, NatsLeaseStore, is_wrong_last_sequence,
+    NatsLeaseOptions, NatsLeaseStore, PAUSE_ALL_KEY, PAUSE_JOB_PREFIX, is_wrong_last_sequence,
 };
 pub use crate::options::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_TIMEOUT, MAX_PREFIX_LEN, NatsOptions, Storage,

@@ -13,8 +13,8 @@ use std::time::{Duration, SystemTime};
 
 use anarchon_core::{
     Attempt, CancelReason, ClaimOutcome, ClaimStore, Clock, FinalState, JobName, LeaseClaim,
-    LeaseStore, RecordState, Renewal, RunKey, RunOutcome, RunState, Schedule, Scheduler, Slot,
-    SystemClock, Timestamp, Token,
+    LeaseStore, PauseRequest, PauseScope, RecordState, Renewal, RunKey, RunOutcome, RunState,
+    Schedule, Scheduler, Slot, SystemClock, Timestamp, Token, Until,
 };
 use anarchon_nats::{
     CLOCK_KEY, Error, LEASE_BACKEND, NatsLeaseOptions, NatsLeaseStore, NatsOptions,
@@ -724,7 +724,11 @@ async fn round_trips_per_call() {
 
     let before = a.stats();
     won(a.claim_lease(&claim).await.unwrap());
-    assert_eq!(cost(&a, before), (3, 4), "claim that wins");
+    assert_eq!(
+        cost(&a, before),
+        (3, 6),
+        "claim that wins: the pauses are read with the clock"
+    );
 
     let before = a.stats();
     won(a.claim_lease(&claim).await.unwrap());
@@ -774,8 +778,8 @@ async fn round_trips_per_call() {
     }
     assert_eq!(
         cost(&b, before),
-        (3, 1 + 20 + 1 + 20),
-        "20 jobs in one batch: the round trips of one claim"
+        (3, 1 + 20 + 1 + 20 + 1 + 20),
+        "20 jobs in one batch: the round trips of one claim; pause.all read once"
     );
 
     let before = b.stats();
@@ -785,7 +789,113 @@ async fn round_trips_per_call() {
         "b",
     );
     assert_eq!(b.claim_lease(&late).await.unwrap(), ClaimOutcome::Late);
-    assert_eq!(cost(&b, before), (3, 4), "late claim recording missed");
+    assert_eq!(cost(&b, before), (3, 6), "late claim recording missed");
+}
+
+/// Pauses are KV keys of the bucket — `pause.job.<job>` and `pause.all` —
+/// holding server times; a resume purges the key. What each pause call
+/// costs, and a claim of a paused job: one round trip more for a slot the
+/// job's document never held (its run key tells a fresh slot from a
+/// missed one), none for the same slot again.
+#[tokio::test]
+async fn pauses_are_keys_of_the_bucket_on_the_servers_clock() {
+    let factory = NatsLeaseFactory::new().await;
+    let raw = Raw::open(&factory).await;
+    let store = factory.instance().await;
+    let cost = |before: anarchon_nats::LeaseStats| {
+        let after = store.stats();
+        (
+            after.round_trips - before.round_trips,
+            after.requests - before.requests,
+        )
+    };
+    let quiet = job("quiet");
+    let scope = PauseScope::Job(quiet.clone());
+
+    let before = store.stats();
+    let pause = store
+        .pause(
+            &scope,
+            &PauseRequest::new()
+                .with_until(Until::For(Duration::from_secs(3600)))
+                .with_reason("migration")
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(cost(before), (3, 3), "pause: clock write, clock read, put");
+    let (_, written_at, payload) = raw.get("pause.job.quiet").await.unwrap();
+    assert!(
+        (0..1000).contains(&(written_at - pause.since.as_millis())),
+        "the pause starts on the server's clock, just before its write: {pause:?} written at {written_at}"
+    );
+    assert_eq!(
+        payload,
+        format!(
+            r#"{{"since":{},"until":{},"reason":"migration"}}"#,
+            pause.since.as_millis(),
+            pause.since.as_millis() + 3_600_000
+        )
+    );
+    let all = store
+        .pause(&PauseScope::All, &PauseRequest::new())
+        .await
+        .unwrap();
+    assert!(raw.get("pause.all").await.is_some());
+
+    let before = store.stats();
+    let listed = store.pauses().await.unwrap();
+    assert_eq!(listed.pauses, vec![all, pause]);
+    assert_eq!(
+        cost(before),
+        (2, 2 + 2 + 1),
+        "pauses: list + clock write, then the clock and each pause"
+    );
+
+    let slot = future_slot(&factory, 0);
+    let run = RunKey::new(quiet.clone(), slot);
+    let before = store.stats();
+    assert_eq!(
+        store
+            .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
+            .await
+            .unwrap(),
+        ClaimOutcome::Done(FinalState::Paused)
+    );
+    assert_eq!(
+        cost(before),
+        (4, 2 + 3 + 1 + 1),
+        "a paused slot the document never held: its run key, then the swap"
+    );
+    let before = store.stats();
+    assert_eq!(
+        store
+            .claim_lease(&lease_claim(run.clone(), Token::generate(), "b"))
+            .await
+            .unwrap(),
+        ClaimOutcome::Done(FinalState::Paused)
+    );
+    assert_eq!(cost(before), (1, 2), "the same slot again: in the document");
+
+    let before = store.stats();
+    assert!(store.resume(&PauseScope::All).await.unwrap());
+    assert_eq!(cost(before), (1, 1), "resume: one purge");
+    assert!(store.resume(&scope).await.unwrap());
+    assert!(
+        !store.resume(&scope).await.unwrap(),
+        "nothing left to resume"
+    );
+    assert!(raw.get("pause.all").await.is_none(), "purged, no marker");
+    assert_eq!(raw.messages("pause.job.quiet").await, 0);
+    assert!(store.pauses().await.unwrap().pauses.is_empty());
+    won(store
+        .claim_lease(&lease_claim(
+            RunKey::new(quiet, Slot::from_millis(slot.as_millis() + 1000)),
+            Token::generate(),
+            "a",
+        ))
+        .await
+        .unwrap());
 }
 
 /// An existing bucket that would lose records is refused, naming it; one

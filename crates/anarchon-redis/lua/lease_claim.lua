@@ -1,7 +1,8 @@
 -- anarchon, Redis `lease` strategy: the claim flowchart as one atomic step
 -- on Redis's own clock (TIME).
--- Mirrors: anarchon_core::decide::claim (TIME is read up front, so as
--- decide::claim_at; the live runs only for `overlap = skip`).
+-- Mirrors: anarchon_core::decide::claim, steps 1-6 (TIME is read up front
+-- and the pauses are read in the same script, so as decide::claim_at; the
+-- live runs only for `overlap = skip`).
 --
 -- KEYS[1] runs   hash: slot -> run record (JSON)
 -- KEYS[2] slots  sorted set: every recorded slot, scored by the slot
@@ -9,6 +10,9 @@
 -- KEYS[4] fence  counter: the job's last fence (never deleted)
 -- KEYS[5] window string: the longest max_late (ms) of the job's claims,
 --         which garbage collection keeps the job's runs for (never deleted)
+-- KEYS[6] the job's pause        hash: since, until (absent: until resumed), reason, by
+-- KEYS[7] the namespace's pause  hash, the same fields ({p}:pause: in Redis
+--         Cluster it would lie in another hash slot than the job's keys)
 -- ARGV[1] slot (ms)  ARGV[2] token  ARGV[3] instance  ARGV[4] max_late (ms)
 -- ARGV[5] lease (ms) ARGV[6] 'skip' or 'allow'  ARGV[7] max_attempts
 --
@@ -18,6 +22,7 @@
 
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
   or check(KEYS[4], 'string') or check(KEYS[5], 'string')
+  or check(KEYS[6], 'hash') or check(KEYS[7], 'hash')
 if bad then return redis.error_reply(bad) end
 
 local slot, token, instance = ARGV[1], ARGV[2], ARGV[3]
@@ -43,8 +48,26 @@ local function write(r)
   redis.call('ZADD', KEYS[2], slot, slot)
 end
 
--- 1. No record, or only a `missed` one.
+-- Whether the pause under `key` holds at now: there is one, and it lasts
+-- until resumed or ends after now.
+local function holds(key)
+  local pause = redis.call('HMGET', key, 'since', 'until')
+  if not pause[1] then return false end
+  return not pause[2] or now < tonumber(pause[2])
+end
+
+-- 5 and 6. No record, or only a `missed` one.
 if state == nil or state == 'missed' then
+  -- 5. The job or every job is paused: a fresh slot is recorded `paused`
+  -- (nobody's, like a skipped one); a missed slot stays missed.
+  if holds(KEYS[6]) or holds(KEYS[7]) then
+    if state == nil then
+      write({state = 'paused', finished = int(now)})
+      return {'done', 0, 0, 0, now, 'paused'}
+    end
+    return {'late', 0, 0, 0, now, ''}
+  end
+  -- 6. Late, overlapping, or it starts.
   if now - tonumber(slot) > max_late then
     if state == nil then write({state = 'missed', finished = int(now)}) end
     return {'late', 0, 0, 0, now, ''}
@@ -67,7 +90,7 @@ if state == nil or state == 'missed' then
   return {'won', 1, fence, lease_until, now, 'running'}
 end
 
--- 3. Finished (succeeded, failed, interrupted, skipped).
+-- 1. Finished (succeeded, failed, interrupted, skipped, paused).
 if state ~= 'running' then
   return {'done', 0, 0, 0, now, state}
 end
@@ -82,12 +105,12 @@ if rec.token == token then
   return {'won', attempt, fence, lease_until, now, 'running'}
 end
 
--- 4. Someone else's live lease.
+-- 3. Someone else's live lease.
 if lease_until >= now then
   return {'running', attempt, fence, lease_until, now, 'running'}
 end
 
--- 5. The lease ran out. A run given back before its handler started (no
+-- 4. The lease ran out. A run given back before its handler started (no
 -- holder) runs the same attempt again.
 local given_back = rec.token == nil
 if given_back or attempt < max_attempts then

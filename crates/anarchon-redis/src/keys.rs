@@ -2,9 +2,17 @@
 //!
 //! Every key of a job starts with the job's hash tag `{<prefix>:<job>}`, so
 //! Redis Cluster puts all of them in one slot and each script touches one
-//! slot only. The one key that is not a job's — the lease strategy's list of
-//! jobs, for garbage collection — is `{<prefix>}:jobs`: its tag has no `:`,
-//! so it never equals a job's.
+//! slot only. The keys that are not a job's — the lease strategy's list of
+//! jobs, for garbage collection, the pause of every job and the list of
+//! pauses — start with `{<prefix>}`: that tag has no `:`, so it never
+//! equals a job's.
+//!
+//! The claim script reads the namespace's pause, `{<prefix>}:pause`, beside
+//! the job's keys, and pausing or resuming one job updates `{<prefix>}:pauses`
+//! beside the job's pause: those scripts touch two hash slots. That is fine
+//! on the single server (or proxy) the crate connects to; a future Redis
+//! Cluster mode must place the namespace's pause differently (for example
+//! copy it into each job's tag, or read it in a separate step).
 //!
 //! | strategy  | key                          | type       | holds |
 //! |-----------|------------------------------|------------|-------|
@@ -12,12 +20,16 @@
 //! | lease     | `{p:job}:slots`              | sorted set | recorded slots, by slot |
 //! | lease     | `{p:job}:live`               | sorted set | running slots, by lease end |
 //! | lease     | `{p:job}:fence`              | string     | the job's fence counter |
+//! | lease     | `{p:job}:window`             | string     | the job's longest `max_late` (ms) |
+//! | lease     | `{p:job}:pause`              | hash       | the job's pause: since, until, reason, by |
 //! | lease     | `{p}:jobs`                   | set        | jobs with lease records |
+//! | lease     | `{p}:pause`                  | hash       | the pause of every job |
+//! | lease     | `{p}:pauses`                 | set        | scopes with a pause: `*` or a job |
 //! | stream-id | `{p:job}:stream-id`          | stream     | one entry per claimed slot, ID `<slot>-0` |
 //! | idmp      | `{p:job}:idmp`               | stream     | one entry per claimed slot, IDMP-deduplicated |
 //! | script    | `{p:job}:script`             | stream     | the claims of the last window |
 
-use anarchon_core::JobName;
+use anarchon_core::{JobName, PauseScope};
 
 use crate::options::KeyPrefix;
 
@@ -38,6 +50,7 @@ pub(crate) struct LeaseKeys {
     pub(crate) live: String,
     pub(crate) fence: String,
     pub(crate) window: String,
+    pub(crate) pause: String,
 }
 
 impl LeaseKeys {
@@ -48,6 +61,7 @@ impl LeaseKeys {
             live: job_key(prefix, job, "live"),
             fence: job_key(prefix, job, "fence"),
             window: job_key(prefix, job, "window"),
+            pause: job_key(prefix, job, "pause"),
         }
     }
 }
@@ -60,6 +74,20 @@ pub(crate) fn hand_over_channel(prefix: &KeyPrefix) -> String {
 /// The lease strategy's set of jobs: `{prefix}:jobs`.
 pub(crate) fn jobs_key(prefix: &KeyPrefix) -> String {
     format!("{{{}}}:jobs", prefix.as_str())
+}
+
+/// The key of the pause of `scope`: `{prefix:job}:pause` for a job,
+/// `{prefix}:pause` for every job.
+pub(crate) fn pause_key(prefix: &KeyPrefix, scope: &PauseScope) -> String {
+    match scope {
+        PauseScope::Job(job) => job_key(prefix, job, "pause"),
+        PauseScope::All => format!("{{{}}}:pause", prefix.as_str()),
+    }
+}
+
+/// The set of scopes that have a pause: `{prefix}:pauses`.
+pub(crate) fn pauses_key(prefix: &KeyPrefix) -> String {
+    format!("{{{}}}:pauses", prefix.as_str())
 }
 
 #[cfg(test)]
@@ -77,10 +105,17 @@ mod tests {
             &keys.live,
             &keys.fence,
             &keys.window,
+            &keys.pause,
         ] {
             assert!(key.starts_with("{cron:sync}:"), "{key}");
         }
         assert_eq!(job_key(&prefix, &job, "script"), "{cron:sync}:script");
         assert_eq!(jobs_key(&prefix), "{cron}:jobs");
+        assert_eq!(pause_key(&prefix, &PauseScope::All), "{cron}:pause");
+        assert_eq!(
+            pause_key(&prefix, &PauseScope::Job(job.clone())),
+            keys.pause
+        );
+        assert_eq!(pauses_key(&prefix), "{cron}:pauses");
     }
 }

@@ -8,8 +8,9 @@ use std::time::Duration;
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, ClaimAnswers, ClaimOutcome, Fence, FinalState, HandOvers, InstanceId, JobName,
-    LeaseClaim, LeaseStore, Listener, Overlap, RecordState, Renewal, RunKey, RunOutcome, RunRecord,
-    RunState, RunView, Slot, StoreError, Timestamp, Token, Win,
+    LeaseClaim, LeaseStore, Listener, Overlap, Pause, PauseEnd, PauseRequest, PauseScope, Pauses,
+    RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError,
+    Timestamp, Token, Until, Win,
 };
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
@@ -17,7 +18,7 @@ use futures::StreamExt as _;
 
 use crate::connection::{Call, Link, Lua, check, int, text};
 use crate::error::Error;
-use crate::keys::{LeaseKeys, hand_over_channel, jobs_key};
+use crate::keys::{LeaseKeys, hand_over_channel, jobs_key, pause_key, pauses_key};
 use crate::options::{KeyPrefix, RedisOptions};
 use crate::server::ServerInfo;
 use crate::tls::connection_info;
@@ -42,7 +43,13 @@ static CLAIM: Lua = lease_script!("lease_claim");
 static STEP: Lua = lease_script!("lease_heartbeat");
 static READ: Lua = lease_script!("lease_read");
 static GC: Lua = lease_script!("lease_gc");
-static SCRIPTS: [&Lua; 4] = [&CLAIM, &STEP, &READ, &GC];
+static PAUSE: Lua = lease_script!("lease_pause");
+static SCRIPTS: [&Lua; 5] = [&CLAIM, &STEP, &READ, &GC, &PAUSE];
+
+/// The longest pause for a while the store takes, in ms (about 35,000
+/// years): the script adds it to Redis's clock in Lua, whose numbers are
+/// exact only up to 2^53.
+const MAX_PAUSE_MS: i64 = 1 << 50;
 
 /// How many records one garbage-collection script deletes at most, so a
 /// long backlog does not block Redis in one go.
@@ -62,8 +69,19 @@ const GC_JOBS_PER_TRIP: usize = 64;
 /// `{p:j}:runs` (hash: slot → run record), `{p:j}:slots` (sorted set of
 /// recorded slots), `{p:j}:live` (sorted set of running slots by lease end:
 /// the overlap check reads only live runs), `{p:j}:fence` (the fence
-/// counter, never deleted). `{p}:jobs` lists the jobs for
-/// [`collect_garbage`](LeaseStore::collect_garbage).
+/// counter, never deleted), `{p:j}:pause` (the job's pause). `{p}:jobs`
+/// lists the jobs for [`collect_garbage`](LeaseStore::collect_garbage);
+/// `{p}:pause` holds the pause of every job and `{p}:pauses` lists the
+/// scopes that have a pause.
+///
+/// # Pauses
+///
+/// [`pause`](LeaseStore::pause) and [`resume`](LeaseStore::resume) are one
+/// script each, on Redis's clock: a pause's start and end are Redis times,
+/// and an end that is not after Redis's now is refused with nothing
+/// written. The claim script reads the job's pause and the namespace's in
+/// the same atomic step as the run's record (two `HMGET`s), so a claim that
+/// runs after a pause was written never starts a slot it covers.
 ///
 /// Records are kept until [`collect_garbage`](LeaseStore::collect_garbage)
 /// removes them, which the scheduler calls with its history retention.
@@ -207,7 +225,17 @@ impl RedisLeaseStore {
         let keys = LeaseKeys::new(&self.prefix, &run.job);
         Call {
             lua: &CLAIM,
-            keys: vec![keys.runs, keys.slots, keys.live, keys.fence, keys.window],
+            // The namespace's pause has the tag `{p}`: in Redis Cluster it
+            // would lie in another hash slot than the job's keys.
+            keys: vec![
+                keys.runs,
+                keys.slots,
+                keys.live,
+                keys.fence,
+                keys.window,
+                keys.pause,
+                pause_key(&self.prefix, &PauseScope::All),
+            ],
             args: vec![
                 run.slot.as_millis().to_string(),
                 req.claim.token.to_string(),
@@ -376,15 +404,31 @@ impl RedisLeaseStore {
 
     /// The job names in `{p}:jobs`.
     async fn jobs(&self) -> Result<Vec<JobName>, Error> {
-        let during = "listing jobs";
         let key = jobs_key(&self.prefix);
+        let members = self.members(&key, "listing jobs").await?;
+        let mut jobs = Vec::with_capacity(members.len());
+        for member in members {
+            match JobName::new(&member) {
+                Ok(job) => jobs.push(job),
+                Err(_) => tracing::warn!(
+                    backend = BACKEND,
+                    key = %key,
+                    "ignoring a member of the job list that is not a job name: {member:?}"
+                ),
+            }
+        }
+        Ok(jobs)
+    }
+
+    /// The members of the set `key`, by SSCAN (text members only).
+    async fn members(&self, key: &str, during: &'static str) -> Result<Vec<String>, Error> {
         let mut cursor = "0".to_owned();
-        let mut jobs = Vec::new();
+        let mut out = Vec::new();
         loop {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
             pipe.cmd("SSCAN")
-                .arg(&key)
+                .arg(key)
                 .arg(&cursor)
                 .arg("COUNT")
                 .arg(500);
@@ -401,12 +445,12 @@ impl RedisLeaseStore {
                 _ => return Err(Error::protocol(during, "SSCAN has no members")),
             };
             for member in &members {
-                match text(member).map(|name| JobName::new(&name)) {
-                    Some(Ok(job)) => jobs.push(job),
-                    _ => tracing::warn!(
+                match text(member) {
+                    Some(member) => out.push(member),
+                    None => tracing::warn!(
                         backend = BACKEND,
                         key = %key,
-                        "ignoring a member of the job list that is not a job name: {member:?}"
+                        "ignoring a member of a set that is not text: {member:?}"
                     ),
                 }
             }
@@ -415,10 +459,56 @@ impl RedisLeaseStore {
                 .and_then(text)
                 .ok_or_else(|| Error::protocol(during, "SSCAN has no cursor"))?;
             if cursor == "0" {
-                return Ok(jobs);
+                return Ok(out);
             }
         }
     }
+    /// One step of `lua/lease_pause.lua` on the pause of `scope`.
+    async fn pause_step(
+        &self,
+        scope: &PauseScope,
+        args: Vec<String>,
+        during: &'static str,
+    ) -> Result<Vec<Value>, StoreError> {
+        let call = Call {
+            lua: &PAUSE,
+            keys: vec![pause_key(&self.prefix, scope), pauses_key(&self.prefix)],
+            args,
+        };
+        self.one(call, during).await
+    }
+}
+
+/// The store's clock in a script's answer.
+fn clock_of(item: Option<&Value>, during: &'static str) -> Result<Timestamp, StoreError> {
+    item.and_then(int)
+        .map(Timestamp::from_millis)
+        .ok_or_else(|| store_err(Error::protocol(during, "no clock reading")))
+}
+
+/// A pause from `lua/lease_pause.lua`'s read: scope, since, until,
+/// has_reason, reason, has_by, by.
+fn parse_pause(fields: &[Value]) -> Result<Pause, Error> {
+    let during = "reading pauses";
+    let bad = |what: &str| Error::protocol(during, format!("pause: {what}"));
+    if fields.len() != 7 {
+        return Err(bad("not 7 fields"));
+    }
+    let field = |i: usize| text(&fields[i]).unwrap_or_default();
+    let scope = PauseScope::from_key(&field(0))
+        .ok_or_else(|| bad(&format!("scope {:?} is neither * nor a job", field(0))))?;
+    let since = field(1).parse().map_err(|_| bad("since is not a number"))?;
+    let until = match field(2).as_str() {
+        "" => None,
+        ms => Some(ms.parse().map_err(|_| bad("until is not a number"))?),
+    };
+    Ok(Pause {
+        scope,
+        since: Timestamp::from_millis(since),
+        end: PauseEnd::from_millis(until),
+        reason: (field(3) == "1").then(|| field(4)),
+        by: (field(5) == "1").then(|| field(6)),
+    })
 }
 
 fn parse_claim(reply: Value) -> Result<ClaimOutcome, Error> {
@@ -682,6 +772,120 @@ impl LeaseStore for RedisLeaseStore {
             Some(e) => Err(store_err(e)),
             None => Ok(deleted),
         }
+    }
+
+    async fn pause(&self, scope: &PauseScope, req: &PauseRequest) -> Result<Pause, StoreError> {
+        let during = "pausing";
+        let (kind, value) = match req.until() {
+            Until::Resumed => ("resumed", String::new()),
+            Until::At(until) => ("at", until.as_millis().to_string()),
+            Until::For(d) if d.is_zero() => {
+                return Err(anarchon_core::PauseRefused::Empty.into_store_error(BACKEND));
+            }
+            Until::For(d) if millis(d) > MAX_PAUSE_MS => {
+                return Err(StoreError::invalid(
+                    BACKEND,
+                    format!(
+                        "a pause for {d:?} is longer than the store keeps (about 35,000 years); \
+                         pause until resumed instead"
+                    ),
+                ));
+            }
+            Until::For(d) => ("for", millis(d).to_string()),
+        };
+        let note = |n: Option<&str>| match n {
+            Some(text) => ["1".to_owned(), text.to_owned()],
+            None => ["0".to_owned(), String::new()],
+        };
+        let mut args = vec![
+            "pause".to_owned(),
+            scope.key().to_owned(),
+            kind.to_owned(),
+            value,
+        ];
+        args.extend(note(req.reason()));
+        args.extend(note(req.by()));
+        let reply = self.pause_step(scope, args, during).await?;
+        let answer = reply.first().and_then(text).unwrap_or_default();
+        let now = clock_of(reply.get(1), during)?;
+        // The script judged the end on Redis's clock as `PauseRequest::at`
+        // does; the same function with the script's `now` gives the pause
+        // as written, or the refusal to report.
+        let expected = req.at(scope, now);
+        match (answer.as_str(), expected) {
+            ("refused", Err(refused)) => Err(refused.into_store_error(BACKEND)),
+            ("paused", Ok(pause)) => {
+                let stored = match reply.get(2).and_then(text).as_deref() {
+                    None | Some("") => None,
+                    Some(ms) => Some(ms.parse::<i64>().map_err(|_| {
+                        store_err(Error::protocol(during, "the pause's end is not a number"))
+                    })?),
+                };
+                if stored != pause.end.as_millis() {
+                    return Err(store_err(Error::protocol(
+                        during,
+                        format!(
+                            "the script stored the end {stored:?}, the request asks for {:?}",
+                            pause.end.as_millis()
+                        ),
+                    )));
+                }
+                Ok(pause)
+            }
+            (other, expected) => Err(store_err(Error::protocol(
+                during,
+                format!("the script answered {other:?} where the request gives {expected:?}"),
+            ))),
+        }
+    }
+
+    async fn resume(&self, scope: &PauseScope) -> Result<bool, StoreError> {
+        let during = "resuming";
+        let args = vec!["resume".to_owned(), scope.key().to_owned()];
+        let reply = self.pause_step(scope, args, during).await?;
+        match reply.first().and_then(int) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            _ => Err(store_err(Error::protocol(
+                during,
+                "the resume answered neither 1 nor 0",
+            ))),
+        }
+    }
+
+    async fn pauses(&self) -> Result<Pauses, StoreError> {
+        let during = "reading pauses";
+        let index = pauses_key(&self.prefix);
+        let mut scopes = Vec::new();
+        for member in self.members(&index, during).await.map_err(store_err)? {
+            match PauseScope::from_key(&member) {
+                Some(scope) => scopes.push(scope),
+                None => tracing::warn!(
+                    backend = BACKEND,
+                    key = %index,
+                    "ignoring a member of the pause list that is neither * nor a job name: {member:?}"
+                ),
+            }
+        }
+        let mut args = vec!["read".to_owned()];
+        args.extend(scopes.iter().map(|s| s.key().to_owned()));
+        let call = Call {
+            lua: &PAUSE,
+            keys: scopes.iter().map(|s| pause_key(&self.prefix, s)).collect(),
+            args,
+        };
+        let mut items = self.one(call, during).await?.into_iter();
+        let now = clock_of(items.next().as_ref(), during)?;
+        let pauses = items
+            .map(|item| match item {
+                Value::Array(fields) => parse_pause(&fields).map_err(store_err),
+                other => Err(store_err(Error::protocol(
+                    during,
+                    format!("a pause is not an array: {other:?}"),
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Pauses::holding(pauses, now))
     }
 }
 

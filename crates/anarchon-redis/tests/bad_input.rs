@@ -10,7 +10,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use anarchon_core::{ClaimStore, LeaseStore, RunKey, StoreError, StoreErrorKind, Token};
+use anarchon_core::{
+    ClaimStore, LeaseStore, PauseRequest, PauseScope, RunKey, StoreError, StoreErrorKind, Token,
+};
 use anarchon_redis::{
     Error, EvictionFinding, KeyPrefix, RedisIdmpStore, RedisLeaseStore, RedisOptions,
     RedisScriptStore, RedisStreamIdStore,
@@ -269,6 +271,7 @@ fn documented_rules(prefix: &str) -> Vec<String> {
             "+time",
             "+type",
             "+hget",
+            "+hmget",
             "+hset",
             "+hdel",
             "+zadd",
@@ -280,7 +283,9 @@ fn documented_rules(prefix: &str) -> Vec<String> {
             "+set",
             "+publish",
             "+subscribe",
+            "+del",
             "+sadd",
+            "+srem",
             "+sscan",
             "+xadd",
             "+xrange",
@@ -324,6 +329,25 @@ async fn the_documented_acl_rules_are_enough() {
         .collect_garbage(Duration::from_secs(60))
         .await
         .unwrap();
+    // The operator's pauses, and a claim of a paused job.
+    for scope in [PauseScope::Job(run.job.clone()), PauseScope::All] {
+        lease.pause(&scope, &PauseRequest::new()).await.unwrap();
+    }
+    assert_eq!(lease.pauses().await.unwrap().pauses.len(), 2);
+    let paused = RunKey::new(
+        run.job.clone(),
+        anarchon_core::Slot::from_millis(4_000_000_001_000),
+    );
+    assert_eq!(
+        lease
+            .claim_lease(&lease_claim(paused, Token::generate(), "a"))
+            .await
+            .unwrap(),
+        anarchon_core::ClaimOutcome::Done(anarchon_core::FinalState::Paused)
+    );
+    for scope in [PauseScope::Job(run.job.clone()), PauseScope::All] {
+        assert!(lease.resume(&scope).await.unwrap());
+    }
     let sid = RedisStreamIdStore::connect(&opts).await.unwrap();
     sid.claim(&claim_request(run.clone(), Token::generate(), "a"))
         .await
@@ -375,6 +399,35 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
     wrong_type("claim", err, &live);
     let written: bool = conn.exists(format!("{{{p}:lists}}:runs")).await.unwrap();
     assert!(!written, "a refused claim writes nothing");
+
+    // The job's pause and the namespace's, read by every claim that could
+    // start a slot: refused by name before anything is written.
+    let pause = format!("{{{p}:paused}}:pause");
+    let _: () = conn.set(&pause, "not a hash").await.unwrap();
+    let run = RunKey::new(job("paused"), slot);
+    let err = store
+        .claim_lease(&lease_claim(run.clone(), Token::generate(), "a"))
+        .await
+        .unwrap_err();
+    wrong_type("claim of a job whose pause is broken", err, &pause);
+    let err = store
+        .pause(&PauseScope::Job(run.job.clone()), &PauseRequest::new())
+        .await
+        .unwrap_err();
+    wrong_type("pause", err, &pause);
+    let written: bool = conn.exists(format!("{{{p}:paused}}:runs")).await.unwrap();
+    assert!(!written, "a refused claim writes nothing");
+    let _: () = conn.del(&pause).await.unwrap();
+    let pauses = format!("{{{p}}}:pauses");
+    let _: () = conn.set(&pauses, "not a set").await.unwrap();
+    let err = store
+        .pause(&PauseScope::All, &PauseRequest::new())
+        .await
+        .unwrap_err();
+    wrong_type("pause with a broken pause list", err, &pauses);
+    let err = store.pauses().await.unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let _: () = conn.del(&pauses).await.unwrap();
 
     // A corrupt record is a protocol error naming the slot, not a panic.
     let corrupt = format!("{{{p}:corrupt}}:runs");

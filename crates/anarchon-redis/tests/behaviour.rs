@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_core::{
-    Attempt, ClaimOutcome, ClaimStore, Fence, FinalState, JobName, LeaseStore, Memory, RecordState,
-    RunKey, RunOutcome, Slot, Token, Win,
+    Attempt, ClaimOutcome, ClaimStore, Fence, FinalState, JobName, LeaseStore, Memory,
+    PauseRequest, PauseScope, RecordState, RunKey, RunOutcome, Slot, Token, Until, Win,
 };
 use anarchon_redis::{
     Error, EvictionFinding, MIN_MEMORY, RedisIdmpStore, RedisLeaseStore, RedisOptions,
@@ -562,4 +562,101 @@ async fn failed_runs_and_garbage_collection_match_the_memory_store() {
             .unwrap(),
         0
     );
+}
+
+/// A pause is a hash under its scope's tag — `{p:job}:pause` for a job,
+/// `{p}:pause` for every job — listed in `{p}:pauses`; resuming removes
+/// both. The namespace is the prefix: pausing every job of one prefix
+/// leaves another prefix's jobs running. A claim of a paused job is still
+/// one command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pauses_are_kept_under_their_scopes_tag_and_listed() {
+    let factory = LeaseFactory::new().await;
+    let other = LeaseFactory::new().await;
+    let store = factory.instance().await;
+    let neighbour = other.instance().await;
+    let p = &factory.prefix;
+    let nightly = job("nightly");
+    let request = PauseRequest::new()
+        .with_until(Until::For(Duration::from_secs(3600)))
+        .with_reason("migration: {p}:pause, \"quoted\"")
+        .unwrap();
+    let own = store
+        .pause(&PauseScope::Job(nightly.clone()), &request)
+        .await
+        .unwrap();
+    let all = store
+        .pause(
+            &PauseScope::All,
+            &PauseRequest::new().with_by("ops").unwrap(),
+        )
+        .await
+        .unwrap();
+    let mut expected = vec![
+        format!("{{{p}:nightly}}:pause"),
+        format!("{{{p}}}:pause"),
+        format!("{{{p}}}:pauses"),
+    ];
+    expected.sort();
+    assert_eq!(keys_of(&factory.url, p).await, expected);
+    let mut conn = raw(&factory.url).await;
+    let scopes: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(format!("{{{p}}}:pauses"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut scopes = scopes;
+    scopes.sort();
+    assert_eq!(scopes, ["*", "nightly"]);
+    assert_eq!(store.pauses().await.unwrap().pauses, vec![all, own]);
+
+    // Another prefix is another namespace.
+    let slot = future_slot(&factory, 0);
+    won(neighbour
+        .claim_lease(&lease_claim(
+            RunKey::new(nightly.clone(), slot),
+            Token::generate(),
+            "n",
+        ))
+        .await
+        .unwrap());
+    assert!(neighbour.pauses().await.unwrap().pauses.is_empty());
+
+    let (proxy, opts, _cleanup) = through_proxy("paused-cmds").await;
+    let counted = RedisLeaseStore::connect(&opts).await.unwrap();
+    counted
+        .pause(&PauseScope::All, &PauseRequest::new())
+        .await
+        .unwrap();
+    proxy.take();
+    assert_eq!(
+        counted
+            .claim_lease(&lease_claim(
+                RunKey::new(nightly.clone(), slot),
+                Token::generate(),
+                "c"
+            ))
+            .await
+            .unwrap(),
+        ClaimOutcome::Done(FinalState::Paused)
+    );
+    // The job's first claim through this handle also registers the job.
+    let traffic = proxy.take();
+    let commands: Vec<&str> = traffic
+        .commands
+        .iter()
+        .map(String::as_str)
+        .filter(|c| *c != "SUBSCRIBE")
+        .collect();
+    assert_eq!(commands, ["SADD", "EVALSHA"], "{traffic:?}");
+
+    assert!(store.resume(&PauseScope::All).await.unwrap());
+    assert!(
+        store
+            .resume(&PauseScope::Job(nightly.clone()))
+            .await
+            .unwrap()
+    );
+    assert!(!store.resume(&PauseScope::All).await.unwrap());
+    assert!(keys_of(&factory.url, p).await.is_empty());
 }

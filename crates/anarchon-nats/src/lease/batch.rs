@@ -4,19 +4,23 @@
 use std::collections::HashMap;
 
 use anarchon_core::time::millis;
-use anarchon_core::{ClaimOutcome, JobName, LeaseClaim, RunKey, StoreError, StoreErrorKind};
+use anarchon_core::{
+    ClaimOutcome, JobName, LeaseClaim, Paused, RunKey, StoreError, StoreErrorKind,
+};
 use futures::future::join_all;
 use tokio::sync::OnceCell;
 
 use super::clock::ServerClock;
 use super::kv::JobRead;
-use super::records::{Effect, Outside, RunDoc, decide, needs_time};
+use super::pauses::AllPause;
+use super::records::{Decided, Effect, Missing, Outside, RunDoc, decide, needs_time};
 use super::{Counters, LEASE_BACKEND, MAX_ROUNDS, NatsLeaseStore};
 
 impl NatsLeaseStore {
     /// Claims a batch: one round trip to read every job's document (and
-    /// write the clock), one to read the clock and any run keys, one to
-    /// write; more only for jobs whose write lost a race.
+    /// write the clock), one to read the clock, the pauses and any run
+    /// keys, one to write; more only for jobs whose write lost a race, and
+    /// one for a paused job's slots the document never held.
     /// Settles a batch job by job. A job whose claims fail (its document
     /// unreadable, its swaps lost) answers each of its claims with that
     /// error; the other jobs' answers, wins included, stand.
@@ -46,13 +50,12 @@ impl NatsLeaseStore {
             tick: tick.map_err(|e| e.to_string()),
             now: OnceCell::new(),
         };
-        let settled = join_all(
-            groups
-                .iter()
-                .zip(reads)
-                .map(|((job, claims), read)| self.claim_job(job, claims, read, &clock)),
-        )
-        .await;
+        let all_pause = AllPause::new();
+        let settled =
+            join_all(groups.iter().zip(reads).map(|((job, claims), read)| {
+                self.claim_job(job, claims, read, &clock, &all_pause)
+            }))
+            .await;
         let mut out: Vec<Option<Result<ClaimOutcome, StoreError>>> =
             (0..reqs.len()).map(|_| None).collect();
         let mut depth = 0;
@@ -82,16 +85,22 @@ impl NatsLeaseStore {
     /// Settles the claims of one job, starting from `first`, the read of
     /// its document. Returns the answers and how many round trips it
     /// waited after that read.
+    ///
+    /// The pauses are read (at most once per call) in the round trip that
+    /// reads the server's time, when a claim's slot is not in the document
+    /// and so may start: before the swap, not in it (see the type's docs).
     async fn claim_job(
         &self,
         job: &JobName,
         claims: &[(usize, &LeaseClaim)],
         first: Result<JobRead, StoreError>,
         clock: &ServerClock<'_>,
+        all_pause: &AllPause,
     ) -> Result<(Vec<(usize, ClaimOutcome)>, u64), StoreError> {
         let key = Self::job_key(job);
         let mut read = first?;
         let mut depth = 0;
+        let mut paused: Option<Paused> = None;
         for round in 0..MAX_ROUNDS {
             if round > 0 {
                 read = self.read_job(job).await?;
@@ -111,6 +120,13 @@ impl NatsLeaseStore {
                 }
             }
             let timed = claims.iter().any(|(_, c)| needs_time(doc, None, c));
+            // Only a slot the document does not hold may start, and only a
+            // claim that may start asks about pauses.
+            let wants_pauses = paused.is_none()
+                && timed
+                && claims
+                    .iter()
+                    .any(|(_, c)| !in_doc(c.run().slot.as_millis()));
             // Ended runs move to their run keys before the swap that drops
             // them from the document; only a call that may write does it.
             let flush: Vec<(i64, &RunDoc)> = if timed {
@@ -122,7 +138,7 @@ impl NatsLeaseStore {
             let mut flushed = Vec::new();
             let mut now = None;
             // The clock is read once per call; a later round reuses it.
-            let asks = (timed && clock.now.get().is_none()) || !flush.is_empty();
+            let asks = (timed && clock.now.get().is_none()) || !flush.is_empty() || wants_pauses;
             if timed || !to_read.is_empty() {
                 let time = async {
                     if timed {
@@ -131,7 +147,14 @@ impl NatsLeaseStore {
                         Ok(None)
                     }
                 };
-                let (runs, puts, time) = tokio::join!(
+                let pauses = async {
+                    if wants_pauses {
+                        self.paused(job, all_pause).await.map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                };
+                let (runs, puts, time, pauses) = tokio::join!(
                     join_all(to_read.iter().map(|run| self.outside(run))),
                     join_all(
                         flush
@@ -139,6 +162,7 @@ impl NatsLeaseStore {
                             .map(|(slot, rec)| self.put_run(job, *slot, rec))
                     ),
                     time,
+                    pauses,
                 );
                 if asks || !to_read.is_empty() {
                     depth += 1;
@@ -154,32 +178,76 @@ impl NatsLeaseStore {
                         }
                     }
                 }
+                if let Some(found) = pauses? {
+                    paused = Some(found);
+                }
                 // Both are server times from before this decision.
                 now = time?.map(|t| read.written_at.map_or(t, |w| w.max(t)));
             }
-            let mut next = read.doc.clone();
-            let mut answers = Vec::with_capacity(claims.len());
-            let mut write_job = false;
-            let mut missed: Vec<&RunKey> = Vec::new();
-            for (i, claim) in claims {
-                let slot = claim.run().slot.as_millis();
-                let found = outside.get(&slot).copied().unwrap_or(Outside::NoneOrMissed);
-                let (outcome, effect) = match decide(&mut next, found, now, claim) {
-                    None => {
-                        return Err(
-                            self.protocol("a claim needed the server's time, which was not read")
-                        );
+            // Decide every claim on this revision. A fact the reads above
+            // did not bring (the pauses, or the run key of a slot a pause
+            // holds) is read, and the claims are decided again on the same
+            // revision; each such fact is read once.
+            let mut settled = None;
+            for _ in 0..3 {
+                let mut next = read.doc.clone();
+                let mut answers = Vec::with_capacity(claims.len());
+                let mut write_job = false;
+                let mut missed: Vec<&RunKey> = Vec::new();
+                let mut wants_pauses = false;
+                let mut unread: Vec<&RunKey> = Vec::new();
+                for (i, claim) in claims {
+                    let slot = claim.run().slot.as_millis();
+                    let found = outside.get(&slot).copied().unwrap_or(Outside::NoneOrMissed);
+                    match decide(&mut next, found, now, paused, claim)
+                        .map_err(|m| self.protocol(format!("{key}: {m}")))?
+                    {
+                        Decided::Answer(outcome, effect) => {
+                            match effect {
+                                Effect::Job => write_job = true,
+                                Effect::CreateMissed => missed.push(claim.run()),
+                                Effect::None => {}
+                            }
+                            answers.push((*i, outcome));
+                        }
+                        Decided::Needs(Missing::Time) => {
+                            return Err(self
+                                .protocol("a claim needed the server's time, which was not read"));
+                        }
+                        Decided::Needs(Missing::Pauses) => wants_pauses = true,
+                        Decided::Needs(Missing::RunKey) => {
+                            if !unread.contains(&claim.run()) {
+                                unread.push(claim.run());
+                            }
+                        }
                     }
-                    Some(Err(m)) => return Err(self.protocol(format!("{key}: {m}"))),
-                    Some(Ok(decided)) => decided,
-                };
-                match effect {
-                    Effect::Job => write_job = true,
-                    Effect::CreateMissed => missed.push(claim.run()),
-                    Effect::None => {}
                 }
-                answers.push((*i, outcome));
+                if !wants_pauses && unread.is_empty() {
+                    settled = Some((next, answers, write_job, missed));
+                    break;
+                }
+                let pauses = async {
+                    if wants_pauses {
+                        self.paused(job, all_pause).await.map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                };
+                let (pauses, runs) =
+                    tokio::join!(pauses, join_all(unread.iter().map(|run| self.outside(run))));
+                depth += 1;
+                if let Some(found) = pauses? {
+                    paused = Some(found);
+                }
+                for (run, found) in unread.iter().zip(runs) {
+                    outside.insert(run.slot.as_millis(), found?);
+                }
             }
+            let Some((mut next, answers, write_job, missed)) = settled else {
+                return Err(self.protocol(format!(
+                    "{key}: the claims still lacked a fact after reading the pauses and run keys"
+                )));
+            };
             if write_job {
                 for slot in &flushed {
                     next.ended.remove(slot);

@@ -63,9 +63,9 @@ impl Gone {
 /// One key's latest message.
 pub(super) struct Entry {
     pub(super) revision: u64,
-    payload: Vec<u8>,
+    pub(super) payload: Vec<u8>,
     pub(super) written_at: i64,
-    removed: bool,
+    pub(super) removed: bool,
 }
 
 /// A job's document as read.

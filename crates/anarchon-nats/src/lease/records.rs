@@ -1,9 +1,9 @@
 //! What the lease store keeps in its bucket, and the lease flowchart on it.
 //!
-//! Nothing here talks to the server: [`decide`] applies the core's lease
+//! Nothing here talks to the server: [`decide()`] applies the core's lease
 //! decision ([`anarchon_core::decide::claim`]) to a job's document at a
-//! server time. The store reads, calls it, and writes the result back with
-//! one compare-and-swap.
+//! server time, with the pauses that hold the job. The store reads, calls
+//! it, and writes the result back with one compare-and-swap.
 //!
 //! # Times
 //!
@@ -19,11 +19,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anarchon_core::decide::{self, ClaimDecision, LeaseRecord};
+use anarchon_core::decide::{self, ClaimDecision, Facts, LeaseRecord};
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Attempt, ClaimOutcome, Fence, FinalState, InstanceId, LeaseClaim, RecordState, RunKey,
-    RunRecord, Timestamp, Token,
+    Attempt, ClaimOutcome, Fence, FinalState, InstanceId, LeaseClaim, Pause, PauseEnd, PauseScope,
+    Paused, RecordState, RunKey, RunRecord, Timestamp, Token,
 };
 use serde::{Deserialize, Serialize};
 
@@ -87,8 +87,8 @@ pub(crate) struct JobDoc {
     /// Running runs by slot.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) live: BTreeMap<i64, LiveRun>,
-    /// Runs that ended (succeeded, failed, interrupted, skipped) and whose
-    /// record is not yet under its own run key.
+    /// Runs that ended (succeeded, failed, interrupted, skipped, paused)
+    /// and whose record is not yet under its own run key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) ended: BTreeMap<i64, RunDoc>,
 }
@@ -115,7 +115,8 @@ pub(crate) struct LiveRun {
 /// or in its job's `ended` until it is moved there.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RunDoc {
-    /// `missed`, `succeeded`, `failed`, `interrupted` or `skipped`.
+    /// `missed`, `succeeded`, `failed`, `interrupted`, `skipped` or
+    /// `paused`.
     pub(crate) state: String,
     /// The last attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -145,7 +146,7 @@ pub(crate) struct RunDoc {
 }
 
 impl RunDoc {
-    /// A run that ended without running (missed, skipped), now.
+    /// A run that ended without running (missed, skipped, paused), now.
     pub(crate) fn nobody(state: RecordState) -> Self {
         Self {
             state: state.as_str().to_owned(),
@@ -185,7 +186,7 @@ impl RunDoc {
     pub(crate) fn record_state(&self) -> Result<RecordState, String> {
         match RecordState::parse(&self.state) {
             Some(RecordState::Running) | None => Err(format!(
-                "a run record has the state {:?}, which is not one of missed, succeeded, failed, interrupted, skipped",
+                "a run record has the state {:?}, which is not one of missed, succeeded, failed, interrupted, skipped, paused",
                 self.state
             )),
             Some(state) => Ok(state),
@@ -348,7 +349,7 @@ pub(crate) fn needs_time(doc: &JobDoc, outside: Option<Outside>, req: &LeaseClai
     let slot = req.run().slot.as_millis();
     let outside = outside.unwrap_or(Outside::NoneOrMissed);
     doc.lease_record(slot, outside, None).is_ok_and(|record| {
-        decide::claim(record.as_ref(), None, None, req) == Err(decide::Needs::Now)
+        decide::claim(record.as_ref(), Facts::NONE, req) == Err(decide::Needs::Now)
     })
 }
 
@@ -418,37 +419,72 @@ impl JobDoc {
     }
 }
 
-/// One claim on the job's document as read, at the server time `now`: the
-/// core's decision ([`decide::claim`]) applied to the document. Changes
-/// `doc` as the answer requires and says what else to write. `None` when
-/// the answer needs the time and `now` is `None`.
+/// What a claim still lacks before [`decide()`] can settle it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Missing {
+    /// The server's time.
+    Time,
+    /// The pauses of the job and of every job.
+    Pauses,
+    /// What the slot's run key says: a pause holds, and the slot is not in
+    /// the document, so it may have no record (recorded `paused`) or a
+    /// `missed` one (which stays so).
+    RunKey,
+}
+
+/// What [`decide()`] made of one claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Decided {
+    /// The answer, and what to write (the document is changed already).
+    Answer(ClaimOutcome, Effect),
+    /// A fact to read before deciding again; nothing was changed.
+    Needs(Missing),
+}
+
+/// One claim on the job's document as read, at the server time `now`, with
+/// the pauses that hold the job: the core's decision ([`decide::claim`])
+/// applied to the document. Changes `doc` as the answer requires and says
+/// what else to write, or says which fact it lacks.
 ///
 /// `outside` is what the run key says when the slot is not in `doc`.
 pub(crate) fn decide(
     doc: &mut JobDoc,
     outside: Outside,
     now: Option<i64>,
+    paused: Option<Paused>,
     req: &LeaseClaim,
-) -> Option<Result<(ClaimOutcome, Effect), String>> {
+) -> Result<Decided, String> {
     let slot = req.run().slot.as_millis();
-    let record = match doc.lease_record(slot, outside, now) {
-        Ok(record) => record,
-        Err(e) => return Some(Err(e)),
+    let record = doc.lease_record(slot, outside, now)?;
+    let facts = Facts {
+        now: now.map(Timestamp::from_millis),
+        another_run_live: None,
+        paused,
     };
-    let at = now.map(Timestamp::from_millis);
-    let decision = match decide::claim(record.as_ref(), at, None, req) {
+    let decision = match decide::claim(record.as_ref(), facts, req) {
         Ok(decision) => decision,
-        Err(decide::Needs::Now) => return None,
+        Err(decide::Needs::Now) => return Ok(Decided::Needs(Missing::Time)),
+        Err(decide::Needs::Pauses) => return Ok(Decided::Needs(Missing::Pauses)),
         Err(decide::Needs::OverlapCheck) => {
-            let live = doc.another_run_is_live(slot, now?);
-            decide::claim(record.as_ref(), at, Some(live), req).ok()?
+            let Some(now) = now else {
+                return Ok(Decided::Needs(Missing::Time));
+            };
+            let facts = Facts {
+                another_run_live: Some(doc.another_run_is_live(slot, now)),
+                ..facts
+            };
+            decide::claim(record.as_ref(), facts, req).map_err(|needs| {
+                format!("the decision still needs {needs:?} with every fact given")
+            })?
         }
     };
+    // A slot the document never held may have a `missed` record, which a
+    // pause leaves alone: only its run key tells.
+    if decision == ClaimDecision::RecordPaused && outside == Outside::NoneOrMissed {
+        return Ok(Decided::Needs(Missing::RunKey));
+    }
     let fence = if decision.needs_fence() {
-        match doc.next_fence() {
-            Ok(fence) => Some(fence),
-            Err(e) => return Some(Err(e)),
-        }
+        Some(doc.next_fence()?)
     } else {
         None
     };
@@ -458,6 +494,14 @@ pub(crate) fn decide(
         ClaimDecision::RecordSkipped => {
             let skipped = RunDoc::nobody(RecordState::Finished(FinalState::Skipped));
             doc.ended.insert(slot, skipped);
+            doc.raise_high(slot);
+            Effect::Job
+        }
+        ClaimDecision::RecordPaused => {
+            // In the document, like a skipped slot: the swap that records
+            // it is the one outcome of the slot.
+            let paused = RunDoc::nobody(RecordState::Finished(FinalState::Paused));
+            doc.ended.insert(slot, paused);
             doc.raise_high(slot);
             Effect::Job
         }
@@ -478,7 +522,7 @@ pub(crate) fn decide(
         }
         ClaimDecision::TakeOver { attempt } => {
             let Some(live) = doc.live.get_mut(&slot) else {
-                return Some(Err("the live run vanished from the document".into()));
+                return Err("the live run vanished from the document".into());
             };
             live.attempt = attempt.get();
             live.token = req.claim.token.to_string();
@@ -489,7 +533,7 @@ pub(crate) fn decide(
         }
         ClaimDecision::Interrupt => {
             let Some(live) = doc.live.remove(&slot) else {
-                return Some(Err("the live run vanished from the document".into()));
+                return Err("the live run vanished from the document".into());
             };
             let mut ended = RunDoc::from_live(&live, FinalState::Interrupted, None);
             ended.lease_until = record
@@ -499,7 +543,61 @@ pub(crate) fn decide(
             Effect::Job
         }
     };
-    Some(Ok((decision.outcome(fence.map(Fence::new)), effect)))
+    Ok(Decided::Answer(
+        decision.outcome(fence.map(Fence::new)),
+        effect,
+    ))
+}
+
+/// A pause as its key holds it (`pause.all`, `pause.job.<job>`): times on
+/// the server's clock in UTC ms, `until` absent for "until resumed".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PauseDoc {
+    /// When the pause was written.
+    pub(crate) since: i64,
+    /// When it ends; absent until resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) until: Option<i64>,
+    /// Why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<String>,
+    /// Who.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) by: Option<String>,
+}
+
+impl PauseDoc {
+    /// The document of `pause`.
+    pub(crate) fn of(pause: &Pause) -> Self {
+        Self {
+            since: pause.since.as_millis(),
+            until: pause.end.as_millis(),
+            reason: pause.reason.clone(),
+            by: pause.by.clone(),
+        }
+    }
+
+    /// The document as JSON.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        // Serialising numbers and strings cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Decodes a pause key's value.
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("a pause is not valid JSON: {e}"))
+    }
+
+    /// The pause of `scope` this document holds.
+    pub(crate) fn into_pause(self, scope: PauseScope) -> Pause {
+        Pause {
+            scope,
+            since: Timestamp::from_millis(self.since),
+            end: PauseEnd::from_millis(self.until),
+            reason: self.reason,
+            by: self.by,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -530,9 +628,16 @@ mod tests {
     }
 
     fn run(doc: &mut JobDoc, now: i64, req: &LeaseClaim) -> (ClaimOutcome, Effect) {
-        decide(doc, Outside::NoneOrMissed, Some(now), req)
-            .expect("time given")
-            .expect("valid")
+        match decide(
+            doc,
+            Outside::NoneOrMissed,
+            Some(now),
+            Some(Paused::NONE),
+            req,
+        ) {
+            Ok(Decided::Answer(outcome, effect)) => (outcome, effect),
+            other => panic!("every fact given, yet {other:?}"),
+        }
     }
 
     #[test]
@@ -594,18 +699,23 @@ mod tests {
             Some(Outside::Ended(FinalState::Failed)),
             &claim(slot + 1, a)
         ));
-        let own = decide(&mut doc, Outside::NoneOrMissed, None, &claim(slot, a));
+        let own = decide(&mut doc, Outside::NoneOrMissed, None, None, &claim(slot, a));
         assert!(matches!(
             own,
-            Some(Ok((ClaimOutcome::Won(_), Effect::None)))
+            Ok(Decided::Answer(ClaimOutcome::Won(_), Effect::None))
         ));
         let other = decide(
             &mut doc,
             Outside::NoneOrMissed,
             None,
+            None,
             &claim(slot, Token::generate()),
         );
-        assert!(other.is_none(), "a foreign lease needs the time");
+        assert_eq!(
+            other,
+            Ok(Decided::Needs(Missing::Time)),
+            "a foreign lease needs the time"
+        );
     }
 
     #[test]
@@ -619,9 +729,10 @@ mod tests {
             &mut doc,
             Outside::Missed,
             Some(late_now),
+            Some(Paused::NONE),
             &claim(slot, Token::generate()),
         );
-        assert_eq!(again, Some(Ok((ClaimOutcome::Late, Effect::None))));
+        assert_eq!(again, Ok(Decided::Answer(ClaimOutcome::Late, Effect::None)));
         // Overlap skip while another run is live.
         let mut skip = claim(100_000, Token::generate());
         run(&mut doc, 100_000, &skip);
@@ -650,6 +761,96 @@ mod tests {
         assert_eq!(doc.live[&10].lease_until, Stamp::At(49));
         let (taken, _) = run(&mut doc, 50, &claim(10, Token::generate()));
         assert!(matches!(taken, ClaimOutcome::Won(w) if w.attempt.get() == 2));
+    }
+
+    #[test]
+    fn a_paused_job_records_fresh_slots_in_its_document_and_leaves_missed_ones() {
+        let mut doc = JobDoc::default();
+        let now = 500_000;
+        let paused = Paused {
+            job: None,
+            all: Some(PauseEnd::At(Timestamp::from_millis(now + 1))),
+        };
+        let fresh = claim(now, Token::generate());
+        // The pauses are asked for only once the time is known.
+        assert_eq!(
+            decide(&mut doc, Outside::Absent, None, None, &fresh),
+            Ok(Decided::Needs(Missing::Time))
+        );
+        assert_eq!(
+            decide(&mut doc, Outside::Absent, Some(now), None, &fresh),
+            Ok(Decided::Needs(Missing::Pauses))
+        );
+        // A slot the document never held may be `missed`: read its key.
+        assert_eq!(
+            decide(
+                &mut doc,
+                Outside::NoneOrMissed,
+                Some(now),
+                Some(paused),
+                &fresh
+            ),
+            Ok(Decided::Needs(Missing::RunKey))
+        );
+        assert_eq!(doc, JobDoc::default(), "nothing changed yet");
+        assert_eq!(
+            decide(&mut doc, Outside::Missed, Some(now), Some(paused), &fresh),
+            Ok(Decided::Answer(ClaimOutcome::Late, Effect::None))
+        );
+        assert_eq!(
+            decide(&mut doc, Outside::Absent, Some(now), Some(paused), &fresh),
+            Ok(Decided::Answer(
+                ClaimOutcome::Done(FinalState::Paused),
+                Effect::Job
+            ))
+        );
+        let doc = store(&doc, now + 10);
+        assert_eq!(doc.ended[&now].state, "paused");
+        assert_eq!(doc.ended[&now].finished, Some(Stamp::At(now + 10)));
+        assert_eq!(doc.fence, 0, "a paused slot takes no fence");
+        assert_eq!(doc.high, Some(now));
+        // Once recorded, the slot answers from the document, paused or not.
+        let mut doc = doc;
+        let again = claim(now, Token::generate());
+        assert!(!needs_time(&doc, None, &again));
+        assert_eq!(
+            decide(&mut doc, Outside::NoneOrMissed, None, None, &again),
+            Ok(Decided::Answer(
+                ClaimOutcome::Done(FinalState::Paused),
+                Effect::None
+            ))
+        );
+        // At its end the pause no longer holds.
+        let next = claim(now + 1, Token::generate());
+        assert!(matches!(
+            decide(
+                &mut doc,
+                Outside::Absent,
+                Some(now + 1),
+                Some(paused),
+                &next
+            ),
+            Ok(Decided::Answer(ClaimOutcome::Won(_), Effect::Job))
+        ));
+    }
+
+    #[test]
+    fn pauses_read_back_as_written() {
+        let pause = Pause {
+            scope: PauseScope::All,
+            since: Timestamp::from_millis(7),
+            end: PauseEnd::At(Timestamp::from_millis(9)),
+            reason: Some("deploy \"v2\"".into()),
+            by: None,
+        };
+        let bytes = PauseDoc::of(&pause).encode();
+        assert_eq!(
+            String::from_utf8_lossy(&bytes),
+            r#"{"since":7,"until":9,"reason":"deploy \"v2\""}"#
+        );
+        let read = PauseDoc::decode(&bytes).expect("decodes");
+        assert_eq!(read.into_pause(PauseScope::All), pause);
+        assert!(PauseDoc::decode(b"{}").is_err());
     }
 
     #[test]

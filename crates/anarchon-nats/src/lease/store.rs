@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use anarchon_core::{
-    ClaimAnswers, ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, RecordState, Renewal,
-    RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token,
+    ClaimAnswers, ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, Pause, PauseRequest,
+    PauseScope, Pauses, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView,
+    Slot, StoreError, Timestamp, Token,
 };
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -267,5 +268,17 @@ impl LeaseStore for NatsLeaseStore {
     }
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
         self.collect_garbage_now(keep).await
+    }
+
+    async fn pause(&self, scope: &PauseScope, req: &PauseRequest) -> Result<Pause, StoreError> {
+        self.pause_now(scope, req).await
+    }
+
+    async fn resume(&self, scope: &PauseScope) -> Result<bool, StoreError> {
+        self.resume_now(scope).await
+    }
+
+    async fn pauses(&self) -> Result<Pauses, StoreError> {
+        self.pauses_now().await
     }
 }
