@@ -90,11 +90,11 @@ async fn open(url: &str, parsed: &StoreUrl, write: bool) -> anyhow::Result<Opene
         return Ok(existing);
     }
     existing.close().await;
-    Ok(parsed
+    parsed
         .open()
         .await
         .map_err(Error::from)
-        .with_context(context)?)
+        .with_context(context)
 }
 
 fn control(opened: &Opened, parsed: &StoreUrl) -> Result<Control<dyn LeaseStore>, Error> {

@@ -10,65 +10,34 @@
 //!   in the past on the store's clock, a time that is not RFC 3339, and a
 //!   claim-only store (refused before connecting).
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use common::{Fleet, anarchon, wait_for};
+use common::{Fleet, now_ms, run_in, sqlite_crontab_head, wait_for};
 use nix::sys::signal::Signal;
 
-/// Runs `anarchon args…` in `dir`: (exit code, stdout, stderr).
-fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = anarchon()
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run anarchon");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn now_ms() -> i64 {
-    i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("after 1970")
-            .as_millis(),
-    )
-    .expect("fits")
-}
-
-/// A crontab on `store` whose per-second job `tick` appends
+/// A crontab on the SQLite file `db` whose per-second job `tick` appends
 /// `$ANARCHON_SLOT $PPID` to `log`.
-fn crontab(dir: &Path, store: &str, log: &Path) -> std::path::PathBuf {
+fn crontab(dir: &Path, db: &Path, log: &Path) -> String {
     let path = dir.join("anarchon.toml");
-    std::fs::write(
-        &path,
-        format!(
-            r#"store = "{store}"
-
-[scheduler]
-lease = "1s"
-heartbeat = "300ms"
-shutdown_grace = "1s"
-kill_grace = "500ms"
-
+    let head = sqlite_crontab_head(db, ["1s", "300ms", "1s", "500ms"]);
+    let job = format!(
+        r#"
 [[job]]
 name = "tick"
 every = "1s"
 max_late = "5s"
 command = "echo \"$ANARCHON_SLOT $PPID\" >> {log}"
 "#,
-            log = log.display()
-        ),
-    )
-    .unwrap();
-    path
+        log = log.display()
+    );
+    std::fs::write(&path, head + &job).expect("writing the crontab");
+    path.to_str().expect("a UTF-8 path").to_owned()
 }
 
 /// The slots the job ran, each with the daemons that ran it.
@@ -88,9 +57,8 @@ fn a_paused_job_runs_nowhere_in_the_fleet_until_resumed() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let log = d.join("runs.log");
-    let store = format!("sqlite://{}", d.join("fleet.db").display());
-    let config = crontab(d, &store, &log);
-    let config = config.to_str().unwrap();
+    let config = crontab(d, &d.join("fleet.db"), &log);
+    let config = config.as_str();
 
     let mut fleet = Fleet::default();
     for _ in 0..3 {
@@ -195,9 +163,8 @@ fn bad_control_input_is_refused_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let log = d.join("runs.log");
-    let store = format!("sqlite://{}", d.join("control.db").display());
-    let config = crontab(d, &store, &log);
-    let config = config.to_str().unwrap();
+    let config = crontab(d, &d.join("control.db"), &log);
+    let config = config.as_str();
     // The store exists once a daemon (or the library) opened it.
     let mut fleet = Fleet::default();
     fleet.start(Path::new(config), d);

@@ -9,9 +9,9 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use common::{Fleet, sqlite_crontab_head, wait_for};
+use common::{Fleet, now_ms, sqlite_crontab_head, wait_for};
 use nix::sys::signal::Signal;
 
 const PROCESSES: usize = 4;
@@ -42,16 +42,6 @@ fn read_log(path: &Path) -> Vec<Line> {
             }
         })
         .collect()
-}
-
-fn now_ms() -> i64 {
-    i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("after 1970")
-            .as_millis(),
-    )
-    .expect("fits")
 }
 
 #[test]

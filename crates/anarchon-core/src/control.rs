@@ -204,7 +204,8 @@ impl PauseRequest {
     /// # Errors
     ///
     /// [`PauseRefused::UntilPassed`] when [`Until::At`] is not after `now`;
-    /// [`PauseRefused::Empty`] for [`Until::For`] a zero duration.
+    /// [`PauseRefused::Empty`] for [`Until::For`] less than a millisecond
+    /// (stores keep milliseconds).
     pub fn at(&self, scope: &PauseScope, now: Timestamp) -> Result<Pause, PauseRefused> {
         let end = match self.until {
             Until::Resumed => PauseEnd::OnResume,
@@ -212,7 +213,7 @@ impl PauseRequest {
                 return Err(PauseRefused::UntilPassed { until, now });
             }
             Until::At(until) => PauseEnd::At(until),
-            Until::For(d) if d.is_zero() => return Err(PauseRefused::Empty),
+            Until::For(d) if d.as_millis() == 0 => return Err(PauseRefused::Empty),
             Until::For(d) => PauseEnd::At(now.saturating_add(d)),
         };
         Ok(Pause {
@@ -263,7 +264,7 @@ pub enum PauseRefused {
         now: Timestamp,
     },
     /// A pause for no time at all.
-    #[error("a pause for zero time would not pause anything; give a positive duration")]
+    #[error("a pause shorter than a millisecond would not pause anything; give a longer duration")]
     Empty,
     /// A reason or author that cannot be kept.
     #[error("the pause's {what} cannot be kept: {reason}")]
@@ -452,8 +453,10 @@ mod tests {
                 now: t(5)
             })
         );
-        let zero = PauseRequest::new().with_until(Until::For(Duration::ZERO));
-        assert_eq!(zero.at(&all, t(5)), Err(PauseRefused::Empty));
+        for nothing in [Duration::ZERO, Duration::from_micros(500)] {
+            let zero = PauseRequest::new().with_until(Until::For(nothing));
+            assert_eq!(zero.at(&all, t(5)), Err(PauseRefused::Empty));
+        }
     }
 
     #[test]

@@ -99,6 +99,18 @@ impl Drop for Listener {
     }
 }
 
+/// `answer` to a release or give-back, once `announce` (the store's way
+/// of telling other instances, e.g. a publish) has run if the hand-over
+/// took effect (`Renewed`): backups waiting in
+/// [`LeaseStore::wait_for_hand_over`](crate::LeaseStore::wait_for_hand_over)
+/// learn of it at once. `announce` is not polled otherwise.
+pub async fn announced(answer: Renewal, announce: impl Future<Output = ()>) -> Renewal {
+    if answer == Renewal::Renewed {
+        announce.await;
+    }
+    answer
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,16 +142,4 @@ mod tests {
         let board = HandOvers::new();
         assert!(!board.wait(&run("a", 1000), Duration::from_secs(5)).await);
     }
-}
-
-/// `answer` to a release or give-back, once `announce` (the store's way
-/// of telling other instances, e.g. a publish) has run if the hand-over
-/// took effect (`Renewed`): backups waiting in
-/// [`LeaseStore::wait_for_hand_over`](crate::LeaseStore::wait_for_hand_over)
-/// learn of it at once. `announce` is not polled otherwise.
-pub async fn announced(answer: Renewal, announce: impl Future<Output = ()>) -> Renewal {
-    if answer == Renewal::Renewed {
-        announce.await;
-    }
-    answer
 }

@@ -128,6 +128,17 @@ pub enum RunOutcome {
     },
 }
 
+impl RunOutcome {
+    /// The state a finish with this outcome records, and the error it
+    /// keeps (`None` for a success).
+    pub fn into_record(self) -> (FinalState, Option<String>) {
+        match self {
+            RunOutcome::Succeeded => (FinalState::Succeeded, None),
+            RunOutcome::Failed { error } => (FinalState::Failed, Some(error)),
+        }
+    }
+}
+
 /// A state a run never leaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FinalState {

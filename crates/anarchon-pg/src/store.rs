@@ -8,9 +8,9 @@ use std::time::Duration;
 use anarchon_core::hand_over::announced;
 use anarchon_core::time::millis;
 use anarchon_core::{
-    ClaimAnswers, ClaimOutcome, FinalState, HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore,
-    Listener, Pause, PauseRequest, PauseScope, Pauses, Renewal, RunKey, RunOutcome, RunRecord,
-    RunState, RunView, Slot, StoreError, Timestamp, Token,
+    ClaimAnswers, ClaimOutcome, HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore, Listener,
+    Pause, PauseRequest, PauseScope, Pauses, Renewal, RunKey, RunOutcome, RunRecord, RunState,
+    RunView, Slot, StoreError, Timestamp, Token,
 };
 use async_trait::async_trait;
 use sqlx::PgPool;
@@ -281,10 +281,7 @@ impl LeaseStore for PgStore {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
-        let (state, error) = match outcome {
-            RunOutcome::Succeeded => (FinalState::Succeeded, None),
-            RunOutcome::Failed { error } => (FinalState::Failed, Some(error)),
-        };
+        let (state, error) = outcome.into_record();
         Ok(self
             .update_held(
                 "recording the end",

@@ -529,21 +529,6 @@ async fn query(
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn config_get_answers_are_read() {
-        let v = Value::Array(vec![
-            Value::BulkString(b"maxmemory-policy".to_vec()),
-            Value::BulkString(b"allkeys-lru".to_vec()),
-        ]);
-        assert_eq!(config_value(&v).as_deref(), Some("allkeys-lru"));
-        assert_eq!(config_value(&Value::Array(vec![])), None);
-    }
-}
-
 /// Implements [`ClaimStore`](anarchon_core::ClaimStore) for a claim-only
 /// strategy's store: its `try_claim` is the claim, `$memory` (an
 /// expression over the store) how long it remembers a run, and it is no
@@ -579,3 +564,18 @@ macro_rules! claim_only_store {
 }
 
 pub(crate) use claim_only_store;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_get_answers_are_read() {
+        let v = Value::Array(vec![
+            Value::BulkString(b"maxmemory-policy".to_vec()),
+            Value::BulkString(b"allkeys-lru".to_vec()),
+        ]);
+        assert_eq!(config_value(&v).as_deref(), Some("allkeys-lru"));
+        assert_eq!(config_value(&Value::Array(vec![])), None);
+    }
+}

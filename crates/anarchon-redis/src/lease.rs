@@ -1,5 +1,6 @@
 //! The `lease` strategy: a full lease store, each step one Lua script.
 
+use anarchon_core::hand_over::announced;
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -7,10 +8,10 @@ use std::time::Duration;
 
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Attempt, ClaimAnswers, ClaimOutcome, Fence, FinalState, HandOvers, InstanceId, JobName,
-    LeaseClaim, LeaseStore, Listener, Overlap, Pause, PauseEnd, PauseRequest, PauseScope, Pauses,
-    RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError,
-    Timestamp, Token, Until, Win,
+    Attempt, ClaimAnswers, ClaimOutcome, Fence, HandOvers, InstanceId, JobName, LeaseClaim,
+    LeaseStore, Listener, Overlap, Pause, PauseEnd, PauseRequest, PauseScope, Pauses, RecordState,
+    Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token,
+    Until, Win,
 };
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
@@ -662,10 +663,7 @@ impl LeaseStore for RedisLeaseStore {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
-        let (state, error) = match outcome {
-            RunOutcome::Succeeded => (FinalState::Succeeded, None),
-            RunOutcome::Failed { error } => (FinalState::Failed, Some(error)),
-        };
+        let (state, error) = outcome.into_record();
         let extra = vec![
             state.as_str().to_owned(),
             if error.is_some() { "1" } else { "0" }.to_owned(),
@@ -679,20 +677,14 @@ impl LeaseStore for RedisLeaseStore {
         let answer = self
             .step(run, token, "release", Vec::new(), "releasing a lease")
             .await?;
-        if answer == Renewal::Renewed {
-            self.announce_hand_over(run).await;
-        }
-        Ok(answer)
+        Ok(announced(answer, self.announce_hand_over(run)).await)
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         let answer = self
             .step(run, token, "give_back", Vec::new(), "giving a run back")
             .await?;
-        if answer == Renewal::Renewed {
-            self.announce_hand_over(run).await;
-        }
-        Ok(answer)
+        Ok(announced(answer, self.announce_hand_over(run)).await)
     }
 
     async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
@@ -892,6 +884,7 @@ impl LeaseStore for RedisLeaseStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anarchon_core::FinalState;
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())

@@ -8,9 +8,9 @@ use std::time::Duration;
 use anarchon_core::HandOvers;
 use anarchon_core::time::millis;
 use anarchon_core::{
-    ClaimAnswers, ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, Pause, PauseRequest,
-    PauseScope, Pauses, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, StoreError,
-    Timestamp, Token,
+    ClaimAnswers, ClaimOutcome, JobName, LeaseClaim, LeaseStore, Pause, PauseRequest, PauseScope,
+    Pauses, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, StoreError, Timestamp,
+    Token,
 };
 use async_trait::async_trait;
 use sqlx::SqlitePool;
@@ -239,10 +239,7 @@ impl LeaseStore for SqliteStore {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
-        let (state, error) = match outcome {
-            RunOutcome::Succeeded => (FinalState::Succeeded, None),
-            RunOutcome::Failed { error } => (FinalState::Failed, Some(error)),
-        };
+        let (state, error) = outcome.into_record();
         let query = sqlx::query(self.sql.finish.clone())
             .bind(run.job.as_str())
             .bind(run.slot.as_millis())

@@ -25,7 +25,7 @@ use futures::StreamExt;
 
 use crate::claim::claim_request;
 use crate::factory::StoreFactory;
-use crate::lease::LONG_LEASE;
+use crate::lease::{LONG_LEASE, store_now};
 
 /// How many cases run at once.
 const AT_ONCE: usize = 8;
@@ -153,12 +153,6 @@ fn claim_cases() -> Vec<ClaimCase> {
         }
     }
     cases
-}
-
-/// The store's clock, read through a run nobody has.
-async fn store_now<S: LeaseStore + ?Sized>(store: &S, job: &JobName) -> Timestamp {
-    let run = RunKey::new(job.clone(), Slot::from_millis(0));
-    store.peek(&run).await.expect("peek").store_now
 }
 
 fn planting(run: &RunKey, token: Token, max_late: Duration, max_attempts: u32) -> LeaseClaim {

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_core::{
-    ClaimOutcome, LeaseClaim, LeaseStore, MaxAttempts, Overlap, RunKey, RunRecord, RunState,
-    RunView, Timestamp, Token, Win,
+    ClaimOutcome, JobName, LeaseClaim, LeaseStore, MaxAttempts, Overlap, RunKey, RunRecord,
+    RunState, RunView, Slot, Timestamp, Token, Win,
 };
 
 use crate::claim::{claim_request, future_slot, job};
@@ -60,6 +60,12 @@ pub fn lease_claim(run: RunKey, token: Token, instance: &str) -> LeaseClaim {
         overlap: Overlap::Allow,
         max_attempts: MaxAttempts::DEFAULT,
     }
+}
+
+/// The store's clock, read through a run of `job` nobody has.
+pub(crate) async fn store_now<S: LeaseStore + ?Sized>(store: &S, job: &JobName) -> Timestamp {
+    let run = RunKey::new(job.clone(), Slot::from_millis(0));
+    store.peek(&run).await.expect("peek").store_now
 }
 
 fn short(mut claim: LeaseClaim) -> LeaseClaim {

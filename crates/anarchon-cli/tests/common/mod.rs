@@ -197,3 +197,14 @@ pub fn unknown_scheme_is_refused_masked(
     assert!(!stderr.contains(never_shown), "{stderr}");
     stderr
 }
+
+/// The wall clock in milliseconds since the Unix epoch, as slots are.
+pub fn now_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_millis(),
+    )
+    .expect("fits")
+}

@@ -1,13 +1,14 @@
 //! The [`LeaseStore`] impl: each call as reads and a compare-and-swap of
 //! the job's document.
 
+use anarchon_core::hand_over::announced;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use anarchon_core::{
-    ClaimAnswers, ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, Pause, PauseRequest,
-    PauseScope, Pauses, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView,
-    Slot, StoreError, Timestamp, Token,
+    ClaimAnswers, ClaimOutcome, JobName, LeaseClaim, LeaseStore, Pause, PauseRequest, PauseScope,
+    Pauses, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot,
+    StoreError, Timestamp, Token,
 };
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -127,10 +128,7 @@ impl LeaseStore for NatsLeaseStore {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
-        let (state, error) = match outcome {
-            RunOutcome::Succeeded => (FinalState::Succeeded, None),
-            RunOutcome::Failed { error } => (FinalState::Failed, Some(error)),
-        };
+        let (state, error) = outcome.into_record();
         let changed = self
             .change_live(run, token, |doc, slot| {
                 if let Some(live) = doc.live.remove(&slot) {
@@ -167,10 +165,7 @@ impl LeaseStore for NatsLeaseStore {
                 }
             })
             .await?;
-        if answer == Renewal::Renewed {
-            self.announce_hand_over(run).await;
-        }
-        Ok(answer)
+        Ok(announced(answer, self.announce_hand_over(run)).await)
     }
 
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
@@ -182,10 +177,7 @@ impl LeaseStore for NatsLeaseStore {
                 }
             })
             .await?;
-        if answer == Renewal::Renewed {
-            self.announce_hand_over(run).await;
-        }
-        Ok(answer)
+        Ok(announced(answer, self.announce_hand_over(run)).await)
     }
 
     async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {

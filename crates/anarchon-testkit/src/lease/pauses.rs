@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use anarchon_core::{
-    ClaimOutcome, FinalState, JobName, LeaseStore, PauseEnd, PauseRequest, PauseScope, RecordState,
-    Renewal, RunKey, RunOutcome, Slot, StoreErrorKind, Timestamp, Token, Until,
+    ClaimOutcome, FinalState, LeaseStore, PauseEnd, PauseRequest, PauseScope, RecordState, Renewal,
+    RunKey, RunOutcome, Slot, StoreErrorKind, Token, Until,
 };
 use futures::future::join_all;
 
@@ -14,16 +14,10 @@ use crate::clock::SkewedClock;
 use crate::factory::StoreFactory;
 
 use super::clocks::{SKEW, assert_store_clock};
-use super::{lease_claim, won};
+use super::{lease_claim, store_now, won};
 
 /// How many slots the pause checks race over.
 const PAUSED_SLOTS: i64 = 20;
-
-/// The store's clock, read through a run nobody has.
-async fn store_now<S: LeaseStore + ?Sized>(store: &S, job: &JobName) -> Timestamp {
-    let run = RunKey::new(job.clone(), Slot::from_millis(0));
-    store.peek(&run).await.expect("peek").store_now
-}
 
 fn paused(outcome: ClaimOutcome, what: &str) {
     assert_eq!(
