@@ -1,6 +1,7 @@
 //! `pause`, `resume` and `status` against a fleet of daemons.
 //!
-//! * Three `anarchon run` processes share a SQLite file with a per-second
+//! * Three `anarchon run` processes share a store (a SQLite file, a
+//!   PostgreSQL table, a Redis prefix, a NATS KV bucket) with a per-second
 //!   job. `anarchon pause` (another process, no daemon) stops the job on
 //!   all three: its next slots are recorded `paused` and run nowhere;
 //!   `status` shows the pause with its reason, as text and JSON; `resume`
@@ -18,14 +19,16 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Fleet, now_ms, run_in, sqlite_crontab_head, wait_for};
+use anarchon_testkit::servers::{Service, unique_prefix};
+use common::servers::{NatsStream, PgTable, RedisKeys, server, with_params};
+use common::{Fleet, crontab_head, now_ms, run_in, wait_for};
 use nix::sys::signal::Signal;
 
-/// A crontab on the SQLite file `db` whose per-second job `tick` appends
+/// A crontab on `store` whose per-second job `tick` appends
 /// `$ANARCHON_SLOT $PPID` to `log`.
-fn crontab(dir: &Path, db: &Path, log: &Path) -> String {
+fn crontab(dir: &Path, store: &str, log: &Path) -> String {
     let path = dir.join("anarchon.toml");
-    let head = sqlite_crontab_head(db, ["1s", "300ms", "1s", "500ms"]);
+    let head = crontab_head(store, ["1s", "300ms", "1s", "500ms"]);
     let job = format!(
         r#"
 [[job]]
@@ -52,12 +55,54 @@ fn ran(log: &Path) -> BTreeMap<i64, Vec<String>> {
     runs
 }
 
+fn sqlite(dir: &Path, file: &str) -> String {
+    format!("sqlite://{}", dir.join(file).display())
+}
+
 #[test]
-fn a_paused_job_runs_nowhere_in_the_fleet_until_resumed() {
+fn a_paused_job_runs_nowhere_in_a_fleet_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+    the_fleet_obeys_pause_and_resume(dir.path(), &sqlite(dir.path(), "fleet.db"));
+}
+
+#[test]
+fn a_paused_job_runs_nowhere_in_a_fleet_on_postgres() {
+    let base = server(Service::Postgres);
+    let table = unique_prefix("clipause");
+    let _table = PgTable::named(&base, &table);
+    let dir = tempfile::tempdir().unwrap();
+    let url = with_params(&base, &format!("table={table}&pool_size=2"));
+    the_fleet_obeys_pause_and_resume(dir.path(), &url);
+}
+
+#[test]
+fn a_paused_job_runs_nowhere_in_a_fleet_on_redis() {
+    let base = server(Service::Redis);
+    let prefix = unique_prefix("clipause");
+    let _keys = RedisKeys::under(&base, &prefix);
+    let dir = tempfile::tempdir().unwrap();
+    the_fleet_obeys_pause_and_resume(dir.path(), &with_params(&base, &format!("prefix={prefix}")));
+}
+
+#[test]
+fn a_paused_job_runs_nowhere_in_a_fleet_on_nats_kv() {
+    let base = server(Service::Nats);
+    let bucket = unique_prefix("clipause");
+    let _bucket = NatsStream::named(&base, format!("KV_{bucket}"));
+    let dir = tempfile::tempdir().unwrap();
+    let url = with_params(
+        &base.replacen("nats://", "nats-kv://", 1),
+        &format!("bucket={bucket}"),
+    );
+    the_fleet_obeys_pause_and_resume(dir.path(), &url);
+}
+
+/// Three daemons on `store` run a per-second job; a pause from another
+/// process stops it on all of them, `status` shows it, `resume` restarts
+/// it, and no slot ever runs twice.
+fn the_fleet_obeys_pause_and_resume(d: &Path, store: &str) {
     let log = d.join("runs.log");
-    let config = crontab(d, &d.join("fleet.db"), &log);
+    let config = crontab(d, store, &log);
     let config = config.as_str();
 
     let mut fleet = Fleet::default();
@@ -163,7 +208,7 @@ fn bad_control_input_is_refused_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let log = d.join("runs.log");
-    let config = crontab(d, &d.join("control.db"), &log);
+    let config = crontab(d, &sqlite(d, "control.db"), &log);
     let config = config.as_str();
     // The store exists once a daemon (or the library) opened it.
     let mut fleet = Fleet::default();

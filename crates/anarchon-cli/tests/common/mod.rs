@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod servers;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -166,18 +168,22 @@ pub fn run_in(dir: &Path, args: &[&str]) -> (i32, String, String) {
 /// and the `[scheduler]` table's `lease`, `heartbeat`, `shutdown_grace`
 /// and `kill_grace`, in that order, as `timings`. The jobs follow it.
 pub fn sqlite_crontab_head(db: &Path, timings: [&str; 4]) -> String {
+    crontab_head(&format!("sqlite://{}", db.display()), timings)
+}
+
+/// [`sqlite_crontab_head`] for any store URL.
+pub fn crontab_head(store: &str, timings: [&str; 4]) -> String {
     let [lease, heartbeat, shutdown_grace, kill_grace] = timings;
     format!(
         r#"
-store = "sqlite://{db}"
+store = "{store}"
 
 [scheduler]
 lease = "{lease}"
 heartbeat = "{heartbeat}"
 shutdown_grace = "{shutdown_grace}"
 kill_grace = "{kill_grace}"
-"#,
-        db = db.display()
+"#
     )
 }
 

@@ -93,35 +93,23 @@ fn postgres_urls_keep_the_clients_parameters_and_strip_ours() {
     assert!(socket.describe().contains("/run/postgresql:5432/cron"));
 }
 
+/// A backend's refusal of its URL reaches the caller as an invalid URL,
+/// with the backend's reason and the password masked. (Each backend's own
+/// tests go through every parameter; these are samples of the route.)
 #[test]
-fn bad_postgres_urls_say_what_is_wrong() {
+fn bad_store_urls_are_refused_with_the_backends_reason() {
     for (url, says) in [
         (
             "postgres://app:s3cret@db/cron?tabel=x",
             "unknown parameter \"tabel\"",
         ),
-        (
-            "postgres://app:s3cret@db/cron?table=Runs",
-            "invalid table name",
-        ),
-        (
-            "postgres://app:s3cret@db/cron?pool_size=0",
-            "pool_size must be at least 1",
-        ),
-        (
-            "postgres://app:s3cret@db/cron?pool_size=many",
-            "pool_size must be a whole number",
-        ),
-        (
-            "postgres://app:s3cret@db/cron?migrate=yes",
-            "migrate must be true or false",
-        ),
-        ("postgres://app:s3cret@db:port/cron", "the port \"port\""),
         ("postgres://app:s3cret@/cron", "names no host"),
         (
-            "postgres://app:s3cret@db/cron?connect_timeout_ms=0",
-            "longer than zero",
+            "redis://:s3cret@h?strategy=leases",
+            "unknown strategy \"leases\"",
         ),
+        ("redis://:s3cret@h?prefix=a%20b", "invalid key prefix"),
+        ("rediss://:s3cret@h?tls_ca_file=%zz", "broken %-escape"),
     ] {
         let err = StoreUrl::parse(url).unwrap_err();
         let text = err.to_string();
@@ -129,8 +117,9 @@ fn bad_postgres_urls_say_what_is_wrong() {
         assert!(err.is_url() && !err.is_temporary(), "{text}");
         assert!(text.contains(says), "{url}: {text}");
         assert!(!text.contains("s3cret"), "{text}");
-        assert!(text.contains("app:***@"), "{text}");
     }
+    let pg = StoreUrl::parse("postgres://app:s3cret@db/cron?pool_size=0").unwrap_err();
+    assert!(pg.to_string().contains("app:***@"), "{pg}");
 }
 
 #[test]
@@ -231,59 +220,6 @@ fn tls_urls_carry_a_private_authority() {
         Some(std::path::Path::new("/etc/ca.pem"))
     );
     assert!(!format!("{kv:?}").contains("tok3n"));
-}
-
-#[test]
-fn bad_redis_urls_say_what_is_wrong() {
-    for (url, says) in [
-        (
-            "redis://:s3cret@h?strategy=leases",
-            "unknown strategy \"leases\"",
-        ),
-        (
-            "redis://:s3cret@h?strategie=lease",
-            "unknown parameter \"strategie\"",
-        ),
-        (
-            "redis://:s3cret@h?window_ms=60000",
-            "window_ms applies to strategy=script",
-        ),
-        (
-            "redis://:s3cret@h?strategy=script&duration_ms=60000",
-            "duration_ms applies to strategy=idmp",
-        ),
-        (
-            "redis://:s3cret@h?strategy=script&window_ms=5",
-            "window_ms must be at least",
-        ),
-        (
-            "redis://:s3cret@h?strategy=idmp&duration_ms=1500",
-            "whole seconds",
-        ),
-        ("redis://:s3cret@h?prefix=a%20b", "invalid key prefix"),
-        ("redis://:s3cret@h/zero", "database \"zero\""),
-        ("redis://:s3cret@:6379", "names no host"),
-        ("redis://:s3cret@h?timeout_ms=0", "longer than zero"),
-        (
-            "redis://:s3cret@h?eviction=maybe",
-            "eviction must be warn or refuse",
-        ),
-        (
-            "redis://:s3cret@h?protocol=resp9",
-            "Invalid protocol version",
-        ),
-        (
-            "redis://:s3cret@h?tls_ca_file=/ca.pem",
-            "needs a rediss:// URL",
-        ),
-        ("rediss://:s3cret@h?tls_ca_file=%zz", "broken %-escape"),
-    ] {
-        let err = StoreUrl::parse(url).unwrap_err();
-        let text = err.to_string();
-        assert!(err.is_url() && !err.is_temporary(), "{text}");
-        assert!(text.contains(says), "{url}: {text}");
-        assert!(!text.contains("s3cret"), "{text}");
-    }
 }
 
 /// `url` with `params` added to its query.
