@@ -44,7 +44,7 @@ pub const IDMP_MIN_VERSION: Version = Version::new(8, 6, 0);
 /// Redis keeps at most IDMP-MAXSIZE ids per producer, so a job is
 /// remembered for `duration` or its last 10,000 slots, whichever is
 /// shorter: a job firing more often than every `duration / 10000` forgets
-/// sooner than [`ClaimStore::info`] says.
+/// sooner than [`ClaimStore::info`](anarchon_core::ClaimStore::info) says.
 ///
 /// The constructor reads the server version and refuses anything older
 /// than Redis 8.6 (and Valkey), naming the `script` strategy, which gives

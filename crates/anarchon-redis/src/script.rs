@@ -34,7 +34,7 @@ static SCRIPTS: [&Lua; 1] = [&CLAIM];
 /// claim of the job inside the window when the slot is new, so keep the
 /// window near `max_late` plus the skew margin for jobs that fire often.
 ///
-/// [`ClaimStore::info`] reports `Memory::Window(window)`: the scheduler
+/// [`ClaimStore::info`](anarchon_core::ClaimStore::info) reports `Memory::Window(window)`: the scheduler
 /// refuses jobs whose `max_late` plus the skew margin exceed it.
 pub struct RedisScriptStore {
     link: Link,
