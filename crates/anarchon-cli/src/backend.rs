@@ -9,10 +9,11 @@
 use std::sync::Arc;
 
 use anarchon::{
-    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, LeaseStore, MemoryStore, OpenError,
-    Opened, StoreError, StoreUrl,
+    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseStore, MemoryStore,
+    OpenError, Opened, StoreError, StoreUrl,
 };
 
+use crate::config::Crontab;
 use crate::error::Error;
 
 /// A store of the same kind (lease or claim-only), name and memory as the
@@ -188,4 +189,30 @@ mod tests {
         assert!(matches!(err, Error::NoDatabase { .. }), "{err}");
         assert!(!err.is_configuration());
     }
+}
+
+/// The jobs `history` and `status` show: the one named, else the
+/// crontab's, else every job of the store's job index.
+///
+/// # Errors
+///
+/// [`Error::Config`] for a crontab job name the core refuses; the store's
+/// error reading its index.
+pub(crate) async fn jobs_to_show(
+    named: Option<JobName>,
+    crontab: Option<&Crontab>,
+    opened: &Opened,
+) -> Result<Vec<JobName>, Error> {
+    if let Some(job) = named {
+        return Ok(vec![job]);
+    }
+    if let Some(crontab) = crontab {
+        return crontab
+            .jobs
+            .iter()
+            .map(|j| JobName::new(&j.name))
+            .collect::<Result<_, _>>()
+            .map_err(|source| Error::config(Some(crontab.path.display().to_string()), None, source));
+    }
+    Ok(opened.jobs().await?.unwrap_or_default())
 }

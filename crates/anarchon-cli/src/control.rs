@@ -175,26 +175,9 @@ pub(crate) async fn status(
         .as_deref()
         .map(|name| job_name(name, crontab.as_ref()))
         .transpose()?;
-    if named.is_none() && crontab.is_none() && !parsed.lists_jobs() {
-        return Err(Error::JobsUnknown {
-            backend: parsed.backend(),
-        }
-        .into());
-    }
     let opened = open(&url, &parsed, false).await?;
     let result = async {
-        let jobs = match named {
-            Some(job) => vec![job],
-            None => match &crontab {
-                Some(crontab) => crontab
-                    .jobs
-                    .iter()
-                    .map(|j| JobName::new(&j.name))
-                    .collect::<Result<_, _>>()
-                    .map_err(|source| Error::config(None, None, source))?,
-                None => opened.jobs().await?.unwrap_or_default(),
-            },
-        };
+        let jobs = backend::jobs_to_show(named, crontab.as_ref(), &opened).await?;
         let control = control(&opened, &parsed)?;
         let pauses = control.pauses().await?;
         let statuses = control.status(&jobs, recent.max(1)).await?;

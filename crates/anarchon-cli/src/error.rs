@@ -128,15 +128,6 @@ pub(crate) enum Error {
     #[error("name one job, or pass --all for every job of the store (not both)")]
     Scope,
 
-    /// `anarchon history` without a job on a store that cannot list its
-    /// jobs, and no crontab to take them from.
-    #[error(
-        "the `{backend}` store cannot list the jobs it has runs of: name a job (`anarchon history JOB`) or pass --config FILE to show the crontab's jobs"
-    )]
-    JobsUnknown {
-        /// The backend, e.g. `postgres`.
-        backend: &'static str,
-    },
 }
 
 impl Error {
@@ -163,8 +154,7 @@ impl Error {
             | Error::UnknownJob { .. }
             | Error::Scope
             | Error::BadTime { .. }
-            | Error::PauseRefused(_)
-            | Error::JobsUnknown { .. } => true,
+            | Error::PauseRefused(_) => true,
             Error::Open(e) => match e {
                 OpenError::Store(_) | OpenError::Missing { .. } => false,
                 e => !e.is_temporary(),

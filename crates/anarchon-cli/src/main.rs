@@ -367,15 +367,6 @@ async fn history(
         }
         .into());
     }
-    // Only some stores (SQLite) can list the jobs they have runs of:
-    // elsewhere the jobs come from the command line or the crontab, found
-    // out before connecting.
-    if job.is_none() && crontab.is_none() && !parsed.lists_jobs() {
-        return Err(Error::JobsUnknown {
-            backend: parsed.backend(),
-        }
-        .into());
-    }
     let opened = backend::open_for_history(&parsed)
         .await
         .with_context(|| format!("cannot read the store {}", redact(&url)))?;
@@ -397,24 +388,7 @@ async fn history_of(
             backend: parsed.backend(),
         });
     };
-    let jobs = if let Some(name) = job {
-        vec![name]
-    } else if let Some(jobs) = opened.jobs().await? {
-        jobs
-    } else if let Some(crontab) = crontab {
-        crontab
-            .jobs
-            .iter()
-            .map(|j| JobName::new(&j.name))
-            .collect::<Result<_, _>>()
-            .map_err(|source| {
-                Error::config(Some(crontab.path.display().to_string()), None, source)
-            })?
-    } else {
-        return Err(Error::JobsUnknown {
-            backend: parsed.backend(),
-        });
-    };
+    let jobs = backend::jobs_to_show(job, crontab, opened).await?;
     let runs = show::history(store.as_ref(), &jobs, limit).await?;
     Ok(if runs.is_empty() {
         let which = match jobs.as_slice() {

@@ -273,6 +273,15 @@ pub trait LeaseLayer: Send + Sync + 'static {
         self.inner().resume(scope).await
     }
 
+    /// [`LeaseStore::jobs`]; forwards by default.
+    ///
+    /// # Errors
+    ///
+    /// The inner store's, unless overridden.
+    async fn jobs(&self) -> Result<Vec<JobName>, StoreError> {
+        self.inner().jobs().await
+    }
+
     /// [`LeaseStore::pauses`]; forwards by default.
     ///
     /// # Errors
@@ -377,6 +386,10 @@ impl<L: LeaseLayer> LeaseStore for L {
 
     async fn resume(&self, scope: &PauseScope) -> Result<bool, StoreError> {
         LeaseLayer::resume(self, scope).await
+    }
+
+    async fn jobs(&self) -> Result<Vec<JobName>, StoreError> {
+        LeaseLayer::jobs(self).await
     }
 
     async fn pauses(&self) -> Result<Pauses, StoreError> {
@@ -502,6 +515,11 @@ mod tests {
             Ok(false)
         }
 
+        async fn jobs(&self) -> Result<Vec<JobName>, StoreError> {
+            self.saw("jobs");
+            Ok(Vec::new())
+        }
+
         async fn pauses(&self) -> Result<Pauses, StoreError> {
             self.saw("pauses");
             Ok(Pauses::holding(Vec::new(), Timestamp::from_millis(0)))
@@ -593,9 +611,10 @@ mod tests {
             .unwrap();
         store.resume(&PauseScope::All).await.unwrap();
         store.pauses().await.unwrap();
+        store.jobs().await.unwrap();
     }
 
-    const EVERY_CALL: [&str; 15] = [
+    const EVERY_CALL: [&str; 16] = [
         "claim",
         "info",
         "claim_lease",
@@ -611,6 +630,7 @@ mod tests {
         "pause",
         "resume",
         "pauses",
+        "jobs",
     ];
 
     #[tokio::test]

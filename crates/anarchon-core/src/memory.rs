@@ -456,6 +456,14 @@ impl LeaseStore for MemoryStore {
         self.step(|state, _| state.pauses.remove(scope).is_some())
     }
 
+    async fn jobs(&self) -> Result<Vec<JobName>, StoreError> {
+        self.step(|state, _| {
+            let mut jobs: Vec<JobName> = state.jobs.keys().cloned().collect();
+            jobs.sort();
+            jobs
+        })
+    }
+
     async fn pauses(&self) -> Result<Pauses, StoreError> {
         self.step(|state, now| Pauses::holding(state.pauses.values().cloned().collect(), now))
     }

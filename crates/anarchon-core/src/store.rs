@@ -595,6 +595,16 @@ pub trait LeaseStore: ClaimStore {
     /// A [`StoreError`].
     async fn resume(&self, scope: &PauseScope) -> Result<bool, StoreError>;
 
+    /// Every job the store has claimed a run of, in name order: its job
+    /// index, kept as long as the job's fence counter (garbage collection
+    /// does not remove it), so an operator's `status` or `history` can find
+    /// the jobs without a crontab.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn jobs(&self) -> Result<Vec<JobName>, StoreError>;
+
     /// The pauses that hold at the store's clock, read with it
     /// ([`Pauses::holding`] drops the ended ones and orders the rest).
     ///
@@ -626,6 +636,7 @@ pub trait LeaseStore: ClaimStore {
 /// #     async fn collect_garbage(&self, k: Duration) -> Result<u64, StoreError> { self.0.collect_garbage(k).await }
 /// #     async fn pause(&self, s: &PauseScope, r: &PauseRequest) -> Result<Pause, StoreError> { self.0.pause(s, r).await }
 /// #     async fn resume(&self, s: &PauseScope) -> Result<bool, StoreError> { self.0.resume(s).await }
+/// #     async fn jobs(&self) -> Result<Vec<JobName>, StoreError> { self.0.jobs().await }
 /// #     async fn pauses(&self) -> Result<Pauses, StoreError> { self.0.pauses().await }
 /// # }
 /// anarchon_core::claims_through_leases!(MyStore, "my-store");

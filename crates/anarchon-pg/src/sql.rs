@@ -33,6 +33,7 @@ pub(crate) struct Statements {
     pub(crate) pause: SqlStr,
     pub(crate) resume: SqlStr,
     pub(crate) pauses: SqlStr,
+    pub(crate) jobs: SqlStr,
 }
 
 impl Statements {
@@ -50,6 +51,7 @@ impl Statements {
             pause: sql(include_str!("../sql/pause.sql"), table),
             resume: sql(include_str!("../sql/resume.sql"), table),
             pauses: sql(include_str!("../sql/pauses.sql"), table),
+            jobs: sql(include_str!("../sql/jobs.sql"), table),
         }
     }
 }
@@ -74,6 +76,7 @@ mod tests {
             &s.pause,
             &s.resume,
             &s.pauses,
+            &s.jobs,
         ] {
             assert!(!text.as_str().contains("{{"), "{}", text.as_str());
             assert!(text.as_str().contains("\"t_x"), "{}", text.as_str());

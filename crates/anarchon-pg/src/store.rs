@@ -411,6 +411,21 @@ impl LeaseStore for PgStore {
         Ok(done.rows_affected() > 0)
     }
 
+    async fn jobs(&self) -> Result<Vec<JobName>, StoreError> {
+        let action = || format!("listing the jobs of table {}", self.table);
+        let names: Vec<String> = send!(self, Resend::Always, action(), |conn| {
+            sqlx::query_scalar(self.sql.jobs.clone()).fetch_all(conn)
+        })?;
+        names
+            .into_iter()
+            .map(|n| {
+                JobName::new(&n).map_err(|_| {
+                    StoreError::from(Error::protocol(action(), format!("invalid job name {n:?}")))
+                })
+            })
+            .collect()
+    }
+
     async fn pauses(&self) -> Result<Pauses, StoreError> {
         let action = || format!("reading the pauses of table {}", self.table);
         let rows: Vec<PauseRow> = send!(self, Resend::Always, action(), |conn| {

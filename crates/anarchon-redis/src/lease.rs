@@ -403,8 +403,9 @@ impl RedisLeaseStore {
         Ok((now, records))
     }
 
-    /// The job names in `{p}:jobs`.
-    async fn jobs(&self) -> Result<Vec<JobName>, Error> {
+    /// The job names in `{p}:jobs`, the set each job's first claim through
+    /// a handle adds it to.
+    async fn indexed_jobs(&self) -> Result<Vec<JobName>, Error> {
         let key = jobs_key(&self.prefix);
         let members = self.members(&key, "listing jobs").await?;
         let mut jobs = Vec::with_capacity(members.len());
@@ -712,7 +713,7 @@ impl LeaseStore for RedisLeaseStore {
 
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
         let during = "collecting garbage";
-        let mut pending = self.jobs().await.map_err(store_err)?;
+        let mut pending = self.indexed_jobs().await.map_err(store_err)?;
         let mut deleted: u64 = 0;
         let mut first_error = None;
         while !pending.is_empty() {
@@ -843,6 +844,15 @@ impl LeaseStore for RedisLeaseStore {
                 "the resume answered neither 1 nor 0",
             ))),
         }
+    }
+
+    async fn jobs(&self) -> Result<Vec<JobName>, StoreError> {
+        let mut jobs = self
+            .indexed_jobs()
+            .await
+            .map_err(|e| e.into_store_error(BACKEND))?;
+        jobs.sort();
+        Ok(jobs)
     }
 
     async fn pauses(&self) -> Result<Pauses, StoreError> {

@@ -335,6 +335,17 @@ impl LeaseStore for SqliteStore {
         Ok(removed > 0)
     }
 
+    async fn jobs(&self) -> Result<Vec<JobName>, StoreError> {
+        let names: Vec<String> = sqlx::query_scalar(self.sql.jobs.clone())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err("listing the jobs", e))?;
+        names
+            .into_iter()
+            .map(|n| JobName::new(&n).map_err(|_| bad_value("job name", &n)))
+            .collect()
+    }
+
     async fn pauses(&self) -> Result<Pauses, StoreError> {
         let now: i64 = sqlx::query_scalar(self.sql.now.clone())
             .fetch_one(&self.pool)
@@ -349,26 +360,6 @@ impl LeaseStore for SqliteStore {
             .map(PauseRow::into_pause)
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Pauses::holding(pauses, Timestamp::from_millis(now)))
-    }
-}
-
-impl SqliteStore {
-    /// The jobs that have records, in name order: what `anarchon history`
-    /// lists when no job is named.
-    ///
-    /// # Errors
-    ///
-    /// A [`StoreError`] if the database cannot be read, or holds a job name
-    /// this crate would not have written.
-    pub async fn jobs(&self) -> Result<Vec<JobName>, StoreError> {
-        let names: Vec<String> = sqlx::query_scalar(self.sql.jobs.clone())
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| self.err("listing the jobs", e))?;
-        names
-            .into_iter()
-            .map(|n| JobName::new(&n).map_err(|_| bad_value("job name", &n)))
-            .collect()
     }
 }
 

@@ -32,7 +32,7 @@ pub use self::claims::{
 };
 pub use self::clocks::{SKEW, lease_expiry_is_judged_on_the_store_clock};
 pub use self::gc::{
-    fences_outlive_garbage_collection, garbage_collection_forgets_old_ended_runs_only,
+    the_job_index_lists_every_claimed_job, fences_outlive_garbage_collection, garbage_collection_forgets_old_ended_runs_only,
     garbage_collection_keeps_each_jobs_late_window,
 };
 pub use self::holder::{
@@ -172,6 +172,7 @@ macro_rules! lease_suite {
             a_pause_ends_on_the_store_clock,
             pausing_every_job_holds_each_until_resumed,
             a_pause_leaves_running_runs_and_missed_slots_alone,
+            the_job_index_lists_every_claimed_job,
         );
         $crate::__suite_tests!(
             $factory,

@@ -321,6 +321,9 @@ impl LeaseStore for Yes {
     ) -> Result<bool, anarchon_core::StoreError> {
         Ok(false)
     }
+    async fn jobs(&self) -> Result<Vec<JobName>, anarchon_core::StoreError> {
+        Ok(Vec::new())
+    }
     async fn pauses(&self) -> Result<anarchon_core::Pauses, anarchon_core::StoreError> {
         Ok(anarchon_core::Pauses::holding(
             Vec::new(),

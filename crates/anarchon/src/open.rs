@@ -319,15 +319,10 @@ impl StoreUrl {
         }
     }
 
-    /// Whether the opened store can list the jobs it has runs of
-    /// ([`Opened::jobs`]): only SQLite can.
+    /// Whether the opened store can list its jobs ([`Opened::jobs`]):
+    /// every lease store keeps a job index; a claim-only store keeps none.
     pub fn lists_jobs(&self) -> bool {
-        match self.backend {
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => true,
-            #[allow(unreachable_patterns)]
-            _ => false,
-        }
+        self.is_lease()
     }
 
     /// A short description for messages — the server or file, the names
@@ -639,18 +634,17 @@ impl Opened {
         self.store.kind()
     }
 
-    /// The jobs the store has runs of, for a store that can list them
-    /// (SQLite, see [`StoreUrl::lists_jobs`]); `None` for the others.
+    /// The jobs of a lease store's job index
+    /// ([`LeaseStore::jobs`](anarchon_core::LeaseStore::jobs)); `None` for a
+    /// claim-only store.
     ///
     /// # Errors
     ///
     /// The store's error reading them.
     pub async fn jobs(&self) -> Result<Option<Vec<JobName>>, OpenError> {
-        match &self.handle {
-            #[cfg(feature = "sqlite")]
-            Handle::Sqlite(store) => Ok(Some(store.jobs().await?)),
-            #[allow(unreachable_patterns)]
-            _ => Ok(None),
+        match self.lease_store() {
+            Some(store) => Ok(Some(store.jobs().await?)),
+            None => Ok(None),
         }
     }
 

@@ -19,13 +19,11 @@ use super::{Counters, MAX_ROUNDS, NatsLeaseStore, PARALLEL};
 type Collected = (i64, Vec<i64>);
 
 impl NatsLeaseStore {
-    /// Garbage collection: see [`LeaseStore::collect_garbage`].
-    pub(super) async fn collect_garbage_now(&self, keep: Duration) -> Result<u64, StoreError> {
-        let now = self.server_now().await?;
-        let keep = millis(keep);
-        // For run keys of jobs without a document (only `missed` records).
-        let cutoff = now.saturating_sub(keep);
-        let jobs: Vec<JobName> = self
+    /// The jobs with a document in the bucket (`job.<name>`), in name
+    /// order: every job a claim has written, since documents outlive their
+    /// runs. A job whose only records are `missed` ones has none.
+    pub(super) async fn indexed_jobs(&self) -> Result<Vec<JobName>, StoreError> {
+        let mut jobs: Vec<JobName> = self
             .list("job.*")
             .await?
             .into_iter()
@@ -34,6 +32,17 @@ impl NatsLeaseStore {
                     .and_then(|name| JobName::new(name).ok())
             })
             .collect();
+        jobs.sort();
+        Ok(jobs)
+    }
+
+    /// Garbage collection: see [`LeaseStore::collect_garbage`].
+    pub(super) async fn collect_garbage_now(&self, keep: Duration) -> Result<u64, StoreError> {
+        let now = self.server_now().await?;
+        let keep = millis(keep);
+        // For run keys of jobs without a document (only `missed` records).
+        let cutoff = now.saturating_sub(keep);
+        let jobs = self.indexed_jobs().await?;
         let mut deleted: HashSet<(String, i64)> = HashSet::new();
         let mut first_error = None;
         // Each job's cutoff; a job whose document could not be read has

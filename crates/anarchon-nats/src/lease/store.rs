@@ -270,6 +270,10 @@ impl LeaseStore for NatsLeaseStore {
         self.resume_now(scope).await
     }
 
+    async fn jobs(&self) -> Result<Vec<JobName>, StoreError> {
+        self.indexed_jobs().await
+    }
+
     async fn pauses(&self) -> Result<Pauses, StoreError> {
         self.pauses_now().await
     }

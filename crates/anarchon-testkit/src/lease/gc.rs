@@ -203,6 +203,11 @@ where
             .is_empty(),
         "collection takes every finished run older than `keep`"
     );
+    assert_eq!(
+        store.jobs().await.expect("jobs"),
+        [all_gone.clone(), top_gone.clone()],
+        "the job index keeps a job whose runs were all collected, as its fence counter"
+    );
     let next = next_fence(&all_gone, recent(0)).await;
     assert!(
         Some(next) > highest,
@@ -217,5 +222,40 @@ where
         next > top,
         "the next fence {next:?} must exceed the collected run's {top:?}, not only the \
          fences of the runs that remain ({kept_fence:?})"
+    );
+}
+
+/// Three instances each claim a run of their own job: a fourth instance's
+/// job index lists the three, in name order, and a job claimed again is
+/// listed once.
+pub async fn the_job_index_lists_every_claimed_job<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let names = ["index-c", "index-a", "index-b"];
+    let mut claimers = Vec::new();
+    for name in names {
+        let store = factory.instance().await;
+        let run = RunKey::new(job(name), crate::claim::future_slot(factory, 0));
+        won(store
+            .claim_lease(&lease_claim(run.clone(), Token::generate(), name))
+            .await
+            .expect("claim"));
+        claimers.push((store, run));
+    }
+    let (again, run) = &claimers[0];
+    let next = RunKey::new(
+        run.job.clone(),
+        Slot::from_millis(run.slot.as_millis() + 1000),
+    );
+    won(again
+        .claim_lease(&lease_claim(next, Token::generate(), "again"))
+        .await
+        .expect("claim"));
+    let reader = factory.instance().await;
+    assert_eq!(
+        reader.jobs().await.expect("jobs"),
+        [job("index-a"), job("index-b"), job("index-c")],
+        "every job a claim started, once each, in name order"
     );
 }
