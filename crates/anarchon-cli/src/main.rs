@@ -59,6 +59,9 @@ enum Cmd {
         /// How many runs to show.
         #[arg(short = 'n', long, default_value_t = 20)]
         limit: usize,
+        /// Print JSON (an array of runs, newest first) instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Pause a job (or every job) for the whole fleet: its slots are
     /// recorded `paused` and run nowhere until it is resumed or the pause
@@ -219,7 +222,8 @@ async fn dispatch(command: Cmd) -> anyhow::Result<()> {
             config,
             store,
             limit,
-        } => history(job, config.as_deref(), store, limit).await,
+            json,
+        } => history(job, config.as_deref(), store, limit, json).await,
         Cmd::Next { cron, tz, count } => {
             let schedule = Schedule::cron_in(&cron, &tz)
                 .map_err(|source| Error::config(None, None, source))?;
@@ -354,6 +358,7 @@ async fn history(
     config: Option<&Path>,
     store: Option<String>,
     limit: usize,
+    json: bool,
 ) -> anyhow::Result<()> {
     let crontab = config.map(Crontab::load).transpose()?;
     let url = store_url(store, crontab.as_ref());
@@ -370,7 +375,7 @@ async fn history(
     let opened = backend::open_for_history(&parsed)
         .await
         .with_context(|| format!("cannot read the store {}", redact(&url)))?;
-    let result = history_of(&opened, &parsed, job, crontab.as_ref(), limit).await;
+    let result = history_of(&opened, &parsed, job, crontab.as_ref(), limit, json).await;
     opened.close().await;
     write_out(&result?)
 }
@@ -382,6 +387,7 @@ async fn history_of(
     job: Option<JobName>,
     crontab: Option<&Crontab>,
     limit: usize,
+    json: bool,
 ) -> Result<String, Error> {
     let Some(store) = opened.lease_store() else {
         return Err(Error::NoHistory {
@@ -390,6 +396,9 @@ async fn history_of(
     };
     let jobs = backend::jobs_to_show(job, crontab, opened).await?;
     let runs = show::history(store.as_ref(), &jobs, limit).await?;
+    if json {
+        return Ok(show::history_json(&runs));
+    }
     Ok(if runs.is_empty() {
         let which = match jobs.as_slice() {
             [one] => format!(" for job {one:?}"),

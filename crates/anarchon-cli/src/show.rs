@@ -83,6 +83,33 @@ pub(crate) fn history_table(runs: &[RunRecord]) -> String {
     out
 }
 
+/// The runs as a JSON array, newest first: each with its job, slot,
+/// state, attempt, fence, instance, times (RFC 3339, UTC) and error. Times
+/// and numbers a run does not have are `null`.
+pub(crate) fn history_json(runs: &[RunRecord]) -> String {
+    let at = |t: Option<Timestamp>| {
+        t.map(|t| t.to_datetime().to_rfc3339_opts(SecondsFormat::Millis, true))
+    };
+    let rows: Vec<serde_json::Value> = runs
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "job": r.run.job.as_str(),
+                "slot": at(Some(r.run.slot.at())),
+                "state": r.state.as_str(),
+                "attempt": r.attempt.map(|a| a.get()),
+                "fence": r.fence.map(|f| f.get()),
+                "instance": r.instance.as_ref().map(|i| i.as_str()),
+                "started_at": at(r.started_at),
+                "finished_at": at(r.finished_at),
+                "lease_until": at(r.lease_until),
+                "error": r.error,
+            })
+        })
+        .collect();
+    format!("{:#}\n", serde_json::Value::Array(rows))
+}
+
 fn state(r: &RunRecord) -> String {
     match r.state {
         RecordState::Running => "running".into(),
@@ -151,6 +178,35 @@ mod tests {
             next_slots(&every, Timestamp::from_millis(30_000), 1),
             "1970-01-01T00:01:00Z\n"
         );
+    }
+
+    #[test]
+    fn history_json_has_an_object_per_run() {
+        let run = RunRecord {
+            run: RunKey::new(
+                JobName::new("backup").unwrap(),
+                Slot::from_millis(1_800_000_000_000),
+            ),
+            state: RecordState::Finished(FinalState::Failed),
+            attempt: Some(Attempt::FIRST),
+            fence: None,
+            instance: Some(InstanceId::new("host-1-abc").unwrap()),
+            started_at: Some(Timestamp::from_millis(1_800_000_000_010)),
+            finished_at: None,
+            lease_until: None,
+            error: Some("exit status 3\u{1b}[2K".into()),
+        };
+        let text = history_json(&[run]);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc[0]["job"], "backup");
+        assert_eq!(doc[0]["slot"], "2027-01-15T08:00:00.000Z");
+        assert_eq!(doc[0]["state"], "failed");
+        assert_eq!(doc[0]["attempt"], 1);
+        assert_eq!(doc[0]["fence"], serde_json::Value::Null);
+        assert_eq!(doc[0]["started_at"], "2027-01-15T08:00:00.010Z");
+        // JSON escapes control characters: the text cannot drive a terminal.
+        assert!(!text.contains('\u{1b}'), "{text}");
+        assert_eq!(doc[0]["error"], "exit status 3\u{1b}[2K");
     }
 
     #[test]
