@@ -78,6 +78,34 @@ impl ClaimStore for ClaimOnlyStandIn {
     }
 }
 
+/// The jobs `history` and `status` show: the one named, else the
+/// crontab's, else every job of the store's job index.
+///
+/// # Errors
+///
+/// [`Error::Config`] for a crontab job name the core refuses; the store's
+/// error reading its index.
+pub(crate) async fn jobs_to_show(
+    named: Option<JobName>,
+    crontab: Option<&Crontab>,
+    opened: &Opened,
+) -> Result<Vec<JobName>, Error> {
+    if let Some(job) = named {
+        return Ok(vec![job]);
+    }
+    if let Some(crontab) = crontab {
+        return crontab
+            .jobs
+            .iter()
+            .map(|j| JobName::new(&j.name))
+            .collect::<Result<_, _>>()
+            .map_err(|source| {
+                Error::config(Some(crontab.path.display().to_string()), None, source)
+            });
+    }
+    Ok(opened.jobs().await?.unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -189,30 +217,4 @@ mod tests {
         assert!(matches!(err, Error::NoDatabase { .. }), "{err}");
         assert!(!err.is_configuration());
     }
-}
-
-/// The jobs `history` and `status` show: the one named, else the
-/// crontab's, else every job of the store's job index.
-///
-/// # Errors
-///
-/// [`Error::Config`] for a crontab job name the core refuses; the store's
-/// error reading its index.
-pub(crate) async fn jobs_to_show(
-    named: Option<JobName>,
-    crontab: Option<&Crontab>,
-    opened: &Opened,
-) -> Result<Vec<JobName>, Error> {
-    if let Some(job) = named {
-        return Ok(vec![job]);
-    }
-    if let Some(crontab) = crontab {
-        return crontab
-            .jobs
-            .iter()
-            .map(|j| JobName::new(&j.name))
-            .collect::<Result<_, _>>()
-            .map_err(|source| Error::config(Some(crontab.path.display().to_string()), None, source));
-    }
-    Ok(opened.jobs().await?.unwrap_or_default())
 }

@@ -127,7 +127,6 @@ pub(crate) enum Error {
     /// `pause` or `resume` with a job and `--all`, or with neither.
     #[error("name one job, or pass --all for every job of the store (not both)")]
     Scope,
-
 }
 
 impl Error {

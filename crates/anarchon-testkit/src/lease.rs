@@ -32,8 +32,8 @@ pub use self::claims::{
 };
 pub use self::clocks::{SKEW, lease_expiry_is_judged_on_the_store_clock};
 pub use self::gc::{
-    the_job_index_lists_every_claimed_job, fences_outlive_garbage_collection, garbage_collection_forgets_old_ended_runs_only,
-    garbage_collection_keeps_each_jobs_late_window,
+    fences_outlive_garbage_collection, garbage_collection_forgets_old_ended_runs_only,
+    garbage_collection_keeps_each_jobs_late_window, the_job_index_lists_every_claimed_job,
 };
 pub use self::holder::{
     a_finish_sent_again_gets_the_same_answer, a_hand_over_wakes_a_waiting_backup,
