@@ -12,8 +12,8 @@ use std::path::Path;
 
 use anarchon::url::redact;
 use anarchon::{
-    Control, JobName, JobStatus, LeaseStore, Opened, Pause, PauseEnd, PauseRequest, PauseScope,
-    RecordState, StoreErrorKind, StoreUrl, Timestamp, Until,
+    Control, FleetStatus, JobName, JobStatus, LeaseStore, Opened, Pause, PauseEnd, PauseRequest,
+    PauseScope, RecordState, StoreErrorKind, StoreUrl, Timestamp, Until,
 };
 use anyhow::Context as _;
 use chrono::SecondsFormat;
@@ -179,13 +179,14 @@ pub(crate) async fn status(
     let result = async {
         let jobs = backend::jobs_to_show(named, crontab.as_ref(), &opened).await?;
         let control = control(&opened, &parsed)?;
-        let pauses = control.pauses().await?;
-        let statuses = control.status(&jobs, recent.max(1)).await?;
-        Ok::<_, Error>((pauses.store_now, statuses))
+        Ok::<_, Error>(control.status(&jobs, recent.max(1)).await?)
     }
     .await;
     opened.close().await;
-    let (store_now, statuses) = result?;
+    let FleetStatus {
+        store_now,
+        jobs: statuses,
+    } = result?;
     let next = |job: &JobName| {
         crontab
             .as_ref()

@@ -350,6 +350,15 @@ pub struct JobStatus {
     pub recent: Vec<RunRecord>,
 }
 
+/// What [`Control::status`] read: each job's state and the store's clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FleetStatus {
+    /// The store's clock when it read the pauses.
+    pub store_now: Timestamp,
+    /// Each job asked about, in the order asked.
+    pub jobs: Vec<JobStatus>,
+}
+
 /// An operator's handle on a lease store: pause, resume and read the state
 /// of jobs for the whole fleet. It needs no running scheduler.
 pub struct Control<S: LeaseStore + ?Sized> {
@@ -400,16 +409,13 @@ impl<S: LeaseStore + ?Sized> Control<S> {
         self.store.pauses().await
     }
 
-    /// The state of each of `jobs`: its pause and its `recent` latest runs.
+    /// The state of each of `jobs`: its pause and its `recent` latest runs,
+    /// with the store's clock from the same read of the pauses.
     ///
     /// # Errors
     ///
     /// The store's error.
-    pub async fn status(
-        &self,
-        jobs: &[JobName],
-        recent: usize,
-    ) -> Result<Vec<JobStatus>, StoreError> {
+    pub async fn status(&self, jobs: &[JobName], recent: usize) -> Result<FleetStatus, StoreError> {
         let pauses = self.store.pauses().await?;
         let mut out = Vec::with_capacity(jobs.len());
         for job in jobs {
@@ -419,7 +425,10 @@ impl<S: LeaseStore + ?Sized> Control<S> {
                 recent: self.store.history(job, recent).await?,
             });
         }
-        Ok(out)
+        Ok(FleetStatus {
+            store_now: pauses.store_now,
+            jobs: out,
+        })
     }
 }
 

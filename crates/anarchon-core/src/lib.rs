@@ -19,8 +19,8 @@ pub mod url;
 
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::control::{
-    Control, JobStatus, Pause, PauseEnd, PauseRefused, PauseRequest, PauseScope, Paused, Pauses,
-    Until,
+    Control, FleetStatus, JobStatus, Pause, PauseEnd, PauseRefused, PauseRequest, PauseScope,
+    Paused, Pauses, Until,
 };
 pub use crate::error::{BoxError, ConfigError, StoreError, StoreErrorKind};
 pub use crate::hand_over::{HandOvers, Listener};
