@@ -180,9 +180,10 @@ mod tests {
         );
     }
 
-    #[test]
-    fn history_json_has_an_object_per_run() {
-        let run = RunRecord {
+    /// A failed first attempt of `backup` at 2027-01-15T08:00:00Z on
+    /// `host-1-abc`, with `error`, no times and no fence.
+    fn failed_backup(error: &str) -> RunRecord {
+        RunRecord {
             run: RunKey::new(
                 JobName::new("backup").unwrap(),
                 Slot::from_millis(1_800_000_000_000),
@@ -191,10 +192,18 @@ mod tests {
             attempt: Some(Attempt::FIRST),
             fence: None,
             instance: Some(InstanceId::new("host-1-abc").unwrap()),
-            started_at: Some(Timestamp::from_millis(1_800_000_000_010)),
+            started_at: None,
             finished_at: None,
             lease_until: None,
-            error: Some("exit status 3\u{1b}[2K".into()),
+            error: Some(error.into()),
+        }
+    }
+
+    #[test]
+    fn history_json_has_an_object_per_run() {
+        let run = RunRecord {
+            started_at: Some(Timestamp::from_millis(1_800_000_000_010)),
+            ..failed_backup("exit status 3\u{1b}[2K")
         };
         let text = history_json(&[run]);
         let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -214,15 +223,10 @@ mod tests {
         let job = JobName::new("backup").unwrap();
         let runs = vec![
             RunRecord {
-                run: RunKey::new(job.clone(), Slot::from_millis(1_800_000_000_000)),
-                state: RecordState::Finished(FinalState::Failed),
                 attempt: Some(Attempt::FIRST.next()),
-                fence: None,
-                instance: Some(InstanceId::new("host-1-abc").unwrap()),
                 started_at: Some(Timestamp::from_millis(1_800_000_000_010)),
                 finished_at: Some(Timestamp::from_millis(1_800_000_001_510)),
-                lease_until: None,
-                error: Some("exit status 3".into()),
+                ..failed_backup("exit status 3")
             },
             RunRecord {
                 run: RunKey::new(job, Slot::from_millis(1_799_999_940_000)),
@@ -252,23 +256,9 @@ mod tests {
     /// one inert row.
     #[test]
     fn the_history_table_prints_no_escape_sequence() {
-        let planted = RunRecord {
-            run: RunKey::new(
-                JobName::new("backup").unwrap(),
-                Slot::from_millis(1_800_000_000_000),
-            ),
-            state: RecordState::Finished(FinalState::Failed),
-            attempt: Some(Attempt::FIRST),
-            fence: None,
-            instance: Some(InstanceId::new("host-1-abc").unwrap()),
-            started_at: None,
-            finished_at: None,
-            lease_until: None,
-            error: Some(
-                "\u{1b}]52;c;ZXZpbA==\u{7}\r\u{1b}[2Kbackup succeeded\u{202e}txt.exe\nfake row"
-                    .into(),
-            ),
-        };
+        let planted = failed_backup(
+            "\u{1b}]52;c;ZXZpbA==\u{7}\r\u{1b}[2Kbackup succeeded\u{202e}txt.exe\nfake row",
+        );
         let table = history_table(&[planted]);
         assert!(
             !table

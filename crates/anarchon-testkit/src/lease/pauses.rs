@@ -14,7 +14,7 @@ use crate::clock::SkewedClock;
 use crate::factory::StoreFactory;
 
 use super::clocks::{SKEW, assert_store_clock};
-use super::{lease_claim, store_now, won};
+use super::{lease_claim, records_of, store_now, won};
 
 /// How many slots the pause checks race over.
 const PAUSED_SLOTS: i64 = 20;
@@ -35,13 +35,7 @@ async fn claim_of<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, instance: &st
 }
 
 async fn state_of<S: LeaseStore + ?Sized>(store: &S, run: &RunKey) -> Option<RecordState> {
-    store
-        .history(&run.job, 100)
-        .await
-        .expect("history")
-        .into_iter()
-        .find(|r| r.run == *run)
-        .map(|r| r.state)
+    records_of(store, run, 100).await.first().map(|r| r.state)
 }
 
 /// A job paused by one instance: 8 instances racing over 20 of its slots
