@@ -32,7 +32,10 @@ pub(crate) trait Target: Send + Sync {
     fn counted_by(&self) -> &'static str;
     /// The store's own speed: `ops` single-round-trip writes from
     /// `concurrency` connections; (what was measured, ops per second).
-    async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>>;
+    async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>> {
+        let _ = (concurrency, ops);
+        Ok(None)
+    }
     /// Removes what the measurement left in the store.
     async fn cleanup(&self) {}
 }
@@ -146,6 +149,33 @@ impl LeaseLayer for Counted {
     }
 }
 
+/// A server, a namespace of the measurement's own on it (a key prefix, a
+/// stream prefix, a bucket), and the store calls counted there.
+pub(crate) struct Spot {
+    url: String,
+    name: String,
+    calls: Arc<AtomicU64>,
+}
+
+impl Spot {
+    fn new(url: String) -> Self {
+        Self {
+            url,
+            name: format!("bench{:08x}", Token::generate().as_u128() & 0xffff_ffff),
+            calls: Arc::default(),
+        }
+    }
+
+    /// `store`, its calls counted here.
+    fn count(&self, store: Arc<dyn ClaimStore>) -> Arc<dyn ClaimStore> {
+        counted(store, self.calls.clone())
+    }
+
+    fn calls(&self) -> Result<u64> {
+        Ok(self.calls.load(Ordering::Relaxed))
+    }
+}
+
 /// `MemoryStore`: one store shared by every "instance"; it counts its own calls.
 pub(crate) struct Memory {
     store: Arc<MemoryStore>,
@@ -172,9 +202,6 @@ impl Target for Memory {
     }
     fn counted_by(&self) -> &'static str {
         "the store (MemoryStore::operations)"
-    }
-    async fn baseline(&self, _: usize, _: usize) -> Result<Option<(String, f64)>> {
-        Ok(None)
     }
 }
 
@@ -372,24 +399,20 @@ pub(crate) enum RedisStrategy {
 
 /// Redis: round trips counted by the client, commands by the server.
 pub(crate) struct Redis {
-    url: String,
-    prefix: String,
+    spot: Spot,
     strategy: RedisStrategy,
-    calls: Arc<AtomicU64>,
 }
 
 impl Redis {
     pub(crate) fn new(url: String, strategy: RedisStrategy) -> Self {
         Self {
-            url,
-            prefix: format!("bench{:08x}", Token::generate().as_u128() & 0xffff_ffff),
+            spot: Spot::new(url),
             strategy,
-            calls: Arc::default(),
         }
     }
 
     async fn admin(&self) -> Result<deadpool_redis::redis::aio::MultiplexedConnection> {
-        let client = deadpool_redis::redis::Client::open(self.url.as_str())?;
+        let client = deadpool_redis::redis::Client::open(self.spot.url.as_str())?;
         Ok(client.get_multiplexed_async_connection().await?)
     }
 }
@@ -404,7 +427,8 @@ impl Target for Redis {
         }
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
-        let options = anarchon_redis::RedisOptions::new(&self.url).with_prefix(&self.prefix)?;
+        let options =
+            anarchon_redis::RedisOptions::new(&self.spot.url).with_prefix(&self.spot.name)?;
         let store: Arc<dyn ClaimStore> = match self.strategy {
             RedisStrategy::Lease => {
                 Arc::new(anarchon_redis::RedisLeaseStore::connect(&options).await?)
@@ -417,10 +441,10 @@ impl Target for Redis {
                     .await?,
             ),
         };
-        Ok(counted(store, self.calls.clone()))
+        Ok(self.spot.count(store))
     }
     async fn round_trips(&self) -> Result<u64> {
-        Ok(self.calls.load(Ordering::Relaxed))
+        self.spot.calls()
     }
     fn counted_by(&self) -> &'static str {
         "the client (one call = one round trip, pipelined); server commands from INFO commandstats"
@@ -462,7 +486,7 @@ impl Target for Redis {
         let start = Instant::now();
         let runs = conns.into_iter().enumerate().map(|(c, mut conn)| {
             let script = script.clone();
-            let prefix = self.prefix.clone();
+            let prefix = self.spot.name.clone();
             async move {
                 for i in 0..per {
                     let _: Option<String> = script
@@ -482,7 +506,7 @@ impl Target for Redis {
     }
     async fn cleanup(&self) {
         if let Ok(mut conn) = self.admin().await {
-            let pattern = format!("*{}*", self.prefix);
+            let pattern = format!("*{}*", self.spot.name);
             let keys: Vec<String> = deadpool_redis::redis::cmd("KEYS")
                 .arg(&pattern)
                 .query_async(&mut conn)
@@ -499,19 +523,11 @@ impl Target for Redis {
 }
 
 /// RabbitMQ: store calls counted by the client.
-pub(crate) struct Amqp {
-    url: String,
-    prefix: String,
-    calls: Arc<AtomicU64>,
-}
+pub(crate) struct Amqp(Spot);
 
 impl Amqp {
     pub(crate) fn new(url: String) -> Self {
-        Self {
-            url,
-            prefix: format!("bench{:08x}", Token::generate().as_u128() & 0xffff_ffff),
-            calls: Arc::default(),
-        }
+        Self(Spot::new(url))
     }
 }
 
@@ -521,37 +537,26 @@ impl Target for Amqp {
         "rabbitmq"
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
-        let options = anarchon_amqp::AmqpOptions::new(&self.url)
-            .with_prefix(&self.prefix)
+        let options = anarchon_amqp::AmqpOptions::new(&self.0.url)
+            .with_prefix(&self.0.name)
             .with_slot_ttl(Duration::from_secs(120));
         let store = anarchon_amqp::AmqpStore::connect(options).await?;
-        Ok(counted(Arc::new(store), self.calls.clone()))
+        Ok(self.0.count(Arc::new(store)))
     }
     async fn round_trips(&self) -> Result<u64> {
-        Ok(self.calls.load(Ordering::Relaxed))
+        self.0.calls()
     }
     fn counted_by(&self) -> &'static str {
         "the client, as store calls (a claim is a queue declare, a publish and its confirm)"
     }
-    async fn baseline(&self, _: usize, _: usize) -> Result<Option<(String, f64)>> {
-        Ok(None)
-    }
 }
 
 /// NATS JetStream de-duplication: store calls counted by the client.
-pub(crate) struct Nats {
-    url: String,
-    prefix: String,
-    calls: Arc<AtomicU64>,
-}
+pub(crate) struct Nats(Spot);
 
 impl Nats {
     pub(crate) fn new(url: String) -> Self {
-        Self {
-            url,
-            prefix: format!("bench{:08x}", Token::generate().as_u128() & 0xffff_ffff),
-            calls: Arc::default(),
-        }
+        Self(Spot::new(url))
     }
 }
 
@@ -561,27 +566,24 @@ impl Target for Nats {
         "nats"
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
-        let connection = anarchon_nats::NatsOptions::new(&self.url);
+        let connection = anarchon_nats::NatsOptions::new(&self.0.url);
         let claims = anarchon_nats::ClaimOptions::new()
-            .with_prefix(&self.prefix)
+            .with_prefix(&self.0.name)
             .with_duplicate_window(Duration::from_secs(120));
         let store = anarchon_nats::NatsClaimStore::connect(&connection, claims).await?;
-        Ok(counted(Arc::new(store), self.calls.clone()))
+        Ok(self.0.count(Arc::new(store)))
     }
     async fn round_trips(&self) -> Result<u64> {
-        Ok(self.calls.load(Ordering::Relaxed))
+        self.0.calls()
     }
     fn counted_by(&self) -> &'static str {
         "the client (a publish and its acknowledgement per claim)"
     }
-    async fn baseline(&self, _: usize, _: usize) -> Result<Option<(String, f64)>> {
-        Ok(None)
-    }
     async fn cleanup(&self) {
         let stream = anarchon_nats::ClaimOptions::new()
-            .with_prefix(&self.prefix)
+            .with_prefix(&self.0.name)
             .stream_name();
-        if let Ok(client) = async_nats::connect(&self.url).await {
+        if let Ok(client) = async_nats::connect(&self.0.url).await {
             let _ = async_nats::jetstream::new(client)
                 .delete_stream(&stream)
                 .await;
@@ -591,19 +593,11 @@ impl Target for Nats {
 
 /// NATS JetStream KV lease store: store calls counted by the client (a
 /// claim is a read, a clock write and a compare-and-swap).
-pub(crate) struct NatsKv {
-    url: String,
-    bucket: String,
-    calls: Arc<AtomicU64>,
-}
+pub(crate) struct NatsKv(Spot);
 
 impl NatsKv {
     pub(crate) fn new(url: String) -> Self {
-        Self {
-            url,
-            bucket: format!("bench{:08x}", Token::generate().as_u128() & 0xffff_ffff),
-            calls: Arc::default(),
-        }
+        Self(Spot::new(url))
     }
 }
 
@@ -613,24 +607,21 @@ impl Target for NatsKv {
         "nats-kv"
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
-        let connection = anarchon_nats::NatsOptions::new(&self.url);
-        let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&self.bucket);
+        let connection = anarchon_nats::NatsOptions::new(&self.0.url);
+        let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&self.0.name);
         let store = anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?;
-        Ok(counted(Arc::new(store), self.calls.clone()))
+        Ok(self.0.count(Arc::new(store)))
     }
     async fn round_trips(&self) -> Result<u64> {
-        Ok(self.calls.load(Ordering::Relaxed))
+        self.0.calls()
     }
     fn counted_by(&self) -> &'static str {
         "the client, as store calls (a claim is a read, a clock write and a compare-and-swap: about 3 round trips)"
     }
-    async fn baseline(&self, _: usize, _: usize) -> Result<Option<(String, f64)>> {
-        Ok(None)
-    }
     async fn cleanup(&self) {
-        if let Ok(client) = async_nats::connect(&self.url).await {
+        if let Ok(client) = async_nats::connect(&self.0.url).await {
             let _ = async_nats::jetstream::new(client)
-                .delete_stream(format!("KV_{}", self.bucket))
+                .delete_stream(format!("KV_{}", self.0.name))
                 .await;
         }
     }

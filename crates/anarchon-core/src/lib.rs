@@ -12,6 +12,7 @@ pub mod name;
 pub mod schedule;
 pub mod scheduler;
 pub mod store;
+pub mod stored;
 pub mod time;
 #[cfg(feature = "tls")]
 pub mod tls;

@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anarchon_core::hand_over::announced;
+use anarchon_core::stored::{self, RunColumns};
 use anarchon_core::time::millis;
 use anarchon_core::{
-    ClaimAnswers, ClaimOutcome, HandOvers, InstanceId, JobName, LeaseClaim, LeaseStore, Listener,
-    Pause, PauseRequest, PauseScope, Pauses, Renewal, RunKey, RunOutcome, RunRecord, RunState,
-    RunView, Slot, StoreError, Timestamp, Token,
+    ClaimAnswers, ClaimOutcome, HandOvers, JobName, LeaseClaim, LeaseStore, Listener, Pause,
+    PauseRequest, PauseScope, Pauses, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView,
+    Slot, StoreError, Timestamp, Token,
 };
 use async_trait::async_trait;
 use sqlx::PgPool;
@@ -20,7 +21,7 @@ use crate::connection::{Resend, send};
 use crate::error::{BACKEND, Error};
 use crate::migrate::{drop_schema, schema_version};
 use crate::options::TableName;
-use crate::rows::{HistoryRow, PauseRow, PeekRow, attempt, fence, record_state};
+use crate::rows::{PauseRow, PeekRow, reason};
 use crate::sql::Statements;
 
 /// A lease store on PostgreSQL.
@@ -243,12 +244,15 @@ impl LeaseStore for PgStore {
                 .fetch_one(conn)
         })?;
         let store_now = Timestamp::from_millis(row.store_now);
-        let protocol = |reason: String| Error::protocol(format!("reading {run}"), reason);
+        let protocol = |e| Error::protocol(format!("reading {run}"), reason(e));
         let state = match row.state.as_deref() {
             None => RunState::Absent,
             Some(text) => RunState::of_record(
-                record_state(text).map_err(protocol)?,
-                attempt(row.attempt).map_err(protocol)?,
+                stored::state(text).map_err(protocol)?,
+                row.attempt
+                    .map(|n| stored::attempt(n.into()))
+                    .transpose()
+                    .map_err(protocol)?,
                 row.lease_until.map(Timestamp::from_millis),
                 store_now,
             ),
@@ -332,30 +336,17 @@ impl LeaseStore for PgStore {
         }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let action = || format!("reading the history of {job}");
-        let rows: Vec<HistoryRow> = send!(self, Resend::Always, action(), |conn| {
-            sqlx::query_as::<_, HistoryRow>(self.sql.history.clone())
+        let rows: Vec<RunColumns> = send!(self, Resend::Always, action(), |conn| {
+            sqlx::query_as::<_, RunColumns>(self.sql.history.clone())
                 .bind(job.as_str())
                 .bind(limit)
                 .fetch_all(conn)
         })?;
-        let record = |row: HistoryRow| -> Result<RunRecord, String> {
-            Ok(RunRecord {
-                run: RunKey::new(job.clone(), Slot::from_millis(row.slot)),
-                state: record_state(&row.state)?,
-                attempt: attempt(row.attempt)?,
-                fence: fence(row.fence)?,
-                instance: row
-                    .instance
-                    .map(|i| InstanceId::new(&i).map_err(|_| format!("invalid instance id {i:?}")))
-                    .transpose()?,
-                started_at: row.started_at.map(Timestamp::from_millis),
-                finished_at: row.finished_at.map(Timestamp::from_millis),
-                lease_until: row.lease_until.map(Timestamp::from_millis),
-                error: row.error,
-            })
-        };
         rows.into_iter()
-            .map(|row| record(row).map_err(|reason| Error::protocol(action(), reason).into()))
+            .map(|columns| {
+                stored::run_record(job, columns)
+                    .map_err(|e| Error::protocol(action(), reason(e)).into())
+            })
             .collect()
     }
 

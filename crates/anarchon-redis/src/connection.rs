@@ -327,6 +327,41 @@ impl Link {
         })
     }
 
+    /// Sends a pipeline of one command and returns its answer, a server
+    /// error turned into [`Error`].
+    pub(crate) async fn query_one(
+        &self,
+        pipe: &Pipeline,
+        during: &'static str,
+    ) -> Result<Value, Error> {
+        let reply = self.query(pipe, during).await?.into_iter().next();
+        check(
+            reply.ok_or_else(|| Error::protocol(during, "no answer"))?,
+            during,
+        )
+    }
+
+    /// Runs one script and returns its answer as an array, a server error
+    /// turned into [`Error`].
+    pub(crate) async fn eval_one(
+        &self,
+        call: Call,
+        during: &'static str,
+    ) -> Result<Vec<Value>, Error> {
+        let reply = self.eval(&[], std::slice::from_ref(&call), during).await?;
+        let reply = reply.into_iter().next();
+        match check(
+            reply.ok_or_else(|| Error::protocol(during, "no answer"))?,
+            during,
+        )? {
+            Value::Array(items) => Ok(items),
+            other => Err(Error::protocol(
+                during,
+                format!("expected an array, got {other:?}"),
+            )),
+        }
+    }
+
     /// Runs `prelude` (plain commands, answers checked and dropped) and
     /// `calls` in one round trip, loading scripts again in the same round
     /// trip as a resend when Redis answers NOSCRIPT (after SCRIPT FLUSH or a
@@ -426,13 +461,7 @@ impl Link {
         let mut pipe = redis::pipe();
         pipe.cmd("INFO").arg("server");
         let during = "reading INFO";
-        let reply = self
-            .query(&pipe, during)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::protocol(during, "no answer"))?;
-        let info = text(&check(reply, during)?)
+        let info = text(&self.query_one(&pipe, during).await?)
             .ok_or_else(|| Error::protocol(during, "INFO is not text"))?;
         let (_, _, run_id) =
             parse_server(&info).ok_or_else(|| Error::protocol(during, "INFO has no run_id"))?;

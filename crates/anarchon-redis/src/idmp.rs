@@ -10,7 +10,7 @@ use anarchon_core::{Attempt, ClaimOutcome, ClaimRequest, Clock, JobName, Memory,
 use deadpool_redis::redis::{self, Value};
 
 use crate::MIN_MEMORY;
-use crate::connection::{Call, Link, Lua, check, int, text};
+use crate::connection::{Call, Link, Lua, int, text};
 use crate::error::Error;
 use crate::keys::job_key;
 use crate::options::{KeyPrefix, RedisOptions};
@@ -165,16 +165,7 @@ impl RedisIdmpStore {
                 Self::MAX_SIZE.to_string(),
             ],
         };
-        let reply = self
-            .link
-            .eval(&[], std::slice::from_ref(&call), during)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::protocol(during, "no answer"))?;
-        let Value::Array(items) = check(reply, during)? else {
-            return Err(Error::protocol(during, "not an array"));
-        };
+        let items = self.link.eval_one(call, during).await?;
         let duration = items.get(1).and_then(int).unwrap_or(-1);
         let maxsize = items.get(2).and_then(int).unwrap_or(-1);
         let want_duration = self.duration.as_secs();
@@ -237,14 +228,7 @@ impl RedisIdmpStore {
                 .arg(req.token.to_string())
                 .arg("instance")
                 .arg(req.instance.as_str());
-            let reply = self
-                .link
-                .query(&pipe, during)
-                .await?
-                .into_iter()
-                .next()
-                .ok_or_else(|| Error::protocol(during, "no answer"))?;
-            match check(reply, during)? {
+            match self.link.query_one(&pipe, during).await? {
                 // NOMKSTREAM: the stream is gone (deleted by hand); set it up again.
                 Value::Nil => self.forget_set_up(&req.run.job),
                 other => {
@@ -262,31 +246,26 @@ impl RedisIdmpStore {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         pipe.cmd("XRANGE").arg(&key).arg(&id).arg(&id);
-        let range = self
-            .link
-            .query(&pipe, during)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::protocol(during, "no answer"))?;
-        Ok(match entry_token(check(range, during)?) {
-            Some(t) if Token::parse(&t) == Some(req.token) => ClaimOutcome::Won(Win {
-                attempt: Attempt::FIRST,
-                fence: None,
-            }),
-            Some(_) => ClaimOutcome::Lost,
-            None => {
-                self.lost_entries.fetch_add(1, Ordering::SeqCst);
-                tracing::warn!(
-                    backend = BACKEND,
-                    job = %req.run.job,
-                    slot = %req.run.slot,
-                    entry = %id,
-                    "the first claim's entry is gone (trimmed or deleted); treating the claim as lost"
-                );
-                ClaimOutcome::Lost
-            }
-        })
+        Ok(
+            match entry_token(self.link.query_one(&pipe, during).await?) {
+                Some(t) if Token::parse(&t) == Some(req.token) => ClaimOutcome::Won(Win {
+                    attempt: Attempt::FIRST,
+                    fence: None,
+                }),
+                Some(_) => ClaimOutcome::Lost,
+                None => {
+                    self.lost_entries.fetch_add(1, Ordering::SeqCst);
+                    tracing::warn!(
+                        backend = BACKEND,
+                        job = %req.run.job,
+                        slot = %req.run.slot,
+                        entry = %id,
+                        "the first claim's entry is gone (trimmed or deleted); treating the claim as lost"
+                    );
+                    ClaimOutcome::Lost
+                }
+            },
+        )
     }
 }
 

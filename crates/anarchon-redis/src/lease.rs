@@ -355,21 +355,7 @@ impl RedisLeaseStore {
 
     /// Runs one script and returns its answer as an array.
     async fn one(&self, call: Call, during: &'static str) -> Result<Vec<Value>, StoreError> {
-        let reply = self
-            .link
-            .eval(&[], std::slice::from_ref(&call), during)
-            .await
-            .map_err(store_err)?
-            .into_iter()
-            .next()
-            .ok_or_else(|| store_err(Error::protocol(during, "no answer")))?;
-        match check(reply, during).map_err(store_err)? {
-            Value::Array(items) => Ok(items),
-            other => Err(store_err(Error::protocol(
-                during,
-                format!("expected an array, got {other:?}"),
-            ))),
-        }
+        self.link.eval_one(call, during).await.map_err(store_err)
     }
 
     async fn read(
@@ -434,12 +420,7 @@ impl RedisLeaseStore {
                 .arg(&cursor)
                 .arg("COUNT")
                 .arg(500);
-            let reply = self.link.query(&pipe, during).await?.into_iter().next();
-            let reply = check(
-                reply.ok_or_else(|| Error::protocol(during, "no answer"))?,
-                during,
-            )?;
-            let Value::Array(mut parts) = reply else {
+            let Value::Array(mut parts) = self.link.query_one(&pipe, during).await? else {
                 return Err(Error::protocol(during, "SSCAN is not an array"));
             };
             let members = match parts.pop() {

@@ -5,10 +5,9 @@ use std::time::Duration;
 
 use anarchon_core::time::millis;
 use anarchon_core::{Attempt, ClaimOutcome, ClaimRequest, Memory, Token, Win};
-use deadpool_redis::redis::Value;
 
 use crate::MIN_MEMORY;
-use crate::connection::{Call, Link, Lua, check, text};
+use crate::connection::{Call, Link, Lua, text};
 use crate::error::Error;
 use crate::keys::job_key;
 use crate::options::{KeyPrefix, RedisOptions};
@@ -114,16 +113,7 @@ impl RedisScriptStore {
                 millis(self.window).to_string(),
             ],
         };
-        let reply = self
-            .link
-            .eval(&[], std::slice::from_ref(&call), during)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::protocol(during, "no answer"))?;
-        let Value::Array(items) = check(reply, during)? else {
-            return Err(Error::protocol(during, "not an array"));
-        };
+        let items = self.link.eval_one(call, during).await?;
         let winner = items
             .first()
             .and_then(text)

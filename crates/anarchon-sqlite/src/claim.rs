@@ -3,6 +3,7 @@
 //! decided by [`anarchon_core::decide::claim`].
 
 use anarchon_core::decide::{self, ClaimDecision, Facts};
+use anarchon_core::stored;
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, ClaimOutcome, Fence, FinalState, InstanceId, JobName, LeaseClaim, RecordState, RunKey,
@@ -11,7 +12,8 @@ use anarchon_core::{
 use sqlx::SqliteConnection;
 
 use crate::BACKEND;
-use crate::rows::{ClaimRow, fence_value, parse_fence};
+use crate::error::bad_stored;
+use crate::rows::{ClaimRow, fence_value};
 use crate::store::SqliteStore;
 
 impl SqliteStore {
@@ -163,7 +165,7 @@ impl SqliteStore {
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| self.err("assigning a fence", e))?;
-        parse_fence(n)
+        stored::fence(n).map_err(bad_stored)
     }
 
     async fn write_run(

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anarchon_core::StoreError;
+use anarchon_core::stored::BadValue;
 
 use crate::BACKEND;
 
@@ -245,11 +246,13 @@ pub(crate) fn store_error(doing: &str, e: sqlx::Error) -> StoreError {
 }
 
 /// A value read back from the database that this crate never writes.
-pub(crate) fn bad_value(what: &str, value: impl std::fmt::Debug) -> StoreError {
-    StoreError::protocol(
-        BACKEND,
-        format!("the database holds an invalid {what}: {value:?}"),
-    )
+pub(crate) fn bad_value(what: &'static str, value: impl std::fmt::Debug) -> StoreError {
+    bad_stored(BadValue::new(what, value))
+}
+
+/// A stored value the core's types cannot hold.
+pub(crate) fn bad_stored(e: BadValue) -> StoreError {
+    StoreError::protocol(BACKEND, e.to_string())
 }
 
 /// Whether SQLite answered "busy" or "locked": another connection held the

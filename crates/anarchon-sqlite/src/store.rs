@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_core::HandOvers;
+use anarchon_core::stored::{self, PauseColumns, RunColumns};
 use anarchon_core::time::millis;
 use anarchon_core::{
     ClaimAnswers, ClaimOutcome, JobName, LeaseClaim, LeaseStore, Pause, PauseRequest, PauseScope,
@@ -16,9 +17,9 @@ use async_trait::async_trait;
 use sqlx::SqlitePool;
 
 use crate::BACKEND;
-use crate::error::{bad_value, is_busy, store_error};
+use crate::error::{bad_stored, bad_value, is_busy, store_error};
 use crate::options::SqliteOptions;
-use crate::rows::{HistoryRow, PauseRow, PeekRow, parse_attempt, parse_state};
+use crate::rows::{PeekRow, parse_state};
 use crate::sql::Sql;
 
 /// A lease store in a SQLite file, shared by the processes of one host.
@@ -208,7 +209,10 @@ impl LeaseStore for SqliteStore {
             None => RunState::Absent,
             Some(state) => RunState::of_record(
                 state,
-                row.attempt.map(parse_attempt).transpose()?,
+                row.attempt
+                    .map(stored::attempt)
+                    .transpose()
+                    .map_err(bad_stored)?,
                 row.lease_until.map(Timestamp::from_millis),
                 now,
             ),
@@ -278,13 +282,15 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
-        let rows: Vec<HistoryRow> = sqlx::query_as(self.sql.history.clone())
+        let rows: Vec<RunColumns> = sqlx::query_as(self.sql.history.clone())
             .bind(job.as_str())
             .bind(i64::try_from(limit).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err("reading the history", e))?;
-        rows.into_iter().map(|r| r.into_record(job)).collect()
+        rows.into_iter()
+            .map(|columns| stored::run_record(job, columns).map_err(bad_stored))
+            .collect()
     }
 
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
@@ -351,14 +357,15 @@ impl LeaseStore for SqliteStore {
             .fetch_one(&self.pool)
             .await
             .map_err(|e| self.err("reading the clock", e))?;
-        let rows: Vec<PauseRow> = sqlx::query_as(self.sql.pauses.clone())
+        let rows: Vec<PauseColumns> = sqlx::query_as(self.sql.pauses.clone())
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err("reading the pauses", e))?;
         let pauses = rows
             .into_iter()
-            .map(PauseRow::into_pause)
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(stored::pause)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(bad_stored)?;
         Ok(Pauses::holding(pauses, Timestamp::from_millis(now)))
     }
 }

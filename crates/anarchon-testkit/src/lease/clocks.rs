@@ -1,5 +1,6 @@
 //! Clocks: leases end by the store's clock, never an instance's.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_core::{ClaimOutcome, LeaseStore, Renewal, RunKey, Timestamp, Token};
@@ -14,6 +15,18 @@ use super::{LONG_LEASE, SHORT_LEASE, lease_claim, lease_end, short, wait_out, wo
 /// more than any lease the checks use, so a store that decides on the
 /// caller's clock gets every answer wrong.
 pub const SKEW: Duration = Duration::from_secs(60);
+
+/// Two instances of the factory's namespace, one [`SKEW`] ahead of the
+/// store's clock and one [`SKEW`] behind it.
+pub(super) async fn skewed_pair<F: StoreFactory>(factory: &F) -> (Arc<F::Store>, Arc<F::Store>) {
+    let store_clock = factory.clock();
+    let ahead = SkewedClock::new(store_clock.clone(), true, SKEW);
+    let behind = SkewedClock::new(store_clock, false, SKEW);
+    (
+        factory.instance_with_clock(ahead).await,
+        factory.instance_with_clock(behind).await,
+    )
+}
 
 pub(crate) fn assert_store_clock(what: &str, store_now: Timestamp, reference: Timestamp) {
     let off = (store_now.as_millis() - reference.as_millis()).abs();
@@ -34,12 +47,7 @@ where
 {
     let store_clock = factory.clock();
     let holder = factory.instance().await;
-    let ahead = factory
-        .instance_with_clock(SkewedClock::new(store_clock.clone(), true, SKEW))
-        .await;
-    let behind = factory
-        .instance_with_clock(SkewedClock::new(store_clock.clone(), false, SKEW))
-        .await;
+    let (ahead, behind) = skewed_pair(factory).await;
 
     // A fresh 30 s lease has "run out" on a clock a minute ahead.
     let run = RunKey::new(job("skew-ahead"), future_slot(factory, 0));

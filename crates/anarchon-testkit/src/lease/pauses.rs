@@ -10,10 +10,9 @@ use anarchon_core::{
 use futures::future::join_all;
 
 use crate::claim::{RACERS, future_slot, job};
-use crate::clock::SkewedClock;
 use crate::factory::StoreFactory;
 
-use super::clocks::{SKEW, assert_store_clock};
+use super::clocks::{SKEW, assert_store_clock, skewed_pair};
 use super::{lease_claim, records_of, store_now, won};
 
 /// How many slots the pause checks race over.
@@ -133,13 +132,7 @@ pub async fn a_pause_ends_on_the_store_clock<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let store_clock = factory.clock();
-    let ahead = factory
-        .instance_with_clock(SkewedClock::new(store_clock.clone(), true, SKEW))
-        .await;
-    let behind = factory
-        .instance_with_clock(SkewedClock::new(store_clock.clone(), false, SKEW))
-        .await;
+    let (ahead, behind) = skewed_pair(factory).await;
     let job = job("paused-for-a-while");
     let scope = PauseScope::Job(job.clone());
     let length = Duration::from_millis(600);
