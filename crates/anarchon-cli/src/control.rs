@@ -1,4 +1,4 @@
-//! The operator's commands: `pause`, `resume` and `status`.
+//! The operator's commands: `pause`, `resume`, `trigger` and `status`.
 //!
 //! They act on the store, not on a daemon: a pause written here holds for
 //! every instance at once, from the store's clock, and needs no daemon to
@@ -12,8 +12,9 @@ use std::path::Path;
 
 use anarchon::url::redact;
 use anarchon::{
-    Control, FleetStatus, JobName, JobStatus, LeaseStore, Opened, Pause, PauseEnd, PauseRequest,
-    PauseScope, RecordState, StoreErrorKind, StoreUrl, Timestamp, Until,
+    Control, FinalState, FleetStatus, JobName, JobStatus, LeaseStore, Opened, Pause, PauseEnd,
+    PauseRequest, PauseScope, RecordState, RequestId, RunState, StoreErrorKind, StoreUrl,
+    Timestamp, TriggerRequest, Until,
 };
 use anyhow::Context as _;
 use chrono::SecondsFormat;
@@ -163,6 +164,112 @@ pub(crate) async fn resume(target: Target, place: Where<'_>) -> anyhow::Result<(
     write_out(&text)
 }
 
+/// How often `trigger --wait` reads the manual run.
+const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// `anarchon trigger`.
+pub(crate) async fn trigger(
+    job: String,
+    id: Option<String>,
+    by: Option<String>,
+    wait: bool,
+    place: Where<'_>,
+) -> anyhow::Result<()> {
+    let (url, crontab, parsed) = locate(place)?;
+    let job = job_name(&job, crontab.as_ref())?;
+    let id = match id {
+        Some(id) => RequestId::new(&id).map_err(|e| Error::RequestRefused(e.to_string()))?,
+        None => RequestId::generate(),
+    };
+    let request = TriggerRequest::new(job.clone(), id)
+        .with_by(&by.unwrap_or_else(default_author))
+        .map_err(|e| Error::RequestRefused(e.to_string()))?;
+    let opened = open(&url, &parsed, true).await?;
+    let result = async {
+        let control = control(&opened, &parsed)?;
+        let request = control.trigger(&request).await?;
+        write_out(&format!(
+            "requested a manual run of job {job} at {} (store clock), {}\n",
+            utc(request.requested_at),
+            describe_request(&request),
+        ))?;
+        if wait {
+            wait_for_run(&control, &request).await?;
+        }
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    opened.close().await;
+    result
+}
+
+/// Waits until the manual run of `request` ends; an error unless it
+/// succeeded, or when no instance started it within its window.
+async fn wait_for_run(
+    control: &Control<dyn LeaseStore>,
+    request: &anarchon::RunRequest,
+) -> anyhow::Result<()> {
+    let run = request.run();
+    let mut started = false;
+    loop {
+        let view = control.run_state(&run).await.map_err(Error::Store)?;
+        match view.state {
+            RunState::Finished(FinalState::Succeeded) => {
+                return write_out(&format!("the manual run of job {} succeeded\n", run.job));
+            }
+            RunState::Finished(done) => {
+                let error = control
+                    .status(std::slice::from_ref(&run.job), 100)
+                    .await
+                    .ok()
+                    .and_then(|s| {
+                        s.jobs
+                            .into_iter()
+                            .flat_map(|j| j.recent)
+                            .find(|r| r.run == run)
+                            .and_then(|r| r.error)
+                    });
+                return Err(Error::RunEnded {
+                    job: run.job.to_string(),
+                    slot: run.slot.to_string(),
+                    state: done.as_str(),
+                    error: error.map(|e| printable(&e)),
+                }
+                .into());
+            }
+            RunState::Missed => {
+                return Err(Error::RunEnded {
+                    job: run.job.to_string(),
+                    slot: run.slot.to_string(),
+                    state: "missed",
+                    error: None,
+                }
+                .into());
+            }
+            RunState::Running { attempt, .. } => {
+                if !started {
+                    started = true;
+                    write_out(&format!("the manual run started (attempt {attempt})\n"))?;
+                }
+            }
+            RunState::Absent => {
+                if view.store_now.since(request.requested_at)
+                    > anarchon::scheduler::MANUAL_RUN_WINDOW
+                {
+                    return Err(Error::NotStarted {
+                        job: run.job.to_string(),
+                        slot: run.slot.to_string(),
+                        window: humantime::format_duration(anarchon::scheduler::MANUAL_RUN_WINDOW)
+                            .to_string(),
+                    }
+                    .into());
+                }
+            }
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+}
+
 /// `anarchon status`.
 pub(crate) async fn status(
     job: Option<String>,
@@ -224,6 +331,15 @@ fn describe(pause: &Pause) -> String {
     text
 }
 
+/// A request's id and author: `request <id>, by <who>`.
+fn describe_request(request: &anarchon::RunRequest) -> String {
+    let mut text = format!("request {}", request.id);
+    if let Some(by) = &request.by {
+        let _ = write!(text, ", by {}", printable(by));
+    }
+    text
+}
+
 /// The run holding a lease now, if the latest runs show one.
 fn live(status: &JobStatus, now: Timestamp) -> Option<String> {
     status.recent.iter().find_map(|r| {
@@ -271,6 +387,14 @@ fn status_table(
         if let Some(live) = live(status, now) {
             let _ = writeln!(out, "  running  {live}");
         }
+        for request in &status.pending {
+            let _ = writeln!(
+                out,
+                "  pending  manual run requested at {} ({})",
+                utc(request.requested_at),
+                describe_request(request),
+            );
+        }
         if let Some(at) = next(&status.job) {
             let _ = writeln!(out, "  next     {}", utc(at));
         }
@@ -308,6 +432,11 @@ fn status_json(
                 "paused": pause,
                 "last": last,
                 "running": live(s, now),
+                "pending": s.pending.iter().map(|r| serde_json::json!({
+                    "request": r.id.as_str(),
+                    "requested_at": utc(r.requested_at),
+                    "by": r.by,
+                })).collect::<Vec<_>>(),
                 "next": next(&s.job).map(utc),
             })
         })

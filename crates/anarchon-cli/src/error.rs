@@ -99,7 +99,7 @@ pub(crate) enum Error {
 
     /// `pause`, `resume` or `status` on a claim-only store.
     #[error(
-        "the `{backend}` store is claim-only: it keeps no state between claims, so there is nothing a pause could be written to or read from. Pause, resume and status need a lease store (sqlite://, postgres://, redis:// with strategy=lease, or nats-kv://)"
+        "the `{backend}` store is claim-only: it keeps no state between claims, so there is nothing a pause or a manual-run request could be written to or read from. Pause, resume, trigger and status need a lease store (sqlite://, postgres://, redis:// with strategy=lease, or nats-kv://)"
     )]
     NoControl {
         /// The backend, e.g. `rabbitmq`.
@@ -123,6 +123,34 @@ pub(crate) enum Error {
     /// A time on the command line that is not RFC 3339.
     #[error("{text:?} is not a time: write it in RFC 3339, e.g. 2026-12-24T06:00:00Z")]
     BadTime { text: String },
+
+    /// A manual-run request the store cannot keep (a bad id or author):
+    /// nothing was written.
+    #[error("the request was refused, nothing was written: {0}")]
+    RequestRefused(String),
+
+    /// `trigger --wait`: the manual run ended other than `succeeded`.
+    #[error("the manual run {slot} of job {job} ended {state}{}", error.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    RunEnded {
+        job: String,
+        /// The run's slot, as shown.
+        slot: String,
+        /// Its final state, e.g. `failed`.
+        state: &'static str,
+        /// The handler's error, for a failed run.
+        error: Option<String>,
+    },
+
+    /// `trigger --wait`: no instance started the manual run in time.
+    #[error(
+        "no instance started the manual run {slot} of job {job} within {window}: is an `anarchon run` with this job up, and is the job paused?"
+    )]
+    NotStarted {
+        job: String,
+        slot: String,
+        /// How long a manual run may wait to start, e.g. `5m`.
+        window: String,
+    },
 
     /// `pause` or `resume` with a job and `--all`, or with neither.
     #[error("name one job, or pass --all for every job of the store (not both)")]
@@ -153,12 +181,17 @@ impl Error {
             | Error::UnknownJob { .. }
             | Error::Scope
             | Error::BadTime { .. }
+            | Error::RequestRefused(_)
             | Error::PauseRefused(_) => true,
             Error::Open(e) => match e {
                 OpenError::Store(_) | OpenError::Missing { .. } => false,
                 e => !e.is_temporary(),
             },
-            Error::Store(_) | Error::NoDatabase { .. } | Error::SchemaOutdated { .. } => false,
+            Error::Store(_)
+            | Error::NoDatabase { .. }
+            | Error::SchemaOutdated { .. }
+            | Error::RunEnded { .. }
+            | Error::NotStarted { .. } => false,
         }
     }
 }

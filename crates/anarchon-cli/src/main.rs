@@ -99,8 +99,27 @@ enum Cmd {
         #[command(flatten)]
         place: Place,
     },
+    /// Run a job now, once, on one instance of the fleet that has it: a
+    /// manual run, beside the schedule. The same --id twice is one run.
+    Trigger {
+        /// The job.
+        job: String,
+        /// The request's id (letters, digits, `.` `_` `:` `-`; default: a
+        /// new random one). Send the same id again and no second run
+        /// starts.
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
+        /// Who asked (default: $USER@host).
+        #[arg(long, value_name = "WHO")]
+        by: Option<String>,
+        /// Wait for the run to end; exit 0 if it succeeded, 1 otherwise.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        place: Place,
+    },
     /// Show each job's pause, last finished run, the run holding a lease
-    /// now and (with --config) the next slot.
+    /// now, pending manual runs and (with --config) the next slot.
     Status {
         /// Only this job (default: the crontab's jobs, or the store's).
         job: Option<String>,
@@ -256,6 +275,13 @@ async fn dispatch(command: Cmd) -> anyhow::Result<()> {
         Cmd::Resume { job, all, place } => {
             control::resume(control::Target { job, all }, place.as_where()).await
         }
+        Cmd::Trigger {
+            job,
+            id,
+            by,
+            wait,
+            place,
+        } => control::trigger(job, id, by, wait, place.as_where()).await,
         Cmd::Status {
             job,
             json,

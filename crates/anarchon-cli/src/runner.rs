@@ -199,8 +199,16 @@ pub(crate) async fn run(
         .args(args)
         .envs(&spec.env)
         .env("ANARCHON_JOB", ctx.job().as_str())
-        .env("ANARCHON_SLOT", ctx.slot().as_millis().to_string())
-        .env("ANARCHON_SLOT_TIME", ctx.slot().to_string())
+        .env("ANARCHON_SLOT", ctx.slot().at().as_millis().to_string())
+        .env("ANARCHON_SLOT_TIME", ctx.slot().at().to_string())
+        .env(
+            "ANARCHON_ORIGIN",
+            if ctx.slot().is_manual() {
+                "manual"
+            } else {
+                "schedule"
+            },
+        )
         .env("ANARCHON_ATTEMPT", ctx.attempt().to_string())
         .env("ANARCHON_INSTANCE", ctx.instance().as_str())
         .stdin(Stdio::null())

@@ -23,20 +23,30 @@ pub(crate) async fn history(
     Ok(runs)
 }
 
-/// A table of runs: slot (local and UTC), job, state, attempt, instance,
-/// duration, error.
+/// Where a run came from: its job's schedule, or an operator's trigger.
+fn origin(r: &RunRecord) -> &'static str {
+    if r.run.slot.is_manual() {
+        "manual"
+    } else {
+        "schedule"
+    }
+}
+
+/// A table of runs: slot (local and UTC; a manual run's request time),
+/// job, origin, state, attempt, instance, duration, error.
 pub(crate) fn history_table(runs: &[RunRecord]) -> String {
     let header = [
         "SLOT (LOCAL)",
         "SLOT (UTC)",
         "JOB",
+        "ORIGIN",
         "STATE",
         "ATTEMPT",
         "INSTANCE",
         "DURATION",
         "ERROR",
     ];
-    let rows: Vec<[String; 8]> = runs
+    let rows: Vec<[String; 9]> = runs
         .iter()
         .map(|r| {
             let at = r.run.slot.at().to_datetime();
@@ -46,6 +56,7 @@ pub(crate) fn history_table(runs: &[RunRecord]) -> String {
                     .to_string(),
                 at.to_rfc3339_opts(SecondsFormat::Secs, true),
                 r.run.job.to_string(),
+                origin(r).to_owned(),
                 state(r),
                 r.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
                 r.instance
@@ -84,7 +95,7 @@ pub(crate) fn history_table(runs: &[RunRecord]) -> String {
 }
 
 /// The runs as a JSON array, newest first: each with its job, slot,
-/// state, attempt, fence, instance, times (RFC 3339, UTC) and error. Times
+/// origin (`schedule` or `manual`), state, attempt, fence, instance, times (RFC 3339, UTC) and error. Times
 /// and numbers a run does not have are `null`.
 pub(crate) fn history_json(runs: &[RunRecord]) -> String {
     let at = |t: Option<Timestamp>| {
@@ -96,6 +107,7 @@ pub(crate) fn history_json(runs: &[RunRecord]) -> String {
             serde_json::json!({
                 "job": r.run.job.as_str(),
                 "slot": at(Some(r.run.slot.at())),
+                "origin": origin(r),
                 "state": r.state.as_str(),
                 "attempt": r.attempt.map(|a| a.get()),
                 "fence": r.fence.map(|f| f.get()),

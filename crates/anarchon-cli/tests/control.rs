@@ -1,4 +1,4 @@
-//! `pause`, `resume` and `status` against a fleet of daemons.
+//! `pause`, `resume`, `trigger` and `status` against a fleet of daemons.
 //!
 //! * Three `anarchon run` processes share a store (a SQLite file, a
 //!   PostgreSQL table, a Redis prefix, a NATS KV bucket) with a per-second
@@ -25,7 +25,10 @@ use common::{Fleet, crontab_head, now_ms, run_in, wait_for};
 use nix::sys::signal::Signal;
 
 /// A crontab on `store` whose per-second job `tick` appends
-/// `$ANARCHON_SLOT $PPID` to `log`.
+/// `$ANARCHON_SLOT $PPID` to `log`, and whose job `on-demand` (New Year's
+/// midnight only: in the tests it runs only when triggered) appends
+/// `$ANARCHON_ORIGIN $ANARCHON_SLOT <start ms> $PPID` to `manual.log` and
+/// fails unless the file `ok` exists.
 fn crontab(dir: &Path, store: &str, log: &Path) -> String {
     let path = dir.join("anarchon.toml");
     let head = crontab_head(store, ["1s", "300ms", "1s", "500ms"]);
@@ -36,8 +39,15 @@ name = "tick"
 every = "1s"
 max_late = "5s"
 command = "echo \"$ANARCHON_SLOT $PPID\" >> {log}"
+
+[[job]]
+name = "on-demand"
+schedule = "0 0 1 1 *"
+command = "echo \"$ANARCHON_ORIGIN $ANARCHON_SLOT $(date +%s%3N) $PPID\" >> {manual}; test -f {ok}"
 "#,
-        log = log.display()
+        log = log.display(),
+        manual = dir.join("manual.log").display(),
+        ok = dir.join("ok").display(),
     );
     std::fs::write(&path, head + &job).expect("writing the crontab");
     path.to_str().expect("a UTF-8 path").to_owned()
@@ -97,9 +107,29 @@ fn a_paused_job_runs_nowhere_in_a_fleet_on_nats_kv() {
     the_fleet_obeys_pause_and_resume(dir.path(), &url);
 }
 
+/// The manual runs in `manual.log`: (origin, slot, start ms, daemon).
+fn manual_runs(dir: &Path) -> Vec<(String, i64, i64, String)> {
+    std::fs::read_to_string(dir.join("manual.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|line| {
+            let parts: Vec<&str> = line.split(' ').collect();
+            assert_eq!(parts.len(), 4, "`origin slot start pid` lines: {line:?}");
+            (
+                parts[0].to_owned(),
+                parts[1].parse().expect("a slot"),
+                parts[2].parse().expect("a start time"),
+                parts[3].to_owned(),
+            )
+        })
+        .collect()
+}
+
 /// Three daemons on `store` run a per-second job; a pause from another
 /// process stops it on all of them, `status` shows it, `resume` restarts
-/// it, and no slot ever runs twice.
+/// it, and no slot ever runs twice. Then `trigger` runs the on-demand job
+/// once, on one daemon, within a second of the request, the same id again
+/// runs nothing, and `trigger --wait` exits with the run's outcome.
 fn the_fleet_obeys_pause_and_resume(d: &Path, store: &str) {
     let log = d.join("runs.log");
     let config = crontab(d, store, &log);
@@ -187,6 +217,8 @@ fn the_fleet_obeys_pause_and_resume(d: &Path, store: &str) {
     assert_eq!(code, 0);
     assert!(stdout.contains("was not paused"), "{stdout}");
 
+    the_fleet_runs_triggers_once(d, config, &fleet);
+
     for daemon in &fleet.daemons {
         daemon.signal(Signal::SIGTERM);
     }
@@ -201,6 +233,66 @@ fn the_fleet_obeys_pause_and_resume(d: &Path, store: &str) {
     for (slot, daemons) in ran(&log) {
         assert_eq!(daemons.len(), 1, "slot {slot} ran on {daemons:?}");
     }
+}
+
+/// `trigger` against the running fleet: one run per request id, started
+/// within a second, on one daemon; `--wait` exits 1 for a failed run and
+/// 0 for a run that succeeded.
+fn the_fleet_runs_triggers_once(d: &Path, config: &str, fleet: &Fleet) {
+    let press = [
+        "trigger",
+        "on-demand",
+        "--id",
+        "press-1",
+        "--config",
+        config,
+    ];
+    let (code, stdout, stderr) = run_in(d, &press);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.starts_with("requested a manual run of job on-demand at "),
+        "{stdout}"
+    );
+    wait_for(
+        Duration::from_secs(10),
+        "the triggered run",
+        || (!manual_runs(d).is_empty()).then_some(()),
+        || fleet.logs(),
+    );
+    let (origin, requested_at, started_at, _) = manual_runs(d)[0].clone();
+    assert_eq!(origin, "manual");
+    assert!(
+        started_at - requested_at <= 1000,
+        "the manual run started {} ms after its request; at most 1 s is the promise",
+        started_at - requested_at
+    );
+    let (code, again, stderr) = run_in(d, &press);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(again, stdout, "the same id is the same request");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        manual_runs(d).len(),
+        1,
+        "one id, one run: {:?}",
+        manual_runs(d)
+    );
+
+    let (code, stdout, stderr) = run_in(d, &["trigger", "on-demand", "--wait", "--config", config]);
+    assert_eq!(code, 1, "a failed run: {stdout}{stderr}");
+    assert!(stderr.contains("ended failed"), "{stderr}");
+    std::fs::write(d.join("ok"), "").unwrap();
+    let (code, stdout, stderr) = run_in(d, &["trigger", "on-demand", "--wait", "--config", config]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains("succeeded"), "{stdout}");
+
+    let runs = manual_runs(d);
+    assert_eq!(runs.len(), 3, "three requests, three runs: {runs:?}");
+    let mut slots: Vec<i64> = runs.iter().map(|r| r.1).collect();
+    slots.dedup();
+    assert_eq!(slots.len(), 3, "each run once: {runs:?}");
+    let (code, history, stderr) = run_in(d, &["history", "on-demand", "--config", config]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(history.matches(" manual ").count(), 3, "{history}");
 }
 
 #[test]
@@ -267,6 +359,18 @@ fn bad_control_input_is_refused_and_writes_nothing() {
         "claim-only",
     );
     refused(&["status", "--store", "nats://127.0.0.1:1"], "claim-only");
+    refused(
+        &["trigger", "tick", "--store", "nats://127.0.0.1:1"],
+        "claim-only",
+    );
+    refused(
+        &["trigger", "nope", "--config", config],
+        "has no job \"nope\"",
+    );
+    refused(
+        &["trigger", "tick", "--id", "has space", "--config", config],
+        "invalid request id",
+    );
     let (code, status, stderr) = run_in(d, &["status", "--json", "--config", config]);
     assert_eq!(code, 0, "{stderr}");
     let doc: serde_json::Value = serde_json::from_str(&status).unwrap();

@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use crate::error::StoreError;
 use crate::name::JobName;
-use crate::store::{LeaseStore, RunRecord};
+use crate::request::{RunRequest, TriggerRequest};
+use crate::scheduler::MANUAL_RUN_WINDOW;
+use crate::store::{LeaseStore, RunKey, RunRecord, RunState, RunView};
 use crate::time::Timestamp;
 
 /// The longest reason or author a pause keeps, in characters.
@@ -348,6 +350,9 @@ pub struct JobStatus {
     pub pause: Option<Pause>,
     /// The job's latest runs, newest first (at most the number asked for).
     pub recent: Vec<RunRecord>,
+    /// The job's manual-run requests whose run has not ended, oldest
+    /// first.
+    pub pending: Vec<RunRequest>,
 }
 
 /// What [`Control::status`] read: each job's state and the store's clock.
@@ -409,6 +414,28 @@ impl<S: LeaseStore + ?Sized> Control<S> {
         self.store.pauses().await
     }
 
+    /// Asks for a manual run (see [`LeaseStore::request_run`]): every
+    /// instance that has the job hears of it, and one of them runs it. The
+    /// same id again is the same request. Returns the request as stored;
+    /// its run is [`RunRequest::run`].
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    pub async fn trigger(&self, req: &TriggerRequest) -> Result<RunRequest, StoreError> {
+        self.store.request_run(req).await
+    }
+
+    /// What the store knows of a manual run (or any run): its state on the
+    /// store's clock.
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    pub async fn run_state(&self, run: &RunKey) -> Result<RunView, StoreError> {
+        self.store.peek(run).await
+    }
+
     /// The state of each of `jobs`: its pause and its `recent` latest runs,
     /// with the store's clock from the same read of the pauses.
     ///
@@ -417,12 +444,27 @@ impl<S: LeaseStore + ?Sized> Control<S> {
     /// The store's error.
     pub async fn status(&self, jobs: &[JobName], recent: usize) -> Result<FleetStatus, StoreError> {
         let pauses = self.store.pauses().await?;
+        let requests = self.store.run_requests().await?;
+        // A request whose run nobody claimed within the window never runs.
+        let oldest = requests.store_now.saturating_sub(MANUAL_RUN_WINDOW);
         let mut out = Vec::with_capacity(jobs.len());
         for job in jobs {
+            let mut pending = Vec::new();
+            for request in requests.requests.iter().filter(|r| &r.job == job) {
+                let pending_now = match self.store.peek(&request.run()).await?.state {
+                    RunState::Running { .. } => true,
+                    RunState::Absent => request.requested_at >= oldest,
+                    RunState::Missed | RunState::Finished(_) => false,
+                };
+                if pending_now {
+                    pending.push(request.clone());
+                }
+            }
             out.push(JobStatus {
                 job: job.clone(),
                 pause: pauses.of(job).cloned(),
                 recent: self.store.history(job, recent).await?,
+                pending,
             });
         }
         Ok(FleetStatus {

@@ -54,6 +54,12 @@ impl HandOvers {
         let _ = self.news.send(run.clone());
     }
 
+    /// Every run announced from now on (what
+    /// [`crate::LeaseStore::announcements`] hands out).
+    pub fn subscribe(&self) -> broadcast::Receiver<RunKey> {
+        self.news.subscribe()
+    }
+
     /// Waits at most `timeout` for an announcement of `run`. `true` when
     /// one came (or the waiter fell so far behind that it may have missed
     /// one); `false` when the time ran out.

@@ -84,11 +84,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::broadcast;
 
 use crate::control::{Pause, PauseRequest, PauseScope, Pauses};
 use crate::error::StoreError;
+use crate::hand_over::HandOvers;
 use crate::ids::Token;
 use crate::name::JobName;
+use crate::request::{RunRequest, RunRequests, TriggerRequest};
 use crate::store::{
     BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, LeaseClaim, LeaseStore,
     Renewal, RunKey, RunOutcome, RunRecord, RunView,
@@ -237,6 +240,11 @@ pub trait LeaseLayer: Send + Sync + 'static {
         self.inner().wait_for_hand_over(run, timeout).await
     }
 
+    /// [`LeaseStore::hand_overs`]; the inner store's board.
+    fn hand_overs(&self) -> &HandOvers {
+        self.inner().hand_overs()
+    }
+
     /// [`LeaseStore::history`]; forwards by default.
     ///
     /// # Errors
@@ -289,6 +297,29 @@ pub trait LeaseLayer: Send + Sync + 'static {
     /// The inner store's, unless overridden.
     async fn pauses(&self) -> Result<Pauses, StoreError> {
         self.inner().pauses().await
+    }
+
+    /// [`LeaseStore::request_run`]; forwards by default.
+    ///
+    /// # Errors
+    ///
+    /// The inner store's, unless overridden.
+    async fn request_run(&self, req: &TriggerRequest) -> Result<RunRequest, StoreError> {
+        self.inner().request_run(req).await
+    }
+
+    /// [`LeaseStore::run_requests`]; forwards by default.
+    ///
+    /// # Errors
+    ///
+    /// The inner store's, unless overridden.
+    async fn run_requests(&self) -> Result<RunRequests, StoreError> {
+        self.inner().run_requests().await
+    }
+
+    /// [`LeaseStore::announcements`]; forwards by default.
+    fn announcements(&self) -> broadcast::Receiver<RunKey> {
+        self.inner().announcements()
     }
 }
 
@@ -372,6 +403,10 @@ impl<L: LeaseLayer> LeaseStore for L {
         LeaseLayer::wait_for_hand_over(self, run, timeout).await
     }
 
+    fn hand_overs(&self) -> &HandOvers {
+        LeaseLayer::hand_overs(self)
+    }
+
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         LeaseLayer::history(self, job, limit).await
     }
@@ -395,6 +430,18 @@ impl<L: LeaseLayer> LeaseStore for L {
     async fn pauses(&self) -> Result<Pauses, StoreError> {
         LeaseLayer::pauses(self).await
     }
+
+    async fn request_run(&self, req: &TriggerRequest) -> Result<RunRequest, StoreError> {
+        LeaseLayer::request_run(self, req).await
+    }
+
+    async fn run_requests(&self) -> Result<RunRequests, StoreError> {
+        LeaseLayer::run_requests(self).await
+    }
+
+    fn announcements(&self) -> broadcast::Receiver<RunKey> {
+        LeaseLayer::announcements(self)
+    }
 }
 
 #[cfg(test)]
@@ -405,6 +452,7 @@ mod tests {
 
     use super::*;
     use crate::ids::InstanceId;
+    use crate::request::RequestId;
     use crate::store::{Memory, RunState};
     use crate::time::{Slot, Timestamp};
 
@@ -412,6 +460,7 @@ mod tests {
     #[derive(Default)]
     struct Probe {
         calls: Mutex<Vec<&'static str>>,
+        board: HandOvers,
     }
 
     impl Probe {
@@ -494,6 +543,10 @@ mod tests {
             true
         }
 
+        fn hand_overs(&self) -> &HandOvers {
+            &self.board
+        }
+
         async fn history(&self, _: &JobName, _: usize) -> Result<Vec<RunRecord>, StoreError> {
             self.saw("history");
             Ok(Vec::new())
@@ -523,6 +576,24 @@ mod tests {
         async fn pauses(&self) -> Result<Pauses, StoreError> {
             self.saw("pauses");
             Ok(Pauses::holding(Vec::new(), Timestamp::from_millis(0)))
+        }
+
+        async fn request_run(&self, req: &TriggerRequest) -> Result<RunRequest, StoreError> {
+            self.saw("request_run");
+            Ok(req.answer(Timestamp::from_millis(1), None))
+        }
+
+        async fn run_requests(&self) -> Result<RunRequests, StoreError> {
+            self.saw("run_requests");
+            Ok(RunRequests {
+                store_now: Timestamp::from_millis(0),
+                requests: Vec::new(),
+            })
+        }
+
+        fn announcements(&self) -> broadcast::Receiver<RunKey> {
+            self.saw("announcements");
+            broadcast::channel(1).1
         }
     }
 
@@ -612,9 +683,13 @@ mod tests {
         store.resume(&PauseScope::All).await.unwrap();
         store.pauses().await.unwrap();
         store.jobs().await.unwrap();
+        let req = TriggerRequest::new(run.job.clone(), RequestId::new("r").unwrap());
+        store.request_run(&req).await.unwrap();
+        store.run_requests().await.unwrap();
+        let _news = store.announcements();
     }
 
-    const EVERY_CALL: [&str; 16] = [
+    const EVERY_CALL: [&str; 19] = [
         "claim",
         "info",
         "claim_lease",
@@ -631,6 +706,9 @@ mod tests {
         "resume",
         "pauses",
         "jobs",
+        "request_run",
+        "run_requests",
+        "announcements",
     ];
 
     #[tokio::test]

@@ -9,6 +9,7 @@ pub mod ids;
 pub mod layer;
 pub mod memory;
 pub mod name;
+pub mod request;
 pub mod schedule;
 pub mod scheduler;
 pub mod store;
@@ -28,6 +29,7 @@ pub use crate::hand_over::{HandOvers, Listener};
 pub use crate::ids::{Attempt, Fence, InstanceId, MaxAttempts, Token};
 pub use crate::memory::MemoryStore;
 pub use crate::name::JobName;
+pub use crate::request::{RequestId, RunRequest, RunRequests, TriggerRequest};
 pub use crate::schedule::Schedule;
 pub use crate::scheduler::{
     CancelReason, Handler, JobBuilder, JobOptions, MetricsSnapshot, RunContext, Scheduler,

@@ -24,6 +24,7 @@ use crate::error::StoreError;
 use crate::hand_over::HandOvers;
 use crate::ids::{Attempt, Fence, InstanceId, Token};
 use crate::name::JobName;
+use crate::request::{RequestId, RunRequest, RunRequests, TriggerRequest, stamp};
 use crate::store::{
     ClaimAnswers, ClaimOutcome, FinalState, LeaseClaim, LeaseStore, RecordState, Renewal, RunKey,
     RunOutcome, RunRecord, RunState, RunView,
@@ -50,6 +51,8 @@ struct State {
     jobs: HashMap<JobName, JobRuns>,
     /// The operator's pauses, by scope.
     pauses: BTreeMap<PauseScope, Pause>,
+    /// The manual-run requests, by job and id.
+    requests: BTreeMap<(JobName, RequestId), RunRequest>,
 }
 
 impl State {
@@ -388,8 +391,8 @@ impl LeaseStore for MemoryStore {
         self.hand_over(run, token, HandOver::GiveBack)
     }
 
-    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
-        self.hand_overs.wait(run, timeout).await
+    fn hand_overs(&self) -> &HandOvers {
+        &self.hand_overs
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
@@ -439,6 +442,8 @@ impl LeaseStore for MemoryStore {
             }
             // Keep each job's entry (and its fence counter) even when empty:
             // fences must keep increasing.
+            let cutoff = now.saturating_sub(keep);
+            state.requests.retain(|_, r| r.requested_at >= cutoff);
             deleted
         })
     }
@@ -466,5 +471,38 @@ impl LeaseStore for MemoryStore {
 
     async fn pauses(&self) -> Result<Pauses, StoreError> {
         self.step(|state, now| Pauses::holding(state.pauses.values().cloned().collect(), now))
+    }
+
+    async fn request_run(&self, req: &TriggerRequest) -> Result<RunRequest, StoreError> {
+        let (request, new) = self.step(|state, now| {
+            let key = (req.job().clone(), req.id().clone());
+            if let Some(stored) = state.requests.get(&key) {
+                return (stored.clone(), false);
+            }
+            let latest = state
+                .requests
+                .values()
+                .filter(|r| &r.job == req.job())
+                .map(|r| r.requested_at)
+                .max();
+            let request = req.answer(stamp(now, latest), req.by().map(str::to_owned));
+            state.requests.insert(key, request.clone());
+            (request, true)
+        })?;
+        if new {
+            self.hand_overs.announce(&request.run());
+        }
+        Ok(request)
+    }
+
+    async fn run_requests(&self) -> Result<RunRequests, StoreError> {
+        self.step(|state, now| {
+            let mut requests: Vec<RunRequest> = state.requests.values().cloned().collect();
+            requests.sort_by_key(|r| r.requested_at);
+            RunRequests {
+                store_now: now,
+                requests,
+            }
+        })
     }
 }

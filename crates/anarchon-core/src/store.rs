@@ -22,11 +22,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio::sync::broadcast;
 
 use crate::control::{Pause, PauseRequest, PauseScope, Pauses};
 use crate::error::StoreError;
+use crate::hand_over::HandOvers;
 use crate::ids::{Attempt, Fence, InstanceId, MaxAttempts, Token};
 use crate::name::JobName;
+use crate::request::{RunRequest, RunRequests, TriggerRequest};
 use crate::time::{Slot, Timestamp};
 
 /// One run: a job and a slot. The unit that is claimed.
@@ -548,7 +551,15 @@ pub trait LeaseStore: ClaimStore {
     /// hand-over is taken at once. News is only a hint: the caller reads
     /// the run after either answer. A store hears at least the hand-overs
     /// made through itself; see [`crate::hand_over`].
-    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool;
+    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
+        self.hand_overs().wait(run, timeout).await
+    }
+
+    /// The board on which this handle hears hand-overs and new requests:
+    /// its own, and where the store can push news, every other handle's
+    /// (see [`crate::hand_over`]). [`Self::wait_for_hand_over`] and
+    /// [`Self::announcements`] read it.
+    fn hand_overs(&self) -> &HandOvers;
 
     /// The latest `limit` runs of `job`, newest slot first.
     ///
@@ -612,6 +623,41 @@ pub trait LeaseStore: ClaimStore {
     ///
     /// A [`StoreError`].
     async fn pauses(&self) -> Result<Pauses, StoreError>;
+
+    /// Asks for a manual run of the request's job under its id: one atomic
+    /// write on the store's clock, unless a request of the job with this id
+    /// is stored already, in which case that one is answered and nothing changes
+    /// (the same id twice is one run). A new request is stamped with the
+    /// store's clock, moved on a millisecond past the job's latest request
+    /// where it would not be later ([`crate::request::stamp`]), so its run
+    /// ([`RunRequest::run`]) is the job's own. The store then announces
+    /// that run ([`Self::announcements`]).
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn request_run(&self, req: &TriggerRequest) -> Result<RunRequest, StoreError>;
+
+    /// Every manual-run request the store holds, oldest first, read with
+    /// its clock. [`Self::collect_garbage`] forgets requests as it forgets
+    /// runs: once they are more than `keep` old.
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`].
+    async fn run_requests(&self) -> Result<RunRequests, StoreError>;
+
+    /// Every run the store hears announced from now on: hand-overs (as
+    /// [`Self::wait_for_hand_over`] hears them) and the manual runs of new
+    /// requests. Stores that can push news across processes (PostgreSQL
+    /// `NOTIFY`, Redis pub/sub, NATS messages) announce what any process
+    /// did; others what this process did, or what they find by watching
+    /// the store. News is a hint: a scheduler still reads
+    /// [`Self::run_requests`] when it starts and when it may have missed
+    /// news (a receiver that lagged).
+    fn announcements(&self) -> broadcast::Receiver<RunKey> {
+        self.hand_overs().subscribe()
+    }
 }
 
 /// Implements [`ClaimStore`] for a lease store type: a plain claim is a
@@ -631,13 +677,15 @@ pub trait LeaseStore: ClaimStore {
 /// #     async fn finish(&self, r: &RunKey, t: Token, o: RunOutcome) -> Result<Renewal, StoreError> { self.0.finish(r, t, o).await }
 /// #     async fn release(&self, r: &RunKey, t: Token) -> Result<Renewal, StoreError> { self.0.release(r, t).await }
 /// #     async fn give_back(&self, r: &RunKey, t: Token) -> Result<Renewal, StoreError> { self.0.give_back(r, t).await }
-/// #     async fn wait_for_hand_over(&self, r: &RunKey, d: Duration) -> bool { self.0.wait_for_hand_over(r, d).await }
+/// #     fn hand_overs(&self) -> &HandOvers { self.0.hand_overs() }
 /// #     async fn history(&self, j: &JobName, n: usize) -> Result<Vec<RunRecord>, StoreError> { self.0.history(j, n).await }
 /// #     async fn collect_garbage(&self, k: Duration) -> Result<u64, StoreError> { self.0.collect_garbage(k).await }
 /// #     async fn pause(&self, s: &PauseScope, r: &PauseRequest) -> Result<Pause, StoreError> { self.0.pause(s, r).await }
 /// #     async fn resume(&self, s: &PauseScope) -> Result<bool, StoreError> { self.0.resume(s).await }
 /// #     async fn jobs(&self) -> Result<Vec<JobName>, StoreError> { self.0.jobs().await }
 /// #     async fn pauses(&self) -> Result<Pauses, StoreError> { self.0.pauses().await }
+/// #     async fn request_run(&self, r: &TriggerRequest) -> Result<RunRequest, StoreError> { self.0.request_run(r).await }
+/// #     async fn run_requests(&self) -> Result<RunRequests, StoreError> { self.0.run_requests().await }
 /// # }
 /// anarchon_core::claims_through_leases!(MyStore, "my-store");
 /// ```

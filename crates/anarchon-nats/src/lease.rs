@@ -8,6 +8,7 @@ mod kv;
 mod options;
 mod pauses;
 mod records;
+mod requests;
 mod store;
 
 use std::fmt;
@@ -260,11 +261,18 @@ impl NatsLeaseStore {
     async fn announce_hand_over(&self, run: &RunKey) {
         self.hand_overs.announce(run);
         let payload = format!("{} {}", run.job, run.slot.as_millis());
-        if let Err(error) = self
-            .client
-            .publish(hand_over_subject(&self.bucket), payload.into())
-            .await
-        {
+        // Flushed, so news sent just before the process exits (a release at
+        // shutdown, a request from `anarchon trigger`) is not left in the
+        // client's buffer.
+        let sent = async {
+            self.client
+                .publish(hand_over_subject(&self.bucket), payload.into())
+                .await?;
+            self.client.flush().await.map_err(|e| {
+                async_nats::PublishError::with_source(async_nats::client::PublishErrorKind::Send, e)
+            })
+        };
+        if let Err(error) = sent.await {
             tracing::debug!(%error, %run, "could not announce a hand-over; backups learn of it at their next read");
         }
     }

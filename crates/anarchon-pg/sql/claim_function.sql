@@ -110,7 +110,9 @@ BEGIN
                 ELSE
                     r_outcome := 'late';
                 END IF;
-            ELSIF v_now::numeric - v_slot > p_max_late[i] THEN
+            ELSIF v_now::numeric - abs(v_slot::numeric) > p_max_late[i] THEN
+                -- (A manual run's slot is its request time negated: it is
+                -- late by its request time.)
                 -- Too late. The first late claim of a slot nobody ran says so.
                 IF NOT v_found THEN
                     INSERT INTO "{{table}}" (job, slot, state, finished_at)

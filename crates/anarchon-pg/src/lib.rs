@@ -5,6 +5,7 @@ mod connection;
 mod error;
 pub mod migrate;
 mod options;
+mod requests;
 mod rows;
 mod sql;
 mod store;

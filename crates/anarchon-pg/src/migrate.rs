@@ -24,7 +24,7 @@ use crate::options::TableName;
 use crate::sql::sql;
 
 /// The schema version this crate needs and migrates to.
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 struct Migration {
     version: u32,
@@ -59,6 +59,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 5,
         description: "operator pauses",
         tables: Some(include_str!("../migrations/0005_pauses.sql")),
+    },
+    Migration {
+        version: 6,
+        description: "manual-run requests",
+        tables: Some(include_str!("../migrations/0006_requests.sql")),
     },
 ];
 

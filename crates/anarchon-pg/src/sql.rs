@@ -34,6 +34,8 @@ pub(crate) struct Statements {
     pub(crate) resume: SqlStr,
     pub(crate) pauses: SqlStr,
     pub(crate) jobs: SqlStr,
+    pub(crate) request_run: SqlStr,
+    pub(crate) requests: SqlStr,
 }
 
 impl Statements {
@@ -52,6 +54,8 @@ impl Statements {
             resume: sql(include_str!("../sql/resume.sql"), table),
             pauses: sql(include_str!("../sql/pauses.sql"), table),
             jobs: sql(include_str!("../sql/jobs.sql"), table),
+            request_run: sql(include_str!("../sql/request_run.sql"), table),
+            requests: sql(include_str!("../sql/requests.sql"), table),
         }
     }
 }
@@ -77,6 +81,8 @@ mod tests {
             &s.resume,
             &s.pauses,
             &s.jobs,
+            &s.request_run,
+            &s.requests,
         ] {
             assert!(!text.as_str().contains("{{"), "{}", text.as_str());
             assert!(text.as_str().contains("\"t_x"), "{}", text.as_str());

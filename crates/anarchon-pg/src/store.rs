@@ -10,8 +10,8 @@ use anarchon_core::stored::{self, RunColumns};
 use anarchon_core::time::millis;
 use anarchon_core::{
     ClaimAnswers, ClaimOutcome, HandOvers, JobName, LeaseClaim, LeaseStore, Listener, Pause,
-    PauseRequest, PauseScope, Pauses, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView,
-    Slot, StoreError, Timestamp, Token,
+    PauseRequest, PauseScope, Pauses, Renewal, RunKey, RunOutcome, RunRecord, RunRequest,
+    RunRequests, RunState, RunView, Slot, StoreError, Timestamp, Token, TriggerRequest,
 };
 use async_trait::async_trait;
 use sqlx::PgPool;
@@ -123,7 +123,7 @@ impl PgStore {
     /// Tells the backups of every store on the table (this one at once)
     /// that `run` was handed over: one `pg_notify`. Best effort: a backup
     /// that misses it reads the run when the lease would have ended.
-    async fn announce_hand_over(&self, run: &RunKey) {
+    pub(crate) async fn announce_hand_over(&self, run: &RunKey) {
         self.hand_overs.announce(run);
         let payload = format!(
             "{}\t{}\t{}",
@@ -326,8 +326,8 @@ impl LeaseStore for PgStore {
         Ok(announced(answer, self.announce_hand_over(run)).await)
     }
 
-    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
-        self.hand_overs.wait(run, timeout).await
+    fn hand_overs(&self) -> &HandOvers {
+        &self.hand_overs
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
@@ -429,5 +429,13 @@ impl LeaseStore for PgStore {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|reason| StoreError::from(Error::protocol(action(), reason)))?;
         Ok(Pauses::holding(pauses, Timestamp::from_millis(now)))
+    }
+
+    async fn request_run(&self, req: &TriggerRequest) -> Result<RunRequest, StoreError> {
+        self.write_request(req).await
+    }
+
+    async fn run_requests(&self) -> Result<RunRequests, StoreError> {
+        self.read_requests().await
     }
 }

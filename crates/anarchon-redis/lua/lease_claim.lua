@@ -5,7 +5,7 @@
 -- live runs only for `overlap = skip`).
 --
 -- KEYS[1] runs   hash: slot -> run record (JSON)
--- KEYS[2] slots  sorted set: every recorded slot, scored by the slot
+-- KEYS[2] slots  sorted set: every recorded slot, scored by its instant
 -- KEYS[3] live   sorted set: the running slots, scored by their lease end
 -- KEYS[4] fence  counter: the job's last fence (never deleted)
 -- KEYS[5] window string: the longest max_late (ms) of the job's claims,
@@ -45,7 +45,9 @@ local state = rec and rec.state or nil
 
 local function write(r)
   redis.call('HSET', KEYS[1], slot, cjson.encode(r))
-  redis.call('ZADD', KEYS[2], slot, slot)
+  -- Scored by the slot's instant: a manual run's slot is its request time
+  -- negated (anarchon_core::Slot::at), so history and collection go by time.
+  redis.call('ZADD', KEYS[2], math.abs(tonumber(slot)), slot)
 end
 
 -- Whether the pause under `key` holds at now: there is one, and it lasts
@@ -68,7 +70,7 @@ if state == nil or state == 'missed' then
     return {'late', 0, 0, 0, now, ''}
   end
   -- 6. Late, overlapping, or it starts.
-  if now - tonumber(slot) > max_late then
+  if now - math.abs(tonumber(slot)) > max_late then
     if state == nil then write({state = 'missed', finished = int(now)}) end
     return {'late', 0, 0, 0, now, ''}
   end

@@ -17,7 +17,7 @@
 //! | strategy  | key                          | type       | holds |
 //! |-----------|------------------------------|------------|-------|
 //! | lease     | `{p:job}:runs`               | hash       | slot → run record (JSON) |
-//! | lease     | `{p:job}:slots`              | sorted set | recorded slots, by slot |
+//! | lease     | `{p:job}:slots`              | sorted set | recorded slots, by instant (`Slot::at`) |
 //! | lease     | `{p:job}:live`               | sorted set | running slots, by lease end |
 //! | lease     | `{p:job}:fence`              | string     | the job's fence counter |
 //! | lease     | `{p:job}:window`             | string     | the job's longest `max_late` (ms) |
@@ -25,6 +25,8 @@
 //! | lease     | `{p}:jobs`                   | set        | jobs with lease records |
 //! | lease     | `{p}:pause`                  | hash       | the pause of every job |
 //! | lease     | `{p}:pauses`                 | set        | scopes with a pause: `*` or a job |
+//! | lease     | `{p}:requests`               | hash       | `<job> <id>` → manual-run request: stamp and author |
+//! | lease     | `{p}:requested`              | hash       | job → its latest request's stamp |
 //! | stream-id | `{p:job}:stream-id`          | stream     | one entry per claimed slot, ID `<slot>-0` |
 //! | idmp      | `{p:job}:idmp`               | stream     | one entry per claimed slot, IDMP-deduplicated |
 //! | script    | `{p:job}:script`             | stream     | the claims of the last window |
@@ -88,6 +90,16 @@ pub(crate) fn pause_key(prefix: &KeyPrefix, scope: &PauseScope) -> String {
 /// The set of scopes that have a pause: `{prefix}:pauses`.
 pub(crate) fn pauses_key(prefix: &KeyPrefix) -> String {
     format!("{{{}}}:pauses", prefix.as_str())
+}
+
+/// The manual-run requests: `{prefix}:requests`.
+pub(crate) fn requests_key(prefix: &KeyPrefix) -> String {
+    format!("{{{}}}:requests", prefix.as_str())
+}
+
+/// Each job's latest request stamp: `{prefix}:requested`.
+pub(crate) fn requested_key(prefix: &KeyPrefix) -> String {
+    format!("{{{}}}:requested", prefix.as_str())
 }
 
 #[cfg(test)]

@@ -9,9 +9,9 @@ use std::time::Duration;
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, ClaimAnswers, ClaimOutcome, Fence, HandOvers, InstanceId, JobName, LeaseClaim,
-    LeaseStore, Listener, Overlap, Pause, PauseEnd, PauseRequest, PauseScope, Pauses, RecordState,
-    Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot, StoreError, Timestamp, Token,
-    Until, Win,
+    LeaseStore, Listener, Overlap, Pause, PauseRequest, PauseScope, Pauses, RecordState, Renewal,
+    RunKey, RunOutcome, RunRecord, RunRequest, RunRequests, RunState, RunView, Slot, StoreError,
+    Timestamp, Token, TriggerRequest, Win,
 };
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
@@ -19,10 +19,14 @@ use futures::StreamExt as _;
 
 use crate::connection::{Call, Link, Lua, check, int, text};
 use crate::error::Error;
-use crate::keys::{LeaseKeys, hand_over_channel, jobs_key, pause_key, pauses_key};
+use crate::keys::{LeaseKeys, hand_over_channel, jobs_key, pause_key};
 use crate::options::{KeyPrefix, RedisOptions};
 use crate::server::ServerInfo;
 use crate::tls::connection_info;
+
+mod gc;
+mod pauses;
+mod requests;
 
 const BACKEND: &str = "redis-lease";
 
@@ -45,18 +49,8 @@ static STEP: Lua = lease_script!("lease_heartbeat");
 static READ: Lua = lease_script!("lease_read");
 static GC: Lua = lease_script!("lease_gc");
 static PAUSE: Lua = lease_script!("lease_pause");
-static SCRIPTS: [&Lua; 5] = [&CLAIM, &STEP, &READ, &GC, &PAUSE];
-
-/// The longest pause for a while the store takes, in ms (about 35,000
-/// years): the script adds it to Redis's clock in Lua, whose numbers are
-/// exact only up to 2^53.
-const MAX_PAUSE_MS: i64 = 1 << 50;
-
-/// How many records one garbage-collection script deletes at most, so a
-/// long backlog does not block Redis in one go.
-const GC_BATCH: u32 = 1000;
-/// How many jobs one garbage-collection round trip covers.
-const GC_JOBS_PER_TRIP: usize = 64;
+static REQUEST: Lua = lease_script!("lease_request");
+static SCRIPTS: [&Lua; 6] = [&CLAIM, &STEP, &READ, &GC, &PAUSE, &REQUEST];
 
 /// The Redis `lease` strategy: a [`LeaseStore`].
 ///
@@ -446,20 +440,6 @@ impl RedisLeaseStore {
             }
         }
     }
-    /// One step of `lua/lease_pause.lua` on the pause of `scope`.
-    async fn pause_step(
-        &self,
-        scope: &PauseScope,
-        args: Vec<String>,
-        during: &'static str,
-    ) -> Result<Vec<Value>, StoreError> {
-        let call = Call {
-            lua: &PAUSE,
-            keys: vec![pause_key(&self.prefix, scope), pauses_key(&self.prefix)],
-            args,
-        };
-        self.one(call, during).await
-    }
 }
 
 /// The store's clock in a script's answer.
@@ -467,31 +447,6 @@ fn clock_of(item: Option<&Value>, during: &'static str) -> Result<Timestamp, Sto
     item.and_then(int)
         .map(Timestamp::from_millis)
         .ok_or_else(|| store_err(Error::protocol(during, "no clock reading")))
-}
-
-/// A pause from `lua/lease_pause.lua`'s read: scope, since, until,
-/// has_reason, reason, has_by, by.
-fn parse_pause(fields: &[Value]) -> Result<Pause, Error> {
-    let during = "reading pauses";
-    let bad = |what: &str| Error::protocol(during, format!("pause: {what}"));
-    if fields.len() != 7 {
-        return Err(bad("not 7 fields"));
-    }
-    let field = |i: usize| text(&fields[i]).unwrap_or_default();
-    let scope = PauseScope::from_key(&field(0))
-        .ok_or_else(|| bad(&format!("scope {:?} is neither * nor a job", field(0))))?;
-    let since = field(1).parse().map_err(|_| bad("since is not a number"))?;
-    let until = match field(2).as_str() {
-        "" => None,
-        ms => Some(ms.parse().map_err(|_| bad("until is not a number"))?),
-    };
-    Ok(Pause {
-        scope,
-        since: Timestamp::from_millis(since),
-        end: PauseEnd::from_millis(until),
-        reason: (field(3) == "1").then(|| field(4)),
-        by: (field(5) == "1").then(|| field(6)),
-    })
 }
 
 fn parse_claim(reply: Value) -> Result<ClaimOutcome, Error> {
@@ -669,8 +624,8 @@ impl LeaseStore for RedisLeaseStore {
         Ok(announced(answer, self.announce_hand_over(run)).await)
     }
 
-    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
-        self.hand_overs.wait(run, timeout).await
+    fn hand_overs(&self) -> &HandOvers {
+        &self.hand_overs
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
@@ -693,138 +648,15 @@ impl LeaseStore for RedisLeaseStore {
     }
 
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
-        let during = "collecting garbage";
-        let mut pending = self.indexed_jobs().await.map_err(store_err)?;
-        let mut deleted: u64 = 0;
-        let mut first_error = None;
-        while !pending.is_empty() {
-            let mut more = Vec::new();
-            for chunk in pending.chunks(GC_JOBS_PER_TRIP) {
-                let calls: Vec<Call> = chunk
-                    .iter()
-                    .map(|job| {
-                        let keys = LeaseKeys::new(&self.prefix, job);
-                        Call {
-                            lua: &GC,
-                            keys: vec![keys.runs, keys.slots, keys.live, keys.window],
-                            args: vec![millis(keep).to_string(), GC_BATCH.to_string()],
-                        }
-                    })
-                    .collect();
-                let replies = self
-                    .link
-                    .eval(&[], &calls, during)
-                    .await
-                    .map_err(store_err)?;
-                for (job, reply) in chunk.iter().zip(replies) {
-                    // One job's broken keys must not stop the others' collection.
-                    let items = match check(reply, during) {
-                        Ok(Value::Array(items)) => items,
-                        Ok(other) => {
-                            first_error.get_or_insert(Error::protocol(
-                                during,
-                                format!("expected an array, got {other:?}"),
-                            ));
-                            continue;
-                        }
-                        Err(e) => {
-                            tracing::warn!(backend = BACKEND, job = %job, "garbage collection skipped the job: {e}");
-                            first_error.get_or_insert(e);
-                            continue;
-                        }
-                    };
-                    let n = items.first().and_then(int).unwrap_or(0);
-                    deleted += u64::try_from(n).unwrap_or(0);
-                    if items.get(1).and_then(int) == Some(1) {
-                        more.push(job.clone());
-                    }
-                }
-            }
-            pending = more;
-        }
-        match first_error {
-            Some(e) => Err(store_err(e)),
-            None => Ok(deleted),
-        }
+        self.collect_now(keep).await
     }
 
     async fn pause(&self, scope: &PauseScope, req: &PauseRequest) -> Result<Pause, StoreError> {
-        let during = "pausing";
-        let (kind, value) = match req.until() {
-            Until::Resumed => ("resumed", String::new()),
-            Until::At(until) => ("at", until.as_millis().to_string()),
-            Until::For(d) if d.is_zero() => {
-                return Err(anarchon_core::PauseRefused::Empty.into_store_error(BACKEND));
-            }
-            Until::For(d) if millis(d) > MAX_PAUSE_MS => {
-                return Err(StoreError::invalid(
-                    BACKEND,
-                    format!(
-                        "a pause for {d:?} is longer than the store keeps (about 35,000 years); \
-                         pause until resumed instead"
-                    ),
-                ));
-            }
-            Until::For(d) => ("for", millis(d).to_string()),
-        };
-        let note = |n: Option<&str>| match n {
-            Some(text) => ["1".to_owned(), text.to_owned()],
-            None => ["0".to_owned(), String::new()],
-        };
-        let mut args = vec![
-            "pause".to_owned(),
-            scope.key().to_owned(),
-            kind.to_owned(),
-            value,
-        ];
-        args.extend(note(req.reason()));
-        args.extend(note(req.by()));
-        let reply = self.pause_step(scope, args, during).await?;
-        let answer = reply.first().and_then(text).unwrap_or_default();
-        let now = clock_of(reply.get(1), during)?;
-        // The script judged the end on Redis's clock as `PauseRequest::at`
-        // does; the same function with the script's `now` gives the pause
-        // as written, or the refusal to report.
-        let expected = req.at(scope, now);
-        match (answer.as_str(), expected) {
-            ("refused", Err(refused)) => Err(refused.into_store_error(BACKEND)),
-            ("paused", Ok(pause)) => {
-                let stored = match reply.get(2).and_then(text).as_deref() {
-                    None | Some("") => None,
-                    Some(ms) => Some(ms.parse::<i64>().map_err(|_| {
-                        store_err(Error::protocol(during, "the pause's end is not a number"))
-                    })?),
-                };
-                if stored != pause.end.as_millis() {
-                    return Err(store_err(Error::protocol(
-                        during,
-                        format!(
-                            "the script stored the end {stored:?}, the request asks for {:?}",
-                            pause.end.as_millis()
-                        ),
-                    )));
-                }
-                Ok(pause)
-            }
-            (other, expected) => Err(store_err(Error::protocol(
-                during,
-                format!("the script answered {other:?} where the request gives {expected:?}"),
-            ))),
-        }
+        self.pause_now(scope, req).await
     }
 
     async fn resume(&self, scope: &PauseScope) -> Result<bool, StoreError> {
-        let during = "resuming";
-        let args = vec!["resume".to_owned(), scope.key().to_owned()];
-        let reply = self.pause_step(scope, args, during).await?;
-        match reply.first().and_then(int) {
-            Some(1) => Ok(true),
-            Some(0) => Ok(false),
-            _ => Err(store_err(Error::protocol(
-                during,
-                "the resume answered neither 1 nor 0",
-            ))),
-        }
+        self.resume_now(scope).await
     }
 
     async fn jobs(&self) -> Result<Vec<JobName>, StoreError> {
@@ -837,38 +669,15 @@ impl LeaseStore for RedisLeaseStore {
     }
 
     async fn pauses(&self) -> Result<Pauses, StoreError> {
-        let during = "reading pauses";
-        let index = pauses_key(&self.prefix);
-        let mut scopes = Vec::new();
-        for member in self.members(&index, during).await.map_err(store_err)? {
-            match PauseScope::from_key(&member) {
-                Some(scope) => scopes.push(scope),
-                None => tracing::warn!(
-                    backend = BACKEND,
-                    key = %index,
-                    "ignoring a member of the pause list that is neither * nor a job name: {member:?}"
-                ),
-            }
-        }
-        let mut args = vec!["read".to_owned()];
-        args.extend(scopes.iter().map(|s| s.key().to_owned()));
-        let call = Call {
-            lua: &PAUSE,
-            keys: scopes.iter().map(|s| pause_key(&self.prefix, s)).collect(),
-            args,
-        };
-        let mut items = self.one(call, during).await?.into_iter();
-        let now = clock_of(items.next().as_ref(), during)?;
-        let pauses = items
-            .map(|item| match item {
-                Value::Array(fields) => parse_pause(&fields).map_err(store_err),
-                other => Err(store_err(Error::protocol(
-                    during,
-                    format!("a pause is not an array: {other:?}"),
-                ))),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Pauses::holding(pauses, now))
+        self.pauses_now().await
+    }
+
+    async fn request_run(&self, req: &TriggerRequest) -> Result<RunRequest, StoreError> {
+        self.write_request(req).await
+    }
+
+    async fn run_requests(&self) -> Result<RunRequests, StoreError> {
+        self.read_requests().await
     }
 }
 

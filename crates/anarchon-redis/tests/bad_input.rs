@@ -291,6 +291,7 @@ fn documented_rules(prefix: &str) -> Vec<String> {
             "+xrange",
             "+xrevrange",
             "+xinfo|stream",
+            "+hgetall",
         ]
         .map(String::from),
     );

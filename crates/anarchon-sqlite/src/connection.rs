@@ -78,6 +78,7 @@ impl SqliteStore {
             sql: Arc::new(sql),
             options: Arc::new(options),
             hand_overs,
+            request_watch: Arc::default(),
         };
         store.use_wal().await?;
         store.migrate().await?;
@@ -114,6 +115,7 @@ impl SqliteStore {
             sql: Arc::new(sql),
             options: Arc::new(options),
             hand_overs,
+            request_watch: Arc::default(),
         };
         let fail = |doing: &'static str| {
             let options = store.options.clone();

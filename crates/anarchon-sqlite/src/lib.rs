@@ -4,6 +4,7 @@ mod claim;
 mod connection;
 mod error;
 mod options;
+mod requests;
 mod rows;
 mod sql;
 mod store;

@@ -21,6 +21,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
         include_str!("../sql/migrations/0002_job_late_window.sql"),
     ),
     (3, include_str!("../sql/migrations/0003_pauses.sql")),
+    (4, include_str!("../sql/migrations/0004_requests.sql")),
 ];
 
 /// Every statement the store sends, rendered for one prefix.
@@ -50,6 +51,11 @@ pub(crate) struct Sql {
     pub(crate) pause: SqlStr,
     pub(crate) resume: SqlStr,
     pub(crate) pauses: SqlStr,
+    pub(crate) find_request: SqlStr,
+    pub(crate) write_request: SqlStr,
+    pub(crate) requests: SqlStr,
+    pub(crate) requests_since: SqlStr,
+    pub(crate) collect_requests: SqlStr,
 }
 
 impl Sql {
@@ -92,6 +98,11 @@ impl Sql {
             pause: r(include_str!("../sql/pause.sql")),
             resume: r(include_str!("../sql/resume.sql")),
             pauses: r(include_str!("../sql/pauses.sql")),
+            find_request: r(include_str!("../sql/find_request.sql")),
+            write_request: r(include_str!("../sql/write_request.sql")),
+            requests: r(include_str!("../sql/requests.sql")),
+            requests_since: r(include_str!("../sql/requests_since.sql")),
+            collect_requests: r(include_str!("../sql/collect_requests.sql")),
         })
     }
 

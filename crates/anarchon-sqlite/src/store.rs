@@ -10,8 +10,8 @@ use anarchon_core::stored::{self, PauseColumns, RunColumns};
 use anarchon_core::time::millis;
 use anarchon_core::{
     ClaimAnswers, ClaimOutcome, JobName, LeaseClaim, LeaseStore, Pause, PauseRequest, PauseScope,
-    Pauses, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, StoreError, Timestamp,
-    Token,
+    Pauses, Renewal, RunKey, RunOutcome, RunRecord, RunRequest, RunRequests, RunState, RunView,
+    StoreError, Timestamp, Token, TriggerRequest,
 };
 use async_trait::async_trait;
 use sqlx::SqlitePool;
@@ -60,6 +60,9 @@ pub struct SqliteStore {
     /// file and prefix. SQLite cannot push a change to other processes;
     /// their backups learn of a hand-over at their next read.
     pub(crate) hand_overs: Arc<HandOvers>,
+    /// The watcher that announces other processes' requests, started by
+    /// the first [`LeaseStore::announcements`].
+    pub(crate) request_watch: Arc<std::sync::OnceLock<anarchon_core::Listener>>,
 }
 
 /// The hand-over board of each (file, prefix) open in this process.
@@ -277,8 +280,8 @@ impl LeaseStore for SqliteStore {
         Ok(answer)
     }
 
-    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
-        self.hand_overs.wait(run, timeout).await
+    fn hand_overs(&self) -> &HandOvers {
+        &self.hand_overs
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
@@ -300,6 +303,7 @@ impl LeaseStore for SqliteStore {
             .await
             .map_err(|e| self.err("collecting old runs", e))?
             .rows_affected();
+        self.collect_requests(keep).await?;
         Ok(deleted)
     }
 
@@ -367,6 +371,20 @@ impl LeaseStore for SqliteStore {
             .collect::<Result<Vec<_>, _>>()
             .map_err(bad_stored)?;
         Ok(Pauses::holding(pauses, Timestamp::from_millis(now)))
+    }
+
+    async fn request_run(&self, req: &TriggerRequest) -> Result<RunRequest, StoreError> {
+        self.write_request(req).await
+    }
+
+    async fn run_requests(&self) -> Result<RunRequests, StoreError> {
+        self.read_requests().await
+    }
+
+    fn announcements(&self) -> tokio::sync::broadcast::Receiver<RunKey> {
+        let news = self.hand_overs.subscribe();
+        self.watch_requests();
+        news
     }
 }
 

@@ -10,6 +10,7 @@ mod clocks;
 mod gc;
 mod holder;
 mod pauses;
+mod requests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +45,11 @@ pub use self::holder::{
 pub use self::pauses::{
     a_pause_ends_on_the_store_clock, a_pause_leaves_running_runs_and_missed_slots_alone,
     paused_slots_run_nowhere_and_are_recorded_paused, pausing_every_job_holds_each_until_resumed,
+};
+pub use self::requests::{
+    a_manual_run_is_late_by_its_request_time, a_request_is_announced_to_every_instance,
+    a_triggered_run_whose_runner_dies_is_taken_over, each_trigger_is_a_run_apart_from_the_schedule,
+    manual_runs_are_collected_by_their_request_time, racing_triggers_with_one_id_give_one_run,
 };
 
 /// The lease of checks that wait for one to run out.
@@ -173,6 +179,12 @@ macro_rules! lease_suite {
             pausing_every_job_holds_each_until_resumed,
             a_pause_leaves_running_runs_and_missed_slots_alone,
             the_job_index_lists_every_claimed_job,
+            racing_triggers_with_one_id_give_one_run,
+            each_trigger_is_a_run_apart_from_the_schedule,
+            a_manual_run_is_late_by_its_request_time,
+            a_triggered_run_whose_runner_dies_is_taken_over,
+            manual_runs_are_collected_by_their_request_time,
+            a_request_is_announced_to_every_instance,
         );
         $crate::__suite_tests!(
             $factory,

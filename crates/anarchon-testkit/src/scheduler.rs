@@ -198,22 +198,34 @@ where
     (handles, builders)
 }
 
-/// Three schedulers on one store run a per-second job: every slot from the
-/// first to the last one seen ran its handler exactly once.
-pub async fn schedulers_run_each_slot_once<F: StoreFactory>(factory: &F) {
-    const SLOTS: usize = 5;
-    let log = log();
+/// Three schedulers, each on its own instance of `factory`'s store, with
+/// the one job `name` on `schedule`, noting their starts in `log`.
+async fn three_schedulers<F: StoreFactory>(
+    factory: &F,
+    name: &str,
+    schedule: &Schedule,
+    log: &Log,
+) -> Vec<Scheduler> {
     let mut schedulers = Vec::new();
     for index in 0..3 {
         let store = factory.instance().await;
         let mut builder = Scheduler::builder(store).clock(factory.clock());
         builder
-            .job("every-second", every_second())
+            .job(name, schedule.clone())
             .expect("job")
-            .run(noting_starts(&log, index))
+            .run(noting_starts(log, index))
             .expect("handler");
         schedulers.push(builder.start().expect("start"));
     }
+    schedulers
+}
+
+/// Three schedulers on one store run a per-second job: every slot from the
+/// first to the last one seen ran its handler exactly once.
+pub async fn schedulers_run_each_slot_once<F: StoreFactory>(factory: &F) {
+    const SLOTS: usize = 5;
+    let log = log();
+    let schedulers = three_schedulers(factory, "every-second", &every_second(), &log).await;
     let distinct = |e: &[Started]| {
         let mut slots: Vec<Slot> = e.iter().map(|s| s.slot).collect();
         slots.dedup();
@@ -233,6 +245,52 @@ pub async fn schedulers_run_each_slot_once<F: StoreFactory>(factory: &F) {
         assert_eq!(ran, 1, "slot {slot} ran {ran} times: {runs:?}");
         slot = Slot::from_millis(slot.as_millis() + 1000);
     }
+}
+
+/// An operator's trigger, sent twice with one id and once with another
+/// from a process that runs no scheduler, gives exactly two manual runs
+/// among three schedulers of the job: one handler start each, none for the
+/// repeated id.
+pub async fn a_trigger_runs_once_among_the_schedulers<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let log = log();
+    // New Year's midnight only: every start in the check is manual.
+    let yearly = Schedule::cron("0 0 1 1 *").expect("cron");
+    let schedulers = three_schedulers(factory, "on-demand", &yearly, &log).await;
+    let operator = anarchon_core::Control::new(factory.instance().await);
+    let job = anarchon_core::JobName::new("on-demand").expect("job");
+    let press = anarchon_core::RequestId::new("press-1").expect("id");
+    let pressed = anarchon_core::TriggerRequest::new(job.clone(), press);
+    let first = operator.trigger(&pressed).await.expect("trigger");
+    let again = operator.trigger(&pressed).await.expect("trigger");
+    assert_eq!(first, again, "one id is one request");
+    let other = anarchon_core::RequestId::new("press-2").expect("id");
+    let second = operator
+        .trigger(&anarchon_core::TriggerRequest::new(job, other))
+        .await
+        .expect("trigger");
+    wait_for(&log, "both manual runs to start", |e| {
+        [first.run().slot, second.run().slot]
+            .iter()
+            .all(|slot| e.iter().any(|s| s.slot == *slot))
+    })
+    .await;
+    // Give a duplicate every chance to show before counting.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    shut_down_all(schedulers).await;
+    let starts = entries(&log);
+    assert_eq!(
+        starts.len(),
+        2,
+        "two requests, two runs, each on one scheduler: {starts:?}"
+    );
+    assert!(
+        starts
+            .iter()
+            .all(|s| s.slot.is_manual() && s.attempt == Attempt::FIRST)
+    );
 }
 
 /// A runner whose heartbeats stop cancels its own handler, and a backup
@@ -437,6 +495,7 @@ macro_rules! __scheduler_lease_checks {
             $crate::scheduler,
             backup_takes_over_when_heartbeats_stop,
             a_paused_runner_cannot_write_after_a_takeover,
+            a_trigger_runs_once_among_the_schedulers,
         );
     };
 }

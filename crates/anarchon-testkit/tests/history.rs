@@ -298,9 +298,11 @@ impl LeaseStore for Yes {
     async fn give_back(&self, _: &RunKey, _: Token) -> Result<Renewal, StoreError> {
         Ok(Renewal::Renewed)
     }
-    async fn wait_for_hand_over(&self, _: &RunKey, timeout: Duration) -> bool {
-        tokio::time::sleep(timeout).await;
-        false
+    fn hand_overs(&self) -> &anarchon_core::HandOvers {
+        // Nobody announces anything here.
+        static BOARD: std::sync::LazyLock<anarchon_core::HandOvers> =
+            std::sync::LazyLock::new(anarchon_core::HandOvers::new);
+        &BOARD
     }
     async fn history(&self, _: &JobName, _: usize) -> Result<Vec<RunRecord>, StoreError> {
         Ok(Vec::new())
@@ -329,5 +331,17 @@ impl LeaseStore for Yes {
             Vec::new(),
             anarchon_core::Timestamp::from_millis(0),
         ))
+    }
+    async fn request_run(
+        &self,
+        _: &anarchon_core::TriggerRequest,
+    ) -> Result<anarchon_core::RunRequest, StoreError> {
+        Err(StoreError::invalid("yes", "no requests"))
+    }
+    async fn run_requests(&self) -> Result<anarchon_core::RunRequests, StoreError> {
+        Ok(anarchon_core::RunRequests {
+            store_now: anarchon_core::Timestamp::from_millis(0),
+            requests: Vec::new(),
+        })
     }
 }

@@ -107,7 +107,11 @@ pub(crate) fn lease_claim(inner: &Inner, job: &JobSpec, slot: Slot, token: Token
             run: RunKey::new(job.name.clone(), slot),
             token,
             instance: inner.instance.clone(),
-            max_late: job.window(),
+            max_late: if slot.is_manual() {
+                job.window().max(super::MANUAL_RUN_WINDOW)
+            } else {
+                job.window()
+            },
         },
         lease: inner.lease,
         overlap: job.overlap,

@@ -156,6 +156,7 @@ pub(crate) async fn drive(inner: Arc<Inner>) {
     }
     if let StoreHandle::Lease(_) = inner.store {
         inner.tasks.spawn(collect_garbage(inner.clone()));
+        inner.tasks.spawn(super::requests::watch(inner.clone()));
     }
     loop {
         // Free places go to the oldest waiting caught-up slots.
@@ -410,7 +411,7 @@ fn give_up(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, claims: Vec<(Due, Le
     }
 }
 
-async fn claim_batch(inner: Arc<Inner>, due: Vec<Due>) {
+pub(crate) async fn claim_batch(inner: Arc<Inner>, due: Vec<Due>) {
     let sent_at = Instant::now();
     claim_due(&inner, due, sent_at).await;
     learn_claim_time(&inner, sent_at.elapsed());

@@ -27,6 +27,7 @@ mod driver;
 mod job;
 mod lease_clock;
 mod metrics;
+mod requests;
 mod run;
 
 use std::collections::HashSet;
@@ -69,6 +70,11 @@ pub const DEFAULT_HISTORY_RETENTION: Duration = Duration::from_secs(7 * 24 * 360
 /// Clock skew between instances that claim-only stores must absorb: their
 /// memory must outlast `max_late` by this much.
 pub const SKEW_MARGIN: Duration = Duration::from_secs(10);
+/// How late a manual run may start after its request, on the store's
+/// clock, when the job's own late window is shorter: long enough for an
+/// instance that was down to come up and run it. A manual run no instance
+/// claims in time is recorded `missed`.
+pub const MANUAL_RUN_WINDOW: Duration = Duration::from_secs(300);
 /// The longest catch-up window or late window we accept.
 pub const MAX_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 

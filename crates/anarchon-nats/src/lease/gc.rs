@@ -80,7 +80,7 @@ impl NatsLeaseStore {
                 let (job, slot) = rest.rsplit_once('.')?;
                 let slot = slot.parse::<i64>().ok()?;
                 let cutoff = cutoffs.get(job).copied().unwrap_or(Some(cutoff))?;
-                (slot < cutoff).then(|| (job.to_owned(), slot, key.clone()))
+                (slot.saturating_abs() < cutoff).then(|| (job.to_owned(), slot, key.clone()))
             })
             .collect();
         let purged: Vec<(String, i64, Result<u64, StoreError>)> =
@@ -104,6 +104,8 @@ impl NatsLeaseStore {
             }
         }
         self.round_trips(6);
+        self.collect_requests(now, Duration::from_millis(u64::try_from(keep).unwrap_or(0)))
+            .await?;
         if let Some(error) = first_error {
             return Err(error);
         }
@@ -130,14 +132,16 @@ impl NatsLeaseStore {
             let mut dropped = Vec::new();
             let mut keep = Vec::new();
             for (slot, record) in &read.doc.ended {
-                if *slot < cutoff {
+                if slot.saturating_abs() < cutoff {
                     dropped.push(*slot);
                 } else {
                     keep.push((*slot, record));
                 }
             }
             for (slot, live) in &read.doc.live {
-                if *slot < cutoff && live.lease_until.at_or(lease_cutoff) < lease_cutoff {
+                if slot.saturating_abs() < cutoff
+                    && live.lease_until.at_or(lease_cutoff) < lease_cutoff
+                {
                     dropped.push(*slot);
                 }
             }

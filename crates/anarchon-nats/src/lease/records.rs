@@ -22,8 +22,8 @@ use std::time::Duration;
 use anarchon_core::decide::{self, ClaimDecision, Facts, LeaseRecord};
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Attempt, ClaimOutcome, Fence, FinalState, InstanceId, LeaseClaim, Pause, PauseEnd, PauseScope,
-    Paused, RecordState, RunKey, RunRecord, Timestamp, Token,
+    Attempt, ClaimOutcome, Fence, FinalState, InstanceId, LeaseClaim, Paused, RecordState, RunKey,
+    RunRecord, Timestamp, Token,
 };
 use serde::{Deserialize, Serialize};
 
@@ -549,61 +549,10 @@ pub(crate) fn decide(
     ))
 }
 
-/// A pause as its key holds it (`pause.all`, `pause.job.<job>`): times on
-/// the server's clock in UTC ms, `until` absent for "until resumed".
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct PauseDoc {
-    /// When the pause was written.
-    pub(crate) since: i64,
-    /// When it ends; absent until resumed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) until: Option<i64>,
-    /// Why.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) reason: Option<String>,
-    /// Who.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) by: Option<String>,
-}
-
-impl PauseDoc {
-    /// The document of `pause`.
-    pub(crate) fn of(pause: &Pause) -> Self {
-        Self {
-            since: pause.since.as_millis(),
-            until: pause.end.as_millis(),
-            reason: pause.reason.clone(),
-            by: pause.by.clone(),
-        }
-    }
-
-    /// The document as JSON.
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        // Serialising numbers and strings cannot fail.
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-
-    /// Decodes a pause key's value.
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
-        serde_json::from_slice(bytes).map_err(|e| format!("a pause is not valid JSON: {e}"))
-    }
-
-    /// The pause of `scope` this document holds.
-    pub(crate) fn into_pause(self, scope: PauseScope) -> Pause {
-        Pause {
-            scope,
-            since: Timestamp::from_millis(self.since),
-            end: PauseEnd::from_millis(self.until),
-            reason: self.reason,
-            by: self.by,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use anarchon_core::{ClaimRequest, JobName, MaxAttempts, Overlap, Slot, Win};
+    use anarchon_core::{ClaimRequest, JobName, MaxAttempts, Overlap, PauseEnd, Slot, Win};
 
     const LEASE: Duration = Duration::from_millis(300);
 
@@ -832,25 +781,6 @@ mod tests {
             ),
             Ok(Decided::Answer(ClaimOutcome::Won(_), Effect::Job))
         ));
-    }
-
-    #[test]
-    fn pauses_read_back_as_written() {
-        let pause = Pause {
-            scope: PauseScope::All,
-            since: Timestamp::from_millis(7),
-            end: PauseEnd::At(Timestamp::from_millis(9)),
-            reason: Some("deploy \"v2\"".into()),
-            by: None,
-        };
-        let bytes = PauseDoc::of(&pause).encode();
-        assert_eq!(
-            String::from_utf8_lossy(&bytes),
-            r#"{"since":7,"until":9,"reason":"deploy \"v2\""}"#
-        );
-        let read = PauseDoc::decode(&bytes).expect("decodes");
-        assert_eq!(read.into_pause(PauseScope::All), pause);
-        assert!(PauseDoc::decode(b"{}").is_err());
     }
 
     #[test]

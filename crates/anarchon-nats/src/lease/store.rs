@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anarchon_core::{
     ClaimAnswers, ClaimOutcome, JobName, LeaseClaim, LeaseStore, Pause, PauseRequest, PauseScope,
-    Pauses, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunState, RunView, Slot,
-    StoreError, Timestamp, Token,
+    Pauses, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunRequest, RunRequests, RunState,
+    RunView, Slot, StoreError, Timestamp, Token, TriggerRequest,
 };
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -180,8 +180,8 @@ impl LeaseStore for NatsLeaseStore {
         Ok(announced(answer, self.announce_hand_over(run)).await)
     }
 
-    async fn wait_for_hand_over(&self, run: &RunKey, timeout: Duration) -> bool {
-        self.hand_overs.wait(run, timeout).await
+    fn hand_overs(&self) -> &anarchon_core::HandOvers {
+        &self.hand_overs
     }
 
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
@@ -200,14 +200,15 @@ impl LeaseStore for NatsLeaseStore {
             Key,
         }
         let key_prefix = format!("run.{job}.");
-        let mut all: BTreeMap<i64, Source<'_>> = BTreeMap::new();
+        // By instant ([`Slot`]'s order): a manual run's key is negative.
+        let mut all: BTreeMap<Slot, Source<'_>> = BTreeMap::new();
         for key in &keys {
             match key
                 .strip_prefix(&key_prefix)
                 .and_then(|s| s.parse::<i64>().ok())
             {
                 Some(slot) => {
-                    all.insert(slot, Source::Key);
+                    all.insert(Slot::from_millis(slot), Source::Key);
                 }
                 None => {
                     tracing::debug!(bucket = %self.bucket, %key, "not a run key; ignored");
@@ -215,16 +216,16 @@ impl LeaseStore for NatsLeaseStore {
             }
         }
         for (slot, record) in &read.doc.ended {
-            all.insert(*slot, Source::Ended(record));
+            all.insert(Slot::from_millis(*slot), Source::Ended(record));
         }
         for (slot, live) in &read.doc.live {
-            all.insert(*slot, Source::Live(live));
+            all.insert(Slot::from_millis(*slot), Source::Live(live));
         }
-        let newest: Vec<(i64, Source<'_>)> = all.into_iter().rev().take(limit).collect();
+        let newest: Vec<(Slot, Source<'_>)> = all.into_iter().rev().take(limit).collect();
         let to_fetch: Vec<RunKey> = newest
             .iter()
             .filter(|(_, source)| matches!(source, Source::Key))
-            .map(|(slot, _)| RunKey::new(job.clone(), Slot::from_millis(*slot)))
+            .map(|(slot, _)| RunKey::new(job.clone(), *slot))
             .collect();
         let fetching = !to_fetch.is_empty();
         let fetched: Vec<(RunKey, Result<Option<RunDoc>, StoreError>)> =
@@ -238,13 +239,13 @@ impl LeaseStore for NatsLeaseStore {
         if fetching {
             self.round_trips(1);
         }
-        let mut fetched: HashMap<i64, Result<Option<RunDoc>, StoreError>> = fetched
+        let mut fetched: HashMap<Slot, Result<Option<RunDoc>, StoreError>> = fetched
             .into_iter()
-            .map(|(run, record)| (run.slot.as_millis(), record))
+            .map(|(run, record)| (run.slot, record))
             .collect();
         let mut out = Vec::with_capacity(newest.len());
         for (slot, source) in &newest {
-            let run = RunKey::new(job.clone(), Slot::from_millis(*slot));
+            let run = RunKey::new(job.clone(), *slot);
             let record = match source {
                 Source::Live(live) => live.to_record(run),
                 Source::Ended(record) => record.to_record(run),
@@ -276,5 +277,13 @@ impl LeaseStore for NatsLeaseStore {
 
     async fn pauses(&self) -> Result<Pauses, StoreError> {
         self.pauses_now().await
+    }
+
+    async fn request_run(&self, req: &TriggerRequest) -> Result<RunRequest, StoreError> {
+        self.write_request(req).await
+    }
+
+    async fn run_requests(&self) -> Result<RunRequests, StoreError> {
+        self.read_requests().await
     }
 }

@@ -1,0 +1,71 @@
+-- anarchon, Redis `lease` strategy: manual-run requests (an operator's
+-- "run now"), each step one atomic script on Redis's clock (TIME).
+-- Mirrors: the request_run, run_requests and (for requests)
+-- collect_garbage of anarchon_core::MemoryStore, with
+-- anarchon_core::request::stamp.
+--
+-- KEYS[1] {p}:requests  hash: '<job> <id>' -> '<requested_at> <by>' (by
+--                       may be absent: then no space follows the stamp)
+-- KEYS[2] {p}:requested hash: job -> the job's latest stamp (never deleted,
+--                       so a stamp never repeats after a collection)
+-- Both keys carry the namespace's hash tag only: every step touches one
+-- hash slot.
+--
+-- 'request': ARGV[2] job  ARGV[3] id  ARGV[4] '1' if an author follows
+--            ARGV[5] by
+--            Returns {1 if written else 0, requested_at, has_by, by}.
+-- 'read':    Returns {now, field, value, field, value, ...}.
+-- 'collect': ARGV[2] keep (ms). Forgets requests stamped before now - keep.
+--            Returns {the number forgotten}.
+-- Runs after lease_prelude.lua (check, int, now).
+
+local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'hash')
+if bad then return redis.error_reply(bad) end
+local op = ARGV[1]
+
+local function parse(value)
+  local at, by = string.match(value, '^(%d+) (.*)$')
+  if at then return at, '1', by end
+  return value, '0', ''
+end
+
+if op == 'read' then
+  local out = {int(now)}
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all do out[#out + 1] = all[i] end
+  return out
+end
+
+if op == 'collect' then
+  local before = now - tonumber(ARGV[2])
+  local all = redis.call('HGETALL', KEYS[1])
+  local gone = 0
+  for i = 1, #all, 2 do
+    local at = parse(all[i + 1])
+    if tonumber(at) < before then
+      redis.call('HDEL', KEYS[1], all[i])
+      gone = gone + 1
+    end
+  end
+  return {gone}
+end
+
+if op ~= 'request' then
+  return redis.error_reply('ERR anarchon: unknown request step ' .. tostring(op))
+end
+
+local job, id = ARGV[2], ARGV[3]
+local field = job .. ' ' .. id
+local stored = redis.call('HGET', KEYS[1], field)
+if stored then
+  local at, has_by, by = parse(stored)
+  return {0, at, has_by, by}
+end
+local at = now
+local latest = tonumber(redis.call('HGET', KEYS[2], job))
+if latest and latest >= at then at = latest + 1 end
+local value = int(at)
+if ARGV[4] == '1' then value = value .. ' ' .. ARGV[5] end
+redis.call('HSET', KEYS[1], field, value)
+redis.call('HSET', KEYS[2], job, int(at))
+return {1, int(at), ARGV[4], ARGV[5]}

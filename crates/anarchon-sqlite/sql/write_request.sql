@@ -1,0 +1,9 @@
+-- Writes request ?2 of job ?1 by ?3, stamped with the store's clock, or a
+-- millisecond past the job's latest request where that is not earlier
+-- (`anarchon_core::request::stamp`). Runs inside the request's write
+-- transaction, after find_request.sql found none. Returns the stamp.
+INSERT INTO {prefix}_requests (job, id, requested_at, requested_by)
+SELECT ?1, ?2,
+       max({now}, coalesce((SELECT max(requested_at) + 1 FROM {prefix}_requests WHERE job = ?1), 0)),
+       ?3
+RETURNING requested_at;
