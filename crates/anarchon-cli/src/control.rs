@@ -164,6 +164,55 @@ pub(crate) async fn resume(target: Target, place: Where<'_>) -> anyhow::Result<(
     write_out(&text)
 }
 
+/// A request as typed: the job, and optionally its id and author.
+pub(crate) struct Ask {
+    pub(crate) job: String,
+    pub(crate) id: Option<String>,
+    pub(crate) by: Option<String>,
+}
+
+/// `anarchon backfill`.
+pub(crate) async fn backfill(
+    ask: Ask,
+    range: anarchon::Backfill,
+    force: bool,
+    place: Where<'_>,
+) -> anyhow::Result<()> {
+    let (url, crontab, parsed) = locate(place)?;
+    let job = job_name(&ask.job, crontab.as_ref())?;
+    let id = match ask.id {
+        Some(id) => RequestId::new(&id).map_err(|e| Error::RequestRefused(e.to_string()))?,
+        None => RequestId::generate(),
+    };
+    let request = TriggerRequest::backfill(job.clone(), id, range)
+        .with_by(&ask.by.unwrap_or_else(default_author))
+        .map_err(|e| Error::RequestRefused(e.to_string()))?;
+    let retention = crontab
+        .as_ref()
+        .and_then(|c| c.history_retention)
+        .unwrap_or(anarchon::scheduler::DEFAULT_HISTORY_RETENTION);
+    let opened = open(&url, &parsed, true).await?;
+    let result = async {
+        control(&opened, &parsed)?
+            .backfill(&request, (!force).then_some(retention))
+            .await
+            .map_err(|e| match e.kind() {
+                StoreErrorKind::Invalid => Error::RequestRefused(e.to_string()),
+                _ => Error::Store(e),
+            })
+    }
+    .await;
+    opened.close().await;
+    let stored = result?;
+    write_out(&format!(
+        "requested a backfill of job {job} from {} to {} at {} (store clock), {}; every instance with the job runs the slots that never ran, oldest first\n",
+        utc(range.from()),
+        utc(range.to()),
+        utc(stored.requested_at),
+        describe_request(&stored),
+    ))
+}
+
 /// How often `trigger --wait` reads the manual run.
 const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
@@ -209,7 +258,9 @@ async fn wait_for_run(
     control: &Control<dyn LeaseStore>,
     request: &anarchon::RunRequest,
 ) -> anyhow::Result<()> {
-    let run = request.run();
+    let run = request
+        .run()
+        .ok_or_else(|| anyhow::anyhow!("request {} is a backfill, not a manual run", request.id))?;
     let mut started = false;
     loop {
         let view = control.run_state(&run).await.map_err(Error::Store)?;
@@ -395,6 +446,18 @@ fn status_table(
                 describe_request(request),
             );
         }
+        for request in &status.backfills {
+            if let Some(range) = request.backfill {
+                let _ = writeln!(
+                    out,
+                    "  backfill {} to {}, requested at {} ({})",
+                    utc(range.from()),
+                    utc(range.to()),
+                    utc(request.requested_at),
+                    describe_request(request),
+                );
+            }
+        }
         if let Some(at) = next(&status.job) {
             let _ = writeln!(out, "  next     {}", utc(at));
         }
@@ -437,6 +500,13 @@ fn status_json(
                     "requested_at": utc(r.requested_at),
                     "by": r.by,
                 })).collect::<Vec<_>>(),
+                "backfills": s.backfills.iter().filter_map(|r| r.backfill.map(|range| serde_json::json!({
+                    "request": r.id.as_str(),
+                    "requested_at": utc(r.requested_at),
+                    "by": r.by,
+                    "from": utc(range.from()),
+                    "to": utc(range.to()),
+                }))).collect::<Vec<_>>(),
                 "next": next(&s.job).map(utc),
             })
         })

@@ -118,6 +118,33 @@ enum Cmd {
         #[command(flatten)]
         place: Place,
     },
+    /// Run the slots of a past range that never ran (no record, or
+    /// missed), once each, oldest first, one at a time, on the fleet.
+    Backfill {
+        /// The job.
+        job: String,
+        /// The range's start (RFC 3339), included.
+        #[arg(long, value_name = "TIME")]
+        from: String,
+        /// The range's end (RFC 3339), included; not after the store's
+        /// clock.
+        #[arg(long, value_name = "TIME")]
+        to: String,
+        /// The request's id (default: a new random one). The same id again
+        /// is the same backfill.
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
+        /// Who asked (default: $USER@host).
+        #[arg(long, value_name = "WHO")]
+        by: Option<String>,
+        /// Backfill a range that starts before the history retention: the
+        /// records of those slots may be gone, and slots that ran would run
+        /// again.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        place: Place,
+    },
     /// Show each job's pause, last finished run, the run holding a lease
     /// now, pending manual runs and (with --config) the next slot.
     Status {
@@ -282,6 +309,20 @@ async fn dispatch(command: Cmd) -> anyhow::Result<()> {
             wait,
             place,
         } => control::trigger(job, id, by, wait, place.as_where()).await,
+        Cmd::Backfill {
+            job,
+            from,
+            to,
+            id,
+            by,
+            force,
+            place,
+        } => {
+            let range = anarchon::Backfill::new(parse_time(&from)?, parse_time(&to)?)
+                .map_err(|e| Error::RequestRefused(e.to_string()))?;
+            let ask = control::Ask { job, id, by };
+            control::backfill(ask, range, force, place.as_where()).await
+        }
         Cmd::Status {
             job,
             json,

@@ -135,6 +135,7 @@ fn the_fleet_obeys_pause_and_resume(d: &Path, store: &str) {
     let config = crontab(d, store, &log);
     let config = config.as_str();
 
+    let before_fleet = now_ms();
     let mut fleet = Fleet::default();
     for _ in 0..3 {
         fleet.start(Path::new(config), d);
@@ -218,6 +219,7 @@ fn the_fleet_obeys_pause_and_resume(d: &Path, store: &str) {
     assert!(stdout.contains("was not paused"), "{stdout}");
 
     the_fleet_runs_triggers_once(d, config, &fleet);
+    the_fleet_backfills_the_slots_before_it(d, config, &fleet, before_fleet);
 
     for daemon in &fleet.daemons {
         daemon.signal(Signal::SIGTERM);
@@ -295,6 +297,60 @@ fn the_fleet_runs_triggers_once(d: &Path, config: &str, fleet: &Fleet) {
     assert_eq!(history.matches(" manual ").count(), 3, "{history}");
 }
 
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .expect("a time")
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// `backfill` of the five seconds before the fleet started, when no daemon
+/// was up: each of the five slots runs once, on one daemon.
+fn the_fleet_backfills_the_slots_before_it(d: &Path, config: &str, fleet: &Fleet, before: i64) {
+    let from = before - before.rem_euclid(1000) - 6000;
+    let to = from + 4000;
+    let (code, stdout, stderr) = run_in(
+        d,
+        &[
+            "backfill",
+            "tick",
+            "--from",
+            &rfc3339(from),
+            "--to",
+            &rfc3339(to),
+            "--config",
+            config,
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.starts_with("requested a backfill of job tick from "),
+        "{stdout}"
+    );
+    let backfilled = || -> BTreeMap<i64, Vec<String>> {
+        ran(&d.join("runs.log"))
+            .into_iter()
+            .filter(|(slot, _)| (from..=to).contains(slot))
+            .collect()
+    };
+    wait_for(
+        Duration::from_secs(20),
+        "five backfilled slots",
+        || (backfilled().len() == 5).then_some(()),
+        || fleet.logs(),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    for (slot, daemons) in backfilled() {
+        assert_eq!(
+            daemons.len(),
+            1,
+            "backfilled slot {slot} ran on {daemons:?}"
+        );
+    }
+    let (code, status, stderr) = run_in(d, &["status", "tick", "--config", config]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(status.contains("  backfill "), "{status}");
+}
+
 #[test]
 fn bad_control_input_is_refused_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -370,6 +426,45 @@ fn bad_control_input_is_refused_and_writes_nothing() {
     refused(
         &["trigger", "tick", "--id", "has space", "--config", config],
         "invalid request id",
+    );
+    refused(
+        &[
+            "backfill",
+            "tick",
+            "--from",
+            "2030-01-01T00:00:00Z",
+            "--to",
+            "2030-01-02T00:00:00Z",
+            "--config",
+            config,
+        ],
+        "after the store's clock",
+    );
+    refused(
+        &[
+            "backfill",
+            "tick",
+            "--from",
+            "2026-01-02T00:00:00Z",
+            "--to",
+            "2026-01-01T00:00:00Z",
+            "--config",
+            config,
+        ],
+        "start before the end",
+    );
+    refused(
+        &[
+            "backfill",
+            "tick",
+            "--from",
+            "2020-01-01T00:00:00Z",
+            "--to",
+            "2020-01-02T00:00:00Z",
+            "--config",
+            config,
+        ],
+        "history retention",
     );
     let (code, status, stderr) = run_in(d, &["status", "--json", "--config", config]);
     assert_eq!(code, 0, "{stderr}");

@@ -353,6 +353,9 @@ pub struct JobStatus {
     /// The job's manual-run requests whose run has not ended, oldest
     /// first.
     pub pending: Vec<RunRequest>,
+    /// The job's backfill requests the store still keeps, oldest first
+    /// (their runs are in the history).
+    pub backfills: Vec<RunRequest>,
 }
 
 /// What [`Control::status`] read: each job's state and the store's clock.
@@ -426,6 +429,47 @@ impl<S: LeaseStore + ?Sized> Control<S> {
         self.store.request_run(req).await
     }
 
+    /// Asks for a backfill (see [`TriggerRequest::backfill`]): every
+    /// instance that has the job runs the range's slots that never ran,
+    /// oldest first, one at a time. `retention` is how long the fleet's
+    /// stores keep records (the schedulers' history retention): a range
+    /// that starts before it is refused, since slots whose records were
+    /// already collected would look as if they never ran and run again.
+    /// `None` skips that check, for an operator who knows.
+    ///
+    /// # Errors
+    ///
+    /// An invalid store error, nothing written, for a range that ends
+    /// after the store's clock or starts before `retention`; otherwise the
+    /// store's.
+    pub async fn backfill(
+        &self,
+        req: &TriggerRequest,
+        retention: Option<Duration>,
+    ) -> Result<RunRequest, StoreError> {
+        let refuse = |why: String| Err(StoreError::invalid("anarchon", why));
+        let Some(range) = req.range() else {
+            return refuse("a backfill needs a range".into());
+        };
+        let now = self.store.run_requests().await?.store_now;
+        if range.to() > now {
+            return refuse(format!(
+                "the range ends at {}, after the store's clock ({now}): only slots that have come can be backfilled",
+                range.to()
+            ));
+        }
+        if let Some(keep) = retention
+            && range.from() < now.saturating_sub(keep)
+        {
+            return refuse(format!(
+                "the range starts at {}, more than the history retention ({}) ago: records of those slots may have been collected, and they would run again; start later, or force it",
+                range.from(),
+                humanize(keep)
+            ));
+        }
+        self.store.request_run(req).await
+    }
+
     /// What the store knows of a manual run (or any run): its state on the
     /// store's clock.
     ///
@@ -450,8 +494,13 @@ impl<S: LeaseStore + ?Sized> Control<S> {
         let mut out = Vec::with_capacity(jobs.len());
         for job in jobs {
             let mut pending = Vec::new();
+            let mut backfills = Vec::new();
             for request in requests.requests.iter().filter(|r| &r.job == job) {
-                let pending_now = match self.store.peek(&request.run()).await?.state {
+                let Some(run) = request.run() else {
+                    backfills.push(request.clone());
+                    continue;
+                };
+                let pending_now = match self.store.peek(&run).await?.state {
                     RunState::Running { .. } => true,
                     RunState::Absent => request.requested_at >= oldest,
                     RunState::Missed | RunState::Finished(_) => false,
@@ -465,12 +514,25 @@ impl<S: LeaseStore + ?Sized> Control<S> {
                 pause: pauses.of(job).cloned(),
                 recent: self.store.history(job, recent).await?,
                 pending,
+                backfills,
             });
         }
         Ok(FleetStatus {
             store_now: pauses.store_now,
             jobs: out,
         })
+    }
+}
+
+/// `d` in hours, minutes or seconds, for a message.
+fn humanize(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs.is_multiple_of(3600) {
+        format!("{} h", secs / 3600)
+    } else if secs.is_multiple_of(60) {
+        format!("{} min", secs / 60)
+    } else {
+        format!("{secs} s")
     }
 }
 

@@ -580,7 +580,7 @@ mod tests {
 
         async fn request_run(&self, req: &TriggerRequest) -> Result<RunRequest, StoreError> {
             self.saw("request_run");
-            Ok(req.answer(Timestamp::from_millis(1), None))
+            Ok(req.stamped(Timestamp::from_millis(1)))
         }
 
         async fn run_requests(&self) -> Result<RunRequests, StoreError> {

@@ -29,7 +29,7 @@ pub use crate::hand_over::{HandOvers, Listener};
 pub use crate::ids::{Attempt, Fence, InstanceId, MaxAttempts, Token};
 pub use crate::memory::MemoryStore;
 pub use crate::name::JobName;
-pub use crate::request::{RequestId, RunRequest, RunRequests, TriggerRequest};
+pub use crate::request::{Backfill, RequestId, RunRequest, RunRequests, TriggerRequest};
 pub use crate::schedule::Schedule;
 pub use crate::scheduler::{
     CancelReason, Handler, JobBuilder, JobOptions, MetricsSnapshot, RunContext, Scheduler,

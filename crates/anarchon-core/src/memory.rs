@@ -485,12 +485,12 @@ impl LeaseStore for MemoryStore {
                 .filter(|r| &r.job == req.job())
                 .map(|r| r.requested_at)
                 .max();
-            let request = req.answer(stamp(now, latest), req.by().map(str::to_owned));
+            let request = req.stamped(stamp(now, latest));
             state.requests.insert(key, request.clone());
             (request, true)
         })?;
         if new {
-            self.hand_overs.announce(&request.run());
+            self.hand_overs.announce(&request.news());
         }
         Ok(request)
     }

@@ -88,19 +88,70 @@ impl fmt::Debug for RequestId {
     }
 }
 
-/// An operator's request for a manual run of a job, before the store
-/// stamps it: the job, the request's id, and who asks.
+/// The range of a backfill: the job's scheduled slots from `from` to `to`,
+/// both included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backfill {
+    from: Timestamp,
+    to: Timestamp,
+}
+
+impl Backfill {
+    /// The slots from `from` to `to`, both included.
+    ///
+    /// # Errors
+    ///
+    /// [`RequestRefused::Range`] unless `from` is before `to`.
+    pub fn new(from: Timestamp, to: Timestamp) -> Result<Self, RequestRefused> {
+        if from >= to {
+            return Err(RequestRefused::Range(format!(
+                "it starts at {from} and ends at {to}; give a start before the end"
+            )));
+        }
+        Ok(Self { from, to })
+    }
+
+    /// The first instant of the range.
+    pub fn from(&self) -> Timestamp {
+        self.from
+    }
+
+    /// The last instant of the range.
+    pub fn to(&self) -> Timestamp {
+        self.to
+    }
+}
+
+/// An operator's request before the store stamps it: a manual run of a
+/// job now ([`Self::new`]) or a backfill of a range of its slots
+/// ([`Self::backfill`]), under an id, with who asks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TriggerRequest {
     job: JobName,
     id: RequestId,
     by: Option<String>,
+    backfill: Option<Backfill>,
 }
 
 impl TriggerRequest {
     /// A request for a manual run of `job` under `id`, author unknown.
     pub fn new(job: JobName, id: RequestId) -> Self {
-        Self { job, id, by: None }
+        Self {
+            job,
+            id,
+            by: None,
+            backfill: None,
+        }
+    }
+
+    /// A request to backfill `job` over `range` under `id`: every slot of
+    /// its schedule in the range that has no record, or a `missed` one,
+    /// runs once, oldest first, one at a time.
+    pub fn backfill(job: JobName, id: RequestId, range: Backfill) -> Self {
+        Self {
+            backfill: Some(range),
+            ..Self::new(job, id)
+        }
     }
 
     /// Says who asks: one line of at most [`MAX_PAUSE_NOTE_LEN`]
@@ -129,16 +180,33 @@ impl TriggerRequest {
         self.by.as_deref()
     }
 
+    /// The range, for a backfill.
+    pub fn range(&self) -> Option<Backfill> {
+        self.backfill
+    }
+
     /// The request as a store answers it: stamped `requested_at`, with the
-    /// author `by` it holds (this request's for a new one, the first
-    /// request's for an id sent again).
-    pub fn answer(&self, requested_at: Timestamp, by: Option<String>) -> RunRequest {
+    /// author `by` and the range `backfill` it holds (this request's for a
+    /// new one, the first request's for an id sent again).
+    pub fn answer(
+        &self,
+        requested_at: Timestamp,
+        by: Option<String>,
+        backfill: Option<Backfill>,
+    ) -> RunRequest {
         RunRequest {
             job: self.job.clone(),
             id: self.id.clone(),
             requested_at,
             by,
+            backfill,
         }
+    }
+
+    /// This request as a store answers it when it writes it at
+    /// `requested_at`.
+    pub fn stamped(&self, requested_at: Timestamp) -> RunRequest {
+        self.answer(requested_at, self.by.clone(), self.backfill)
     }
 }
 
@@ -154,11 +222,20 @@ pub struct RunRequest {
     pub requested_at: Timestamp,
     /// Who asked, if they said.
     pub by: Option<String>,
+    /// For a backfill, its range; `None` for a manual run.
+    pub backfill: Option<Backfill>,
 }
 
 impl RunRequest {
-    /// The manual run this request asks for.
-    pub fn run(&self) -> RunKey {
+    /// The manual run a trigger asks for; `None` for a backfill, whose
+    /// runs are the slots of its range.
+    pub fn run(&self) -> Option<RunKey> {
+        self.backfill.is_none().then(|| self.news())
+    }
+
+    /// The key a store announces a new request under: the manual slot of
+    /// its stamp (for a backfill, no run is ever made under it).
+    pub fn news(&self) -> RunKey {
         RunKey::new(self.job.clone(), Slot::manual(self.requested_at))
     }
 }
@@ -187,6 +264,9 @@ pub enum RequestRefused {
     /// An author that cannot be kept.
     #[error("the request's author cannot be kept: {0}")]
     By(String),
+    /// A backfill range that cannot be run.
+    #[error("the backfill range cannot be run: {0}")]
+    Range(String),
 }
 
 /// `by`, checked as a pause's author is: one line of at most
@@ -246,15 +326,31 @@ mod tests {
 
     #[test]
     fn a_request_names_a_manual_run() {
-        let req = RunRequest {
-            job: JobName::new("report").unwrap(),
-            id: RequestId::new("r1").unwrap(),
-            requested_at: Timestamp::from_millis(5_000),
-            by: None,
-        };
-        let run = req.run();
+        let req = TriggerRequest::new(
+            JobName::new("report").unwrap(),
+            RequestId::new("r1").unwrap(),
+        )
+        .stamped(Timestamp::from_millis(5_000));
+        let run = req.run().unwrap();
         assert!(run.slot.is_manual());
         assert_eq!(run.slot.at(), req.requested_at);
+    }
+
+    #[test]
+    fn a_backfill_names_no_run_of_its_own_and_needs_a_forward_range() {
+        let t = Timestamp::from_millis;
+        assert!(Backfill::new(t(5), t(5)).is_err());
+        assert!(Backfill::new(t(6), t(5)).is_err());
+        let range = Backfill::new(t(1_000), t(9_000)).unwrap();
+        let req = TriggerRequest::backfill(
+            JobName::new("report").unwrap(),
+            RequestId::new("b1").unwrap(),
+            range,
+        )
+        .stamped(t(20_000));
+        assert_eq!(req.run(), None);
+        assert_eq!(req.backfill, Some(range));
+        assert!(req.news().slot.is_manual());
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::fmt;
 use crate::control::{Pause, PauseEnd, PauseScope};
 use crate::ids::{Attempt, Fence, InstanceId};
 use crate::name::JobName;
+use crate::request::Backfill;
 use crate::store::{RecordState, RunKey, RunRecord};
 use crate::time::{Slot, Timestamp};
 
@@ -94,6 +95,18 @@ pub fn run_record(job: &JobName, columns: RunColumns) -> Result<RunRecord, BadVa
     })
 }
 
+/// A backfill's range from its `range_from` and `range_to` columns: both
+/// set for a backfill, both empty for a manual run.
+pub fn backfill(from: Option<i64>, to: Option<i64>) -> Result<Option<Backfill>, BadValue> {
+    match (from, to) {
+        (None, None) => Ok(None),
+        (Some(f), Some(t)) => Backfill::new(Timestamp::from_millis(f), Timestamp::from_millis(t))
+            .map(Some)
+            .map_err(|_| BadValue::new("backfill range", (f, t))),
+        other => Err(BadValue::new("backfill range", other)),
+    }
+}
+
 /// A pause from its [`PauseColumns`].
 pub fn pause(columns: PauseColumns) -> Result<Pause, BadValue> {
     let (scope, since, until, reason, by) = columns;
@@ -162,6 +175,17 @@ mod tests {
         );
         let bad_scope = ("not a job!".into(), 0, None, None, None);
         assert_eq!(pause(bad_scope).unwrap_err().what, "pause scope");
+    }
+
+    #[test]
+    fn a_backfill_range_has_both_ends_or_none() {
+        assert_eq!(backfill(None, None), Ok(None));
+        assert_eq!(
+            backfill(Some(1), Some(2)).unwrap().unwrap().to(),
+            Timestamp::from_millis(2)
+        );
+        assert!(backfill(Some(1), None).is_err());
+        assert!(backfill(Some(2), Some(1)).is_err());
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::options::TableName;
 use crate::sql::sql;
 
 /// The schema version this crate needs and migrates to.
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 struct Migration {
     version: u32,
@@ -64,6 +64,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 6,
         description: "manual-run requests",
         tables: Some(include_str!("../migrations/0006_requests.sql")),
+    },
+    Migration {
+        version: 7,
+        description: "backfill requests",
+        tables: Some(include_str!("../migrations/0007_backfills.sql")),
     },
 ];
 

@@ -2,6 +2,7 @@
 //! (sql/request_run.sql), and the store's hand-over channel (`NOTIFY`)
 //! carries the news of the new run to every listening store.
 
+use anarchon_core::stored;
 use anarchon_core::{
     JobName, RequestId, RunRequest, RunRequests, StoreError, Timestamp, TriggerRequest,
 };
@@ -14,9 +15,9 @@ use crate::store::PgStore;
 /// its stamp, or committed its id after this statement's snapshot.
 const TRIES: u32 = 8;
 
-/// The answer of sql/request_run.sql: the stamp, the author, whether the
-/// statement wrote it.
-type Written = (i64, Option<String>, bool);
+/// The answer of sql/request_run.sql: the stamp, the author, the range,
+/// whether the statement wrote it.
+type Written = (i64, Option<String>, Option<i64>, Option<i64>, bool);
 
 /// One row of sql/requests.sql: the clock, then a request's columns.
 type Listed = (
@@ -25,6 +26,8 @@ type Listed = (
     Option<String>,
     Option<i64>,
     Option<String>,
+    Option<i64>,
+    Option<i64>,
 );
 
 impl PgStore {
@@ -41,6 +44,8 @@ impl PgStore {
                         .bind(job.as_str())
                         .bind(id.as_str())
                         .bind(req.by())
+                        .bind(req.range().map(|r| r.from().as_millis()))
+                        .bind(req.range().map(|r| r.to().as_millis()))
                         .fetch_all(conn)
                         .await;
                     match sent {
@@ -52,13 +57,16 @@ impl PgStore {
                     }
                 }
             })?;
-            let Some((requested_at, by, new)) = written.and_then(|rows| rows.into_iter().next())
+            let Some((requested_at, by, from, to, new)) =
+                written.and_then(|rows| rows.into_iter().next())
             else {
                 continue;
             };
-            let request = req.answer(Timestamp::from_millis(requested_at), by);
+            let backfill =
+                stored::backfill(from, to).map_err(|e| Error::protocol(action(), e.to_string()))?;
+            let request = req.answer(Timestamp::from_millis(requested_at), by, backfill);
             if new {
-                self.announce_hand_over(&request.run()).await;
+                self.announce_hand_over(&request.news()).await;
             }
             return Ok(request);
         }
@@ -76,7 +84,7 @@ impl PgStore {
         })?;
         let now = rows.first().map_or(0, |row| row.0);
         let mut requests = Vec::new();
-        for (_, job, id, at, by) in rows {
+        for (_, job, id, at, by, from, to) in rows {
             let (Some(job), Some(id), Some(at)) = (job, id, at) else {
                 continue;
             };
@@ -91,6 +99,8 @@ impl PgStore {
                 id: RequestId::new(&id).map_err(|_| bad("request id", &id))?,
                 requested_at: Timestamp::from_millis(at),
                 by,
+                backfill: stored::backfill(from, to)
+                    .map_err(|e| Error::protocol(action(), e.to_string()))?,
             });
         }
         Ok(RunRequests {

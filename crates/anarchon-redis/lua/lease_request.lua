@@ -4,16 +4,17 @@
 -- collect_garbage of anarchon_core::MemoryStore, with
 -- anarchon_core::request::stamp.
 --
--- KEYS[1] {p}:requests  hash: '<job> <id>' -> '<requested_at> <by>' (by
---                       may be absent: then no space follows the stamp)
+-- KEYS[1] {p}:requests  hash: '<job> <id>' -> '<requested_at> <from> <to>'
+--                       then ' <by>' when an author was given; from and to
+--                       are a backfill's range (ms), '-' for a manual run
 -- KEYS[2] {p}:requested hash: job -> the job's latest stamp (never deleted,
 --                       so a stamp never repeats after a collection)
 -- Both keys carry the namespace's hash tag only: every step touches one
 -- hash slot.
 --
 -- 'request': ARGV[2] job  ARGV[3] id  ARGV[4] '1' if an author follows
---            ARGV[5] by
---            Returns {1 if written else 0, requested_at, has_by, by}.
+--            ARGV[5] by  ARGV[6] from  ARGV[7] to ('-' for a manual run)
+--            Returns {1 if written else 0, requested_at, has_by, by, from, to}.
 -- 'read':    Returns {now, field, value, field, value, ...}.
 -- 'collect': ARGV[2] keep (ms). Forgets requests stamped before now - keep.
 --            Returns {the number forgotten}.
@@ -24,9 +25,10 @@ if bad then return redis.error_reply(bad) end
 local op = ARGV[1]
 
 local function parse(value)
-  local at, by = string.match(value, '^(%d+) (.*)$')
-  if at then return at, '1', by end
-  return value, '0', ''
+  local at, from, to, rest = string.match(value, '^(%d+) (%S+) (%S+)(.*)$')
+  if not at then return value, '0', '', '-', '-' end
+  if rest ~= '' then return at, '1', string.sub(rest, 2), from, to end
+  return at, '0', '', from, to
 end
 
 if op == 'read' then
@@ -58,14 +60,14 @@ local job, id = ARGV[2], ARGV[3]
 local field = job .. ' ' .. id
 local stored = redis.call('HGET', KEYS[1], field)
 if stored then
-  local at, has_by, by = parse(stored)
-  return {0, at, has_by, by}
+  local at, has_by, by, from, to = parse(stored)
+  return {0, at, has_by, by, from, to}
 end
 local at = now
 local latest = tonumber(redis.call('HGET', KEYS[2], job))
 if latest and latest >= at then at = latest + 1 end
-local value = int(at)
+local value = int(at) .. ' ' .. ARGV[6] .. ' ' .. ARGV[7]
 if ARGV[4] == '1' then value = value .. ' ' .. ARGV[5] end
 redis.call('HSET', KEYS[1], field, value)
 redis.call('HSET', KEYS[2], job, int(at))
-return {1, int(at), ARGV[4], ARGV[5]}
+return {1, int(at), ARGV[4], ARGV[5], ARGV[6], ARGV[7]}

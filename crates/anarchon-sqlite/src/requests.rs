@@ -13,6 +13,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anarchon_core::scheduler::MANUAL_RUN_WINDOW;
+use anarchon_core::stored;
 use anarchon_core::time::millis;
 use anarchon_core::{
     HandOvers, JobName, RequestId, RunRequest, RunRequests, StoreError, Timestamp, TriggerRequest,
@@ -22,23 +23,36 @@ use sqlx::{ConnectOptions as _, SqliteConnection};
 use std::sync::Arc;
 
 use crate::BACKEND;
-use crate::error::bad_value;
+use crate::error::{bad_stored, bad_value};
 use crate::sql::Sql;
 use crate::store::SqliteStore;
 
 /// How often the watcher asks whether another connection wrote.
 const WATCH_EVERY: Duration = Duration::from_millis(200);
 
-/// One request's columns: job, id, requested_at, requested_by.
-type RequestColumns = (String, String, i64, Option<String>);
+/// One request's columns: job, id, requested_at, requested_by,
+/// range_from, range_to.
+type RequestColumns = (
+    String,
+    String,
+    i64,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// A stored request as find_request.sql reads it: requested_at,
+/// requested_by, range_from, range_to.
+type Found = (i64, Option<String>, Option<i64>, Option<i64>);
 
 fn request(columns: RequestColumns) -> Result<RunRequest, StoreError> {
-    let (job, id, requested_at, by) = columns;
+    let (job, id, requested_at, by, from, to) = columns;
     Ok(RunRequest {
         job: JobName::new(&job).map_err(|_| bad_value("job name", &job))?,
         id: RequestId::new(&id).map_err(|_| bad_value("request id", &id))?,
         requested_at: Timestamp::from_millis(requested_at),
         by,
+        backfill: stored::backfill(from, to).map_err(bad_stored)?,
     })
 }
 
@@ -53,31 +67,38 @@ impl SqliteStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(|e| self.err("starting the request", e))?;
-        let found: Option<(i64, Option<String>)> = sqlx::query_as(self.sql.find_request.clone())
+        let found: Option<Found> = sqlx::query_as(self.sql.find_request.clone())
             .bind(job.as_str())
             .bind(id.as_str())
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| self.err("reading the request", e))?;
-        let (requested_at, by, new) = match found {
-            Some((at, stored_by)) => (at, stored_by, false),
+        let (requested_at, by, backfill, new) = match found {
+            Some((at, stored_by, from, to)) => (
+                at,
+                stored_by,
+                stored::backfill(from, to).map_err(bad_stored)?,
+                false,
+            ),
             None => {
                 let at: i64 = sqlx::query_scalar(self.sql.write_request.clone())
                     .bind(job.as_str())
                     .bind(id.as_str())
                     .bind(req.by())
+                    .bind(req.range().map(|r| r.from().as_millis()))
+                    .bind(req.range().map(|r| r.to().as_millis()))
                     .fetch_one(&mut *tx)
                     .await
                     .map_err(|e| self.err("writing the request", e))?;
-                (at, req.by().map(str::to_owned), true)
+                (at, req.by().map(str::to_owned), req.range(), true)
             }
         };
         tx.commit()
             .await
             .map_err(|e| self.err("committing the request", e))?;
-        let request = req.answer(Timestamp::from_millis(requested_at), by);
+        let request = req.answer(Timestamp::from_millis(requested_at), by, backfill);
         if new {
-            self.hand_overs.announce(&request.run());
+            self.hand_overs.announce(&request.news());
         }
         Ok(request)
     }
@@ -178,7 +199,7 @@ async fn announce_recent(
         let Ok(req) = request(columns) else { continue };
         let key = (req.job.clone(), req.id.clone());
         if !announced.contains(&key) {
-            board.announce(&req.run());
+            board.announce(&req.news());
         }
         recent.insert(key);
     }

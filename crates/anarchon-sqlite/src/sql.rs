@@ -22,6 +22,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     ),
     (3, include_str!("../sql/migrations/0003_pauses.sql")),
     (4, include_str!("../sql/migrations/0004_requests.sql")),
+    (5, include_str!("../sql/migrations/0005_backfills.sql")),
 ];
 
 /// Every statement the store sends, rendered for one prefix.

@@ -272,7 +272,7 @@ where
         .await
         .expect("trigger");
     wait_for(&log, "both manual runs to start", |e| {
-        [first.run().slot, second.run().slot]
+        [first.news().slot, second.news().slot]
             .iter()
             .all(|slot| e.iter().any(|s| s.slot == *slot))
     })
@@ -290,6 +290,84 @@ where
         starts
             .iter()
             .all(|s| s.slot.is_manual() && s.attempt == Attempt::FIRST)
+    );
+}
+
+/// A backfill over six past slots of a per-second job, asked by a process
+/// that runs no scheduler, runs among three schedulers each slot that has
+/// no record or a `missed` one, once, and not the slot that already ran.
+pub async fn a_backfill_runs_each_slot_that_never_ran_once<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    use anarchon_core::{
+        Backfill, ClaimOutcome, Control, JobName, LeaseClaim, MaxAttempts, Overlap, RequestId,
+        RunKey, RunOutcome, Token, TriggerRequest,
+    };
+    let name = "backfilled";
+    let job = JobName::new(name).expect("job");
+    let operator = factory.instance().await;
+    let now = factory.clock().now().as_millis();
+    let base = now - now.rem_euclid(1000) - 10_000;
+    let slot = |i: i64| Slot::from_millis(base + i * 1000);
+    let claim = |i: i64, max_late: Duration| LeaseClaim {
+        claim: anarchon_core::ClaimRequest {
+            run: RunKey::new(job.clone(), slot(i)),
+            token: Token::generate(),
+            instance: anarchon_core::InstanceId::new("operator").expect("id"),
+            max_late,
+        },
+        lease: Duration::from_secs(30),
+        overlap: Overlap::Allow,
+        max_attempts: MaxAttempts::DEFAULT,
+    };
+    // Slot 1 ran; slot 2 was missed.
+    let ran = claim(1, Duration::from_secs(3600));
+    assert!(matches!(
+        operator.claim_lease(&ran).await.expect("claim"),
+        ClaimOutcome::Won(_)
+    ));
+    operator
+        .finish(&ran.claim.run, ran.claim.token, RunOutcome::Succeeded)
+        .await
+        .expect("finish");
+    let late = claim(2, Duration::ZERO);
+    assert_eq!(
+        operator.claim_lease(&late).await.expect("claim"),
+        ClaimOutcome::Late
+    );
+
+    let log = log();
+    let schedulers = three_schedulers(factory, name, &every_second(), &log).await;
+    let range = Backfill::new(slot(0).at(), slot(5).at()).expect("range");
+    let request = TriggerRequest::backfill(job, RequestId::new("fill-1").expect("id"), range);
+    let stored = Control::new(operator)
+        .backfill(&request, None)
+        .await
+        .expect("backfill");
+    assert_eq!(stored.backfill, Some(range));
+    assert_eq!(stored.run(), None, "a backfill has no manual run");
+    let wanted: Vec<Slot> = [0, 2, 3, 4, 5].into_iter().map(slot).collect();
+    wait_for(&log, "the backfilled slots to run", |e| {
+        wanted.iter().all(|w| e.iter().any(|s| s.slot == *w))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    shut_down_all(schedulers).await;
+    let backfilled: Vec<Slot> = entries(&log)
+        .into_iter()
+        .map(|s| s.slot)
+        .filter(|s| *s <= slot(5))
+        .collect();
+    let mut sorted = backfilled.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted, wanted,
+        "each slot that never ran runs once, the one that ran does not: {backfilled:?}"
+    );
+    assert_eq!(
+        backfilled, wanted,
+        "a backfill runs its slots oldest first, one at a time"
     );
 }
 
@@ -496,6 +574,7 @@ macro_rules! __scheduler_lease_checks {
             backup_takes_over_when_heartbeats_stop,
             a_paused_runner_cannot_write_after_a_takeover,
             a_trigger_runs_once_among_the_schedulers,
+            a_backfill_runs_each_slot_that_never_ran_once,
         );
     };
 }

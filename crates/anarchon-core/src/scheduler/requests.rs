@@ -1,24 +1,50 @@
 //! Manual runs: how a running scheduler hears of an operator's "run now"
 //! and claims the run.
 //!
-//! The store announces the run of every new request
-//! ([`LeaseStore::announcements`]); the scheduler claims each announced
-//! manual run of a job it has, at once, like a slot that is due. It also
-//! reads the store's requests when it starts and whenever it may have
-//! missed news, and claims the runs of the recent ones, so a request made
-//! while no instance was up, or whose news was lost, still runs. The claim
-//! decides who runs it: one instance wins, the others become its backups.
+//! The store announces every new request ([`LeaseStore::announcements`]);
+//! the scheduler then reads the requests and claims each recent manual run
+//! of a job it has, at once, like a slot that is due, and starts a worker
+//! for each backfill of such a job. It also reads the requests when it
+//! starts and whenever it may have missed news, so a request made while no
+//! instance was up, or whose news was lost, still runs. The claims decide
+//! who runs what: one instance wins each run, the others are its backups.
+//!
+//! A backfill worker walks its range's slots oldest first. It claims each
+//! with a late window that covers it (so a slot with no record, or a
+//! `missed` one, runs; one that ran answers `Done`) and waits until the
+//! slot's run has ended before it claims the next, taking the run over if
+//! its runner dies. Every instance walks the same slots in the same order,
+//! so the fleet runs one slot of the backfill at a time; one worker per
+//! job at a time in each instance keeps two backfills of a job apart.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
 
+use super::calls::{CALL_TIMEOUT, lease_claim, within};
 use super::driver::{Due, claim_batch};
+use super::run::handle_outcome;
 use super::{Inner, MANUAL_RUN_WINDOW, StoreHandle};
-use crate::store::{LeaseStore, RunKey};
+use crate::ids::Token;
+use crate::name::JobName;
+use crate::request::{Backfill, RequestId, RunRequest};
+use crate::store::{ClaimOutcome, LeaseStore, RunKey, RunState};
 use crate::time::Slot;
+
+/// How often a backfill worker reads the run it waits for.
+const BACKFILL_POLL: Duration = Duration::from_millis(250);
+
+/// What the watcher has acted on: manual runs claimed, backfills started,
+/// and one lock per job so its backfills take turns.
+#[derive(Default)]
+struct Seen {
+    claimed: BTreeSet<RunKey>,
+    backfills: BTreeSet<(JobName, RequestId)>,
+    turns: HashMap<JobName, Arc<tokio::sync::Mutex<()>>>,
+}
 
 /// How long after the latest news the scheduler reads the store's requests
 /// again by itself, in case news was lost without a lag showing it (a
@@ -33,8 +59,8 @@ pub(crate) async fn watch(inner: Arc<Inner>) {
     // Subscribe before the first read, so a request made in between is
     // heard, not lost.
     let mut news = store.announcements();
-    let mut claimed = BTreeSet::new();
-    read_requests(&inner, store, &mut claimed).await;
+    let mut seen = Seen::default();
+    read_requests(&inner, store, &mut seen).await;
     loop {
         let heard = tokio::select! {
             heard = news.recv() => heard,
@@ -42,9 +68,12 @@ pub(crate) async fn watch(inner: Arc<Inner>) {
             () = inner.stop.cancelled() => return,
         };
         match heard {
-            Ok(run) if run.slot.is_manual() => claim(&inner, run, &mut claimed).await,
+            // A request of a job this instance has: read what it asks.
+            Ok(run) if run.slot.is_manual() && inner.jobs.iter().any(|j| j.name == run.job) => {
+                read_requests(&inner, store, &mut seen).await;
+            }
             Ok(_) => {}
-            Err(RecvError::Lagged(_)) => read_requests(&inner, store, &mut claimed).await,
+            Err(RecvError::Lagged(_)) => read_requests(&inner, store, &mut seen).await,
             Err(RecvError::Closed) => {
                 inner.stop.cancelled().await;
                 return;
@@ -53,12 +82,9 @@ pub(crate) async fn watch(inner: Arc<Inner>) {
     }
 }
 
-/// Claims the runs of the store's requests that are young enough to run.
-async fn read_requests(
-    inner: &Arc<Inner>,
-    store: &Arc<dyn LeaseStore>,
-    claimed: &mut BTreeSet<RunKey>,
-) {
+/// Claims the runs of the store's manual-run requests that are young
+/// enough to run, and starts a worker for each backfill not started yet.
+async fn read_requests(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, seen: &mut Seen) {
     let requests = match store.run_requests().await {
         Ok(requests) => requests,
         Err(error) => {
@@ -68,10 +94,121 @@ async fn read_requests(
     };
     let oldest = requests.store_now.saturating_sub(MANUAL_RUN_WINDOW);
     // Forget what is too old to be announced again.
-    claimed.retain(|run: &RunKey| run.slot.at() >= oldest);
+    seen.claimed.retain(|run: &RunKey| run.slot.at() >= oldest);
     for request in requests.requests {
-        if request.requested_at >= oldest {
-            claim(inner, request.run(), claimed).await;
+        match (request.run(), request.backfill) {
+            (Some(run), _) if request.requested_at >= oldest => {
+                claim(inner, run, &mut seen.claimed).await;
+            }
+            (None, Some(range)) => start_backfill(inner, store, seen, request, range),
+            _ => {}
+        }
+    }
+}
+
+/// Starts the worker of one backfill, once per request.
+fn start_backfill(
+    inner: &Arc<Inner>,
+    store: &Arc<dyn LeaseStore>,
+    seen: &mut Seen,
+    request: RunRequest,
+    range: Backfill,
+) {
+    let Some(index) = inner.jobs.iter().position(|j| j.name == request.job) else {
+        return;
+    };
+    if !seen
+        .backfills
+        .insert((request.job.clone(), request.id.clone()))
+    {
+        return;
+    }
+    let turn = seen.turns.entry(request.job.clone()).or_default().clone();
+    let (inner, store) = (inner.clone(), store.clone());
+    inner.clone().tasks.spawn(async move {
+        let _turn = turn.lock().await;
+        tracing::info!(job = %request.job, request = %request.id, from = %range.from(), to = %range.to(), "backfill started");
+        backfill(&inner, &store, index, range).await;
+        tracing::info!(job = %request.job, request = %request.id, "backfill done");
+    });
+}
+
+/// Runs the slots of `range` that never ran, oldest first, one at a time.
+async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize, range: Backfill) {
+    let job = inner.jobs[index].clone();
+    let mut after = range.from().saturating_sub(Duration::from_millis(1));
+    while let Some(slot) = job
+        .schedule
+        .next_after(after)
+        .filter(|s| s.at() <= range.to())
+    {
+        after = slot.at();
+        loop {
+            if inner.stop.is_cancelled() {
+                return;
+            }
+            let mut claim = lease_claim(inner, &job, slot, Token::generate());
+            // A window that covers the slot, on any clock a little off.
+            claim.claim.max_late = inner.clock.now().since(slot.at()) + MANUAL_RUN_WINDOW;
+            let outcome = match within(CALL_TIMEOUT, store.claim_lease(&claim)).await {
+                Ok(outcome) => outcome,
+                Err(error) => {
+                    tracing::warn!(%error, job = %job.name, %slot, "backfill claim failed; trying again");
+                    tokio::time::sleep(MANUAL_RUN_WINDOW / 100).await;
+                    continue;
+                }
+            };
+            match outcome {
+                ClaimOutcome::Won(_) => {
+                    let run = claim.claim.run.clone();
+                    let now = inner.clock.now();
+                    handle_outcome(
+                        inner,
+                        job.clone(),
+                        claim,
+                        outcome,
+                        Instant::now(),
+                        Some(now),
+                        None,
+                    );
+                    if !wait_until_ended(inner, store, &run).await {
+                        continue;
+                    }
+                    break;
+                }
+                ClaimOutcome::Running { .. } => {
+                    if !wait_until_ended(inner, store, &claim.claim.run).await {
+                        // Its lease ran out: claim it again, a takeover.
+                        continue;
+                    }
+                    break;
+                }
+                // Ran already, skipped, paused, late or not for us: next.
+                _ => break,
+            }
+        }
+    }
+}
+
+/// Waits until `run` is no longer running: `true` when it ended, `false`
+/// when its lease ran out on the store's clock (a takeover is due).
+async fn wait_until_ended(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, run: &RunKey) -> bool {
+    loop {
+        if inner.stop.is_cancelled() {
+            return true;
+        }
+        tokio::time::sleep(BACKFILL_POLL).await;
+        match within(CALL_TIMEOUT, store.peek(run)).await {
+            Ok(view) => match view.state {
+                RunState::Running { lease_until, .. } if lease_until < view.store_now => {
+                    return false;
+                }
+                RunState::Running { .. } => {}
+                _ => return true,
+            },
+            Err(error) => {
+                tracing::debug!(%error, %run, "could not read a backfilled run; reading again");
+            }
         }
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use anarchon_core::request::stamp;
 use anarchon_core::time::millis;
 use anarchon_core::{
-    JobName, RequestId, RunRequest, RunRequests, StoreError, Timestamp, TriggerRequest,
+    Backfill, JobName, RequestId, RunRequest, RunRequests, StoreError, Timestamp, TriggerRequest,
 };
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
@@ -38,9 +38,21 @@ struct RequestDoc {
     /// Who asked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     by: Option<String>,
+    /// A backfill's range (ms, both included); absent for a manual run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    range: Option<(i64, i64)>,
 }
 
 impl RequestDoc {
+    fn backfill(&self) -> Result<Option<Backfill>, String> {
+        self.range
+            .map(|(from, to)| {
+                Backfill::new(Timestamp::from_millis(from), Timestamp::from_millis(to))
+                    .map_err(|e| e.to_string())
+            })
+            .transpose()
+    }
+
     fn encode(&self) -> Vec<u8> {
         // Serialising a number and a string cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
@@ -82,10 +94,15 @@ impl NatsLeaseStore {
     ) -> Result<RunRequest, StoreError> {
         let job = req.job();
         let key = Self::request_key(job, req.id());
-        let answer = |doc: RequestDoc| req.answer(Timestamp::from_millis(doc.at), doc.by);
+        let answer = |doc: RequestDoc| -> Result<RunRequest, StoreError> {
+            let backfill = doc
+                .backfill()
+                .map_err(|m| self.protocol(format!("{key}: {m}")))?;
+            Ok(req.answer(Timestamp::from_millis(doc.at), doc.by, backfill))
+        };
         if let Some(doc) = self.read_request(&key).await? {
             self.round_trips(1);
-            return Ok(answer(doc));
+            return answer(doc);
         }
         let latest_key = format!("{REQUESTED_PREFIX}{job}");
         for _ in 0..TRIES {
@@ -115,6 +132,9 @@ impl NatsLeaseStore {
             let doc = RequestDoc {
                 at: at.as_millis(),
                 by: req.by().map(str::to_owned),
+                range: req
+                    .range()
+                    .map(|r| (r.from().as_millis(), r.to().as_millis())),
             };
             let created = self.write(&key, doc.encode(), Some(0)).await?;
             self.round_trips(5);
@@ -125,10 +145,10 @@ impl NatsLeaseStore {
                     .read_request(&key)
                     .await?
                     .ok_or_else(|| self.protocol(format!("{key} vanished as it was created")))?;
-                return Ok(answer(stored));
+                return answer(stored);
             }
-            let request = answer(doc);
-            self.announce_hand_over(&request.run()).await;
+            let request = answer(doc)?;
+            self.announce_hand_over(&request.news()).await;
             return Ok(request);
         }
         Err(self.unavailable(format!(
@@ -151,11 +171,13 @@ impl NatsLeaseStore {
         let mut requests = Vec::with_capacity(named.len());
         for ((_, (job, id)), doc) in named.into_iter().zip(read) {
             if let Some(doc) = doc? {
+                let backfill = doc.backfill().map_err(|m| self.protocol(m))?;
                 requests.push(RunRequest {
                     job,
                     id,
                     requested_at: Timestamp::from_millis(doc.at),
                     by: doc.by,
+                    backfill,
                 });
             }
         }

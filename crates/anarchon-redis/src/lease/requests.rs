@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anarchon_core::time::millis;
 use anarchon_core::{
-    JobName, RequestId, RunRequest, RunRequests, StoreError, Timestamp, TriggerRequest,
+    Backfill, JobName, RequestId, RunRequest, RunRequests, StoreError, Timestamp, TriggerRequest,
 };
 use deadpool_redis::redis::Value;
 
@@ -35,6 +35,8 @@ impl RedisLeaseStore {
             req.id().as_str().to_owned(),
             if req.by().is_some() { "1" } else { "0" }.to_owned(),
             req.by().unwrap_or_default().to_owned(),
+            end(req.range().map(|r| r.from())),
+            end(req.range().map(|r| r.to())),
         ];
         let items = self.one(self.request_call(args), during).await?;
         let bad = |what: &str| store_err(Error::protocol(during, what.to_owned()));
@@ -46,9 +48,11 @@ impl RedisLeaseStore {
             return Err(bad("the request script answered something else"));
         };
         let by = (has_by == "1").then(|| items.get(3).and_then(text).unwrap_or_default());
-        let request = req.answer(Timestamp::from_millis(at), by);
+        let field = |i: usize| items.get(i).and_then(text).unwrap_or_default();
+        let backfill = range(&field(4), &field(5)).map_err(store_err)?;
+        let request = req.answer(Timestamp::from_millis(at), by, backfill);
         if new == 1 {
-            self.announce_hand_over(&request.run()).await;
+            self.announce_hand_over(&request.news()).await;
         }
         Ok(request)
     }
@@ -82,8 +86,35 @@ impl RedisLeaseStore {
     }
 }
 
-/// One request from its hash field (`<job> <id>`) and value (`<stamp>` or
-/// `<stamp> <by>`).
+/// A range's end as the script keeps it: ms, or `-` for none.
+fn end(at: Option<Timestamp>) -> String {
+    at.map_or_else(|| "-".to_owned(), |t| t.as_millis().to_string())
+}
+
+/// A backfill range from the script's `from` and `to` (`-` for none).
+fn range(from: &str, to: &str) -> Result<Option<Backfill>, Error> {
+    let bad = || {
+        Error::protocol(
+            "reading the requests",
+            format!("backfill range {from:?} to {to:?}"),
+        )
+    };
+    match (from, to) {
+        ("-", "-") => Ok(None),
+        (from, to) => {
+            let (from, to) = (
+                from.parse().map_err(|_| bad())?,
+                to.parse().map_err(|_| bad())?,
+            );
+            Backfill::new(Timestamp::from_millis(from), Timestamp::from_millis(to))
+                .map(Some)
+                .map_err(|_| bad())
+        }
+    }
+}
+
+/// One request from its hash field (`<job> <id>`) and value
+/// (`<stamp> <from> <to>`, then ` <by>` if there is one).
 fn parse_request(field: &Value, value: &Value) -> Result<RunRequest, Error> {
     let during = "reading the requests";
     let bad = |what: String| Error::protocol(during, what);
@@ -94,10 +125,13 @@ fn parse_request(field: &Value, value: &Value) -> Result<RunRequest, Error> {
     let (job, id) = field
         .split_once(' ')
         .ok_or_else(|| bad(format!("request field {field:?} is not '<job> <id>'")))?;
-    let (at, by) = match value.split_once(' ') {
-        Some((at, by)) => (at, Some(by.to_owned())),
-        None => (value.as_str(), None),
-    };
+    let mut parts = value.splitn(4, ' ');
+    let (at, from, to, by) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or("-"),
+        parts.next().unwrap_or("-"),
+        parts.next().map(str::to_owned),
+    );
     Ok(RunRequest {
         job: JobName::new(job).map_err(|_| bad(format!("invalid job name {job:?}")))?,
         id: RequestId::new(id).map_err(|_| bad(format!("invalid request id {id:?}")))?,
@@ -106,5 +140,6 @@ fn parse_request(field: &Value, value: &Value) -> Result<RunRequest, Error> {
                 .map_err(|_| bad(format!("request stamp {at:?} is not a number")))?,
         ),
         by,
+        backfill: range(from, to)?,
     })
 }

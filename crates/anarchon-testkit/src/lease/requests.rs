@@ -51,7 +51,7 @@ where
         "one id must be one request, whoever sent it: {answers:?}"
     );
     assert_eq!(first.by.as_deref(), Some("ops@example"));
-    let run = first.run();
+    let run = first.run().expect("a trigger names its run");
     assert!(
         run.slot.is_manual(),
         "a request's run is a manual run: {run:?}"
@@ -102,7 +102,7 @@ where
         sent.len(),
         "each request of a job needs a stamp of its own: {sent:?}"
     );
-    let manual = sent[0].run();
+    let manual = sent[0].run().expect("a trigger names its run");
     let scheduled = RunKey::new(manual.job.clone(), Slot::from(manual.slot.at()));
     assert_ne!(manual, scheduled);
     won(store
@@ -153,12 +153,18 @@ where
     F::Store: LeaseStore,
 {
     let store = factory.instance().await;
-    let fresh = request(&*store, "manual-lateness", "now").await.run();
+    let fresh = request(&*store, "manual-lateness", "now")
+        .await
+        .run()
+        .expect("a trigger names its run");
     let mut quick = lease_claim(fresh.clone(), Token::generate(), "a");
     quick.claim.max_late = Duration::from_secs(5);
     won(store.claim_lease(&quick).await.expect("claim"));
 
-    let stale = request(&*store, "manual-lateness", "later").await.run();
+    let stale = request(&*store, "manual-lateness", "later")
+        .await
+        .run()
+        .expect("a trigger names its run");
     wait_out(Duration::from_millis(300)).await;
     let mut slow = lease_claim(stale.clone(), Token::generate(), "a");
     slow.claim.max_late = Duration::from_millis(100);
@@ -181,7 +187,10 @@ where
 {
     let a = factory.instance().await;
     let b = factory.instance().await;
-    let run = request(&*a, "manual-takeover", "t1").await.run();
+    let run = request(&*a, "manual-takeover", "t1")
+        .await
+        .run()
+        .expect("a trigger names its run");
     let dead = Token::generate();
     let first = won(a
         .claim_lease(&short(lease_claim(run.clone(), dead, "a")))
@@ -221,7 +230,7 @@ where
 {
     let store = factory.instance().await;
     let req = request(&*store, "manual-gc", "g1").await;
-    let run = req.run();
+    let run = req.run().expect("a trigger names its run");
     let mut claim = lease_claim(run.clone(), Token::generate(), "a");
     claim.claim.max_late = Duration::from_millis(200);
     won(store.claim_lease(&claim).await.expect("claim"));
@@ -278,5 +287,5 @@ where
     })
     .await
     .expect("another instance must hear of a new request");
-    assert_eq!(heard, req.run());
+    assert_eq!(heard, req.run().expect("a trigger names its run"));
 }
