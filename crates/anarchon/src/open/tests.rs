@@ -93,6 +93,17 @@ fn postgres_urls_keep_the_clients_parameters_and_strip_ours() {
     assert!(socket.describe().contains("/run/postgresql:5432/cron"));
 }
 
+/// Reading `url` fails with a URL error (never a temporary one) that
+/// `says` why and does not show the password `s3cret`.
+fn assert_refused(url: &str, says: &str) {
+    let err = StoreUrl::parse(url).unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, OpenError::InvalidUrl { .. }), "{url}: {text}");
+    assert!(err.is_url() && !err.is_temporary(), "{text}");
+    assert!(text.contains(says), "{url}: {text}");
+    assert!(!text.contains("s3cret"), "{text}");
+}
+
 /// A backend's refusal of its URL reaches the caller as an invalid URL,
 /// with the backend's reason and the password masked. (Each backend's own
 /// tests go through every parameter; these are samples of the route.)
@@ -111,12 +122,7 @@ fn bad_store_urls_are_refused_with_the_backends_reason() {
         ("redis://:s3cret@h?prefix=a%20b", "invalid key prefix"),
         ("rediss://:s3cret@h?tls_ca_file=%zz", "broken %-escape"),
     ] {
-        let err = StoreUrl::parse(url).unwrap_err();
-        let text = err.to_string();
-        assert!(matches!(err, OpenError::InvalidUrl { .. }), "{url}: {text}");
-        assert!(err.is_url() && !err.is_temporary(), "{text}");
-        assert!(text.contains(says), "{url}: {text}");
-        assert!(!text.contains("s3cret"), "{text}");
+        assert_refused(url, says);
     }
     let pg = StoreUrl::parse("postgres://app:s3cret@db/cron?pool_size=0").unwrap_err();
     assert!(pg.to_string().contains("app:***@"), "{pg}");
@@ -355,11 +361,7 @@ fn broker_urls_are_claim_only() {
         ),
         ("nats://u:s3cret@h:notaport", "not valid"),
     ] {
-        let err = StoreUrl::parse(url).unwrap_err();
-        let text = err.to_string();
-        assert!(matches!(err, OpenError::InvalidUrl { .. }), "{url}: {text}");
-        assert!(text.contains(says), "{url}: {text}");
-        assert!(!text.contains("s3cret"), "{text}");
+        assert_refused(url, says);
     }
 }
 
