@@ -34,16 +34,26 @@ fn won(outcome: ClaimOutcome) -> Win {
 
 /// Claims a lease on `run` from `store` with `token` as `instance`: the
 /// claim must be won.
+async fn lease_outcome<S: LeaseStore + ?Sized>(
+    store: &S,
+    run: RunKey,
+    token: Token,
+    instance: &str,
+) -> ClaimOutcome {
+    store
+        .claim_lease(&lease_claim(run, token, instance))
+        .await
+        .unwrap()
+}
+
+/// [`lease_outcome`], which must be won.
 async fn lease_won<S: LeaseStore + ?Sized>(
     store: &S,
     run: RunKey,
     token: Token,
     instance: &str,
 ) -> Win {
-    won(store
-        .claim_lease(&lease_claim(run, token, instance))
-        .await
-        .unwrap())
+    won(lease_outcome(store, run, token, instance).await)
 }
 
 /// Claims `run` on `store` with a new token as `instance`: the claim must
@@ -444,10 +454,7 @@ async fn a_restart_without_persistence_forgets_every_run() {
         .await
         .unwrap();
     assert_eq!(
-        store
-            .claim_lease(&lease_claim(run.clone(), Token::generate(), "b"))
-            .await
-            .unwrap(),
+        lease_outcome(&*store, run.clone(), Token::generate(), "b").await,
         ClaimOutcome::Done(FinalState::Succeeded)
     );
 
@@ -491,14 +498,13 @@ async fn failed_runs_and_garbage_collection_match_the_memory_store() {
     // A late claim records `missed`; GC removes old records of every kind
     // except running runs whose lease is recent.
     assert_eq!(
-        store
-            .claim_lease(&lease_claim(
-                RunKey::new(job.clone(), old),
-                Token::generate(),
-                "a"
-            ))
-            .await
-            .unwrap(),
+        lease_outcome(
+            &*store,
+            RunKey::new(job.clone(), old),
+            Token::generate(),
+            "a"
+        )
+        .await,
         ClaimOutcome::Late
     );
     let mut catch_up = lease_claim(
@@ -615,14 +621,13 @@ async fn pauses_are_kept_under_their_scopes_tag_and_listed() {
         .unwrap();
     proxy.take();
     assert_eq!(
-        counted
-            .claim_lease(&lease_claim(
-                RunKey::new(nightly.clone(), slot),
-                Token::generate(),
-                "c"
-            ))
-            .await
-            .unwrap(),
+        lease_outcome(
+            &counted,
+            RunKey::new(nightly.clone(), slot),
+            Token::generate(),
+            "c"
+        )
+        .await,
         ClaimOutcome::Done(FinalState::Paused)
     );
     // The job's first claim through this handle also registers the job.
