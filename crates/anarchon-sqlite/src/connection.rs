@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use crate::error::{Error, code, is_busy, primary_code};
 use crate::options::SqliteOptions;
@@ -72,14 +72,7 @@ impl SqliteStore {
             .connect_with(connect)
             .await
             .map_err(|e| open_error(&options, "opening the file", e))?;
-        let hand_overs = board_for(options.path(), options.table_prefix());
-        let store = Self {
-            pool,
-            sql: Arc::new(sql),
-            options: Arc::new(options),
-            hand_overs,
-            request_watch: Arc::default(),
-        };
+        let store = Self::assemble(pool, sql, options);
         store.use_wal().await?;
         store.migrate().await?;
         tracing::debug!(path = ?store.options.path(), prefix = store.options.table_prefix(), "SQLite store open");
@@ -109,14 +102,7 @@ impl SqliteStore {
             .connect_with(connect)
             .await
             .map_err(|e| open_error(&options, "opening the file for reading", e))?;
-        let hand_overs = board_for(&path, options.table_prefix());
-        let store = Self {
-            pool,
-            sql: Arc::new(sql),
-            options: Arc::new(options),
-            hand_overs,
-            request_watch: Arc::default(),
-        };
+        let store = Self::assemble(pool, sql, options);
         let found = store.recorded_version().await?.unwrap_or(0);
         store.check_not_too_new(found)?;
         let latest = Sql::latest_version();
@@ -154,6 +140,18 @@ impl SqliteStore {
                 }
                 Err(e) => return Err(open_error(&self.options, "switching to WAL mode", e)),
             }
+        }
+    }
+
+    /// The store on `pool`, with the statements and options it was opened
+    /// with, and the hand-over board of its file and prefix.
+    fn assemble(pool: SqlitePool, sql: Sql, options: SqliteOptions) -> Self {
+        Self {
+            hand_overs: board_for(options.path(), options.table_prefix()),
+            pool,
+            sql: Arc::new(sql),
+            options: Arc::new(options),
+            request_watch: Arc::default(),
         }
     }
 
