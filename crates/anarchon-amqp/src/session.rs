@@ -169,42 +169,53 @@ impl Pool {
                 _permit: permit,
             });
         }
-        let channel = match timeout_at(deadline, session.connection.create_channel()).await {
-            Err(_) => {
-                session.broken.store(true, Ordering::SeqCst);
-                return Err(self.timeout_error("opening a channel", budget));
-            }
-            Ok(Err(e)) => {
-                if breaks_connection(&e) {
-                    session.broken.store(true, Ordering::SeqCst);
-                }
-                return Err(self.amqp_error("opening a channel", e));
-            }
-            Ok(Ok(channel)) => channel,
-        };
-        match timeout_at(
-            deadline,
+        let channel = self
+            .channel_step(
+                &session,
+                "opening a channel",
+                (deadline, budget),
+                session.connection.create_channel(),
+            )
+            .await?;
+        self.channel_step(
+            &session,
+            "switching on publisher confirms",
+            (deadline, budget),
             channel.confirm_select(ConfirmSelectOptions::default()),
         )
-        .await
-        {
-            Err(_) => {
-                session.broken.store(true, Ordering::SeqCst);
-                return Err(self.timeout_error("switching on publisher confirms", budget));
-            }
-            Ok(Err(e)) => {
-                if breaks_connection(&e) {
-                    session.broken.store(true, Ordering::SeqCst);
-                }
-                return Err(self.amqp_error("switching on publisher confirms", e));
-            }
-            Ok(Ok(())) => {}
-        }
+        .await?;
         Ok(Lease {
             session,
             pooled: Pooled { channel, uses: 0 },
             _permit: permit,
         })
+    }
+
+    /// Awaits `step`, `doing` part of setting up a channel on `session`,
+    /// until the deadline (`limit` is the deadline and the budget it came
+    /// from). A step that runs out of time, or fails in a way that breaks
+    /// the connection, marks the connection broken, so the next claim
+    /// reconnects.
+    async fn channel_step<T>(
+        &self,
+        session: &Session,
+        doing: &'static str,
+        (deadline, budget): (Instant, Duration),
+        step: impl std::future::Future<Output = Result<T, lapin::Error>>,
+    ) -> Result<T, Error> {
+        match timeout_at(deadline, step).await {
+            Err(_) => {
+                session.broken.store(true, Ordering::SeqCst);
+                Err(self.timeout_error(doing, budget))
+            }
+            Ok(Err(e)) => {
+                if breaks_connection(&e) {
+                    session.broken.store(true, Ordering::SeqCst);
+                }
+                Err(self.amqp_error(doing, e))
+            }
+            Ok(Ok(value)) => Ok(value),
+        }
     }
 
     /// The current connection if it is up, else a new one.

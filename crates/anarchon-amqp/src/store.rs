@@ -252,17 +252,8 @@ impl AmqpStore {
     async fn leave_mark(&self, lease: Lease, gate: &str, token: Token, deadline: Instant) {
         let mark = winner_mark_name(gate, token);
         let deadline = deadline.max(Instant::now() + MARK_GRACE);
-        let declared = timeout_at(
-            deadline,
-            lease.channel().queue_declare(
-                mark.as_str().into(),
-                durable(),
-                self.mark_arguments.clone(),
-            ),
-        )
-        .await;
-        match declared {
-            Ok(Ok(_)) => lease.release(),
+        match declare(&lease, &mark, &self.mark_arguments, deadline).await {
+            Ok(Ok(())) => lease.release(),
             Ok(Err(e)) => {
                 tracing::warn!(queue = %mark, error = %e, "won a run but could not declare the winner's mark; a retry of this claim will be told Unknown");
                 lease.fail(&e);
@@ -280,6 +271,21 @@ fn won() -> ClaimOutcome {
         attempt: Attempt::FIRST,
         fence: None,
     })
+}
+
+/// Declares the durable queue `queue` with `arguments` on the lease's
+/// channel, waiting for the broker until `deadline` (an `Err` when it did
+/// not answer by then).
+async fn declare(
+    lease: &Lease,
+    queue: &str,
+    arguments: &FieldTable,
+    deadline: Instant,
+) -> Result<Result<(), lapin::Error>, tokio::time::error::Elapsed> {
+    let declaring = lease
+        .channel()
+        .queue_declare(queue.into(), durable(), arguments.clone());
+    Ok(timeout_at(deadline, declaring).await?.map(drop))
 }
 
 fn durable() -> QueueDeclareOptions {
@@ -318,17 +324,8 @@ impl ClaimStore for AmqpStore {
         let gate = gate_queue_name(&self.prefix, &req.run);
         let lease = self.pool.lease(deadline, self.timeout).await?;
 
-        let declared = timeout_at(
-            deadline,
-            lease.channel().queue_declare(
-                gate.as_str().into(),
-                durable(),
-                self.gate_arguments.clone(),
-            ),
-        )
-        .await;
-        match declared {
-            Ok(Ok(_)) => {}
+        match declare(&lease, &gate, &self.gate_arguments, deadline).await {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 lease.fail(&e);
                 return Err(self.declare_error(&gate, e).into());

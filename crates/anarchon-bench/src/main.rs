@@ -450,6 +450,11 @@ fn redis_url() -> String {
     env_url("ANARCHON_REDIS_URL", "redis://127.0.0.1:6379")
 }
 
+/// The backends [`make_target`] knows, in the order a full run measures
+/// them (`--backends` picks some).
+const BACKENDS: &str =
+    "memory, sqlite, postgres, redis-lease, redis-stream-id, redis-script, rabbitmq, nats, nats-kv";
+
 async fn make_target(name: &str) -> Result<Box<dyn Target>> {
     Ok(match name {
         "memory" => Box::new(targets::Memory::new()),
@@ -487,9 +492,7 @@ async fn make_target(name: &str) -> Result<Box<dyn Target>> {
             "ANARCHON_NATS_URL",
             "nats://127.0.0.1:4222",
         ))),
-        other => bail!(
-            "unknown backend {other:?}: memory, sqlite, postgres, redis-lease, redis-stream-id, redis-script, rabbitmq, nats, nats-kv"
-        ),
+        other => bail!("unknown backend {other:?}: {BACKENDS}"),
     })
 }
 
@@ -690,19 +693,7 @@ async fn run_all(args: &[String]) -> Result<()> {
             .split(',')
             .map(|b| b.trim().to_owned())
             .collect(),
-        None => [
-            "memory",
-            "sqlite",
-            "postgres",
-            "redis-lease",
-            "redis-stream-id",
-            "redis-script",
-            "rabbitmq",
-            "nats",
-            "nats-kv",
-        ]
-        .map(String::from)
-        .to_vec(),
+        None => BACKENDS.split(", ").map(String::from).collect(),
     };
     let out_path = args
         .iter()

@@ -49,39 +49,29 @@ command = "echo \"$ANARCHON_JOB $ANARCHON_SLOT $PPID\" >> {log}"
     )
 }
 
+/// The URL of claim-only store `backend` on its real server, under
+/// `prefix`, with the settings these tests use (RabbitMQ and NATS forget a
+/// run after 20 s, so what a test leaves behind goes soon).
+fn claim_only_url(backend: &str, prefix: &str) -> String {
+    let (service, params) = match backend {
+        "rabbitmq" => (Service::Amqp, "slot_ttl_ms=20000"),
+        "nats" => (Service::Nats, "duplicate_window_ms=20000&storage=memory"),
+        "redis-stream-id" => (Service::Redis, "strategy=stream-id"),
+        "redis-script" => (Service::Redis, "strategy=script&window_ms=60000"),
+        other => panic!("no claim-only test URL for {other:?}"),
+    };
+    with_params(&server(service), &format!("prefix={prefix}&{params}"))
+}
+
 /// The claim-only URLs, pointing at the real servers where there are
 /// some, and the backend name each one's errors use.
 fn claim_only_urls() -> Vec<(String, &'static str)> {
     let prefix = unique_prefix("clirefused");
-    vec![
-        (
-            with_params(
-                &server(Service::Amqp),
-                &format!("prefix={prefix}&slot_ttl_ms=20000"),
-            ),
-            "rabbitmq",
-        ),
-        (
-            with_params(
-                &server(Service::Nats),
-                &format!("prefix={prefix}&duplicate_window_ms=20000&storage=memory"),
-            ),
-            "nats",
-        ),
-        (
-            with_params(
-                &server(Service::Redis),
-                &format!("strategy=stream-id&prefix={prefix}"),
-            ),
-            "redis-stream-id",
-        ),
-        (
-            with_params(
-                &server(Service::Redis),
-                &format!("strategy=script&window_ms=60000&prefix={prefix}"),
-            ),
-            "redis-script",
-        ),
+    let mut urls: Vec<_> = ["rabbitmq", "nats", "redis-stream-id", "redis-script"]
+        .into_iter()
+        .map(|backend| (claim_only_url(backend, &prefix), backend))
+        .collect();
+    urls.extend([
         // Redis 8.6 is not needed to refuse a crontab for idmp.
         ("redis://127.0.0.1:1?strategy=idmp".to_owned(), "redis-idmp"),
         // No broker needed either: these answer nowhere.
@@ -90,7 +80,8 @@ fn claim_only_urls() -> Vec<(String, &'static str)> {
             "rabbitmq",
         ),
         ("nats://Sentinel-Tok-42@127.0.0.1:1".to_owned(), "nats"),
-    ]
+    ]);
+    urls
 }
 
 /// `run` and `check` refuse every lease-only option on every claim-only
@@ -146,13 +137,8 @@ fn lease_only_options_are_refused_on_claim_only_urls() {
         crontab("amqp://guest:guest@127.0.0.1:1/%2f", &log, ""),
     )
     .unwrap();
-    let (code, stdout, stderr) = run_in(d, &["check", "--config", config.to_str().unwrap()]);
-    assert_eq!(code, 0, "{stderr}");
+    let stdout = check_describes(d, &config, "RabbitMQ", "claim-only");
     assert!(stdout.contains("1 job(s) OK"), "{stdout}");
-    assert!(
-        stdout.contains("RabbitMQ") && stdout.contains("claim-only"),
-        "{stdout}"
-    );
 
     // A claim-only store keeps no history.
     for (url, backend) in &urls {
@@ -165,6 +151,20 @@ fn lease_only_options_are_refused_on_claim_only_urls() {
             "{stderr}"
         );
     }
+}
+
+/// `check` in `dir` accepts the crontab `config` and describes its store
+/// with `describes` and as `kind` (`claim-only` or `a lease store`).
+/// Hands back what it printed.
+fn check_describes(dir: &Path, config: &Path, describes: &str, kind: &str) -> String {
+    let config = config.to_str().expect("a UTF-8 path");
+    let (code, stdout, stderr) = run_in(dir, &["check", "--config", config]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(describes) && stdout.contains(kind),
+        "{stdout}"
+    );
+    stdout
 }
 
 /// The lines the job's command wrote: slot → the daemons (by pid) that ran
@@ -190,15 +190,7 @@ fn two_daemons_share_a_claim_only_store(url: &str, describes: &str) {
     let log = d.join("runs.log");
     let config = d.join("anarchon.toml");
     std::fs::write(&config, crontab(url, &log, "")).expect("write the crontab");
-    let (code, stdout, stderr) = run_in(
-        d,
-        &["check", "--config", config.to_str().expect("a UTF-8 path")],
-    );
-    assert_eq!(code, 0, "{stderr}");
-    assert!(
-        stdout.contains(describes) && stdout.contains("claim-only"),
-        "{stdout}"
-    );
+    check_describes(d, &config, describes, "claim-only");
 
     let mut fleet = Fleet::default();
     fleet.start(&config, d);
@@ -230,31 +222,23 @@ fn two_daemons_share_a_claim_only_store(url: &str, describes: &str) {
 #[test]
 fn a_per_second_job_runs_on_rabbitmq() {
     let prefix = unique_prefix("cli");
-    let url = with_params(
-        &server(Service::Amqp),
-        &format!("prefix={prefix}&slot_ttl_ms=20000"),
-    );
+    let url = claim_only_url("rabbitmq", &prefix);
     two_daemons_share_a_claim_only_store(&url, &format!("queue prefix {prefix}"));
 }
 
 #[test]
 fn a_per_second_job_runs_on_nats() {
-    let base = server(Service::Nats);
     let prefix = unique_prefix("cli");
-    let _stream = NatsStream::named(&base, format!("{prefix}-claims"));
-    let url = with_params(
-        &base,
-        &format!("prefix={prefix}&duplicate_window_ms=20000&storage=memory"),
-    );
+    let _stream = NatsStream::named(&server(Service::Nats), format!("{prefix}-claims"));
+    let url = claim_only_url("nats", &prefix);
     two_daemons_share_a_claim_only_store(&url, &format!("stream {prefix}-claims"));
 }
 
 #[test]
 fn a_per_second_job_runs_on_redis_stream_id() {
-    let base = server(Service::Redis);
     let prefix = unique_prefix("cli");
-    let _keys = RedisKeys::under(&base, &prefix);
-    let url = with_params(&base, &format!("strategy=stream-id&prefix={prefix}"));
+    let _keys = RedisKeys::under(&server(Service::Redis), &prefix);
+    let url = claim_only_url("redis-stream-id", &prefix);
     two_daemons_share_a_claim_only_store(&url, "strategy stream-id");
 }
 
@@ -272,12 +256,7 @@ fn a_lease_store_records_runs(url: &str, describes: &str) {
         crontab(url, &log, "overlap = \"skip\"\nmax_attempts = 2"),
     )
     .expect("write the crontab");
-    let (code, stdout, stderr) = run_in(d, &["check", "--config", c]);
-    assert_eq!(code, 0, "{stderr}");
-    assert!(
-        stdout.contains(describes) && stdout.contains("a lease store"),
-        "{stdout}"
-    );
+    check_describes(d, &config, describes, "a lease store");
 
     let mut fleet = Fleet::default();
     fleet.start(&config, d);

@@ -108,17 +108,27 @@ impl InstanceId {
     }
 }
 
-impl fmt::Display for InstanceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+/// Shows a newtype over text (its field `0` derefs to `str`) as that
+/// text: as written for `Display`, quoted like a string for `Debug`.
+macro_rules! shown_as_text {
+    ($type:ty) => {
+        impl std::fmt::Display for $type {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl std::fmt::Debug for $type {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Debug::fmt(&*self.0, f)
+            }
+        }
+    };
 }
 
-impl fmt::Debug for InstanceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
-    }
-}
+pub(crate) use shown_as_text;
+
+shown_as_text!(InstanceId);
 
 /// Which attempt at a run this is: 1 for the first runner, +1 at each takeover.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]

@@ -20,7 +20,9 @@ use async_trait::async_trait;
 use crate::BACKEND;
 use crate::connection::{Connected, StreamRole, connect, ensure_stream};
 use crate::error::Error;
-use crate::options::{NatsOptions, Storage, read_url, validate_prefix};
+use crate::options::{
+    NatsOptions, Storage, StreamOptions, read_store_url, validate_prefix, validate_replicas,
+};
 
 /// The subject prefix unless told otherwise: claims go to
 /// `anarchon.<job>.claims`.
@@ -114,11 +116,11 @@ impl ClaimOptions {
     /// options' own errors as [`Self::validate`] and
     /// [`NatsOptions::validate`] report them.
     pub fn from_url(url: &str) -> Result<(NatsOptions, Self), Error> {
-        let mut claims = Self::new();
-        let (connection, shared) = read_url(
+        read_store_url(
             url,
-            "prefix, stream, duplicate_window_ms, storage, replicas, timeout_ms, tls, tls_ca_file or tls_first",
-            |param| {
+            "prefix, stream, duplicate_window_ms",
+            Self::new(),
+            |claims, param| {
                 match param.key {
                     "prefix" => claims.prefix = param.value.to_owned(),
                     "stream" => claims.stream = Some(param.value.to_owned()),
@@ -129,12 +131,7 @@ impl ClaimOptions {
                 }
                 Ok(true)
             },
-        )?;
-        claims.storage = shared.storage.unwrap_or(claims.storage);
-        claims.replicas = shared.replicas.unwrap_or(claims.replicas);
-        connection.validate()?;
-        claims.validate()?;
-        Ok((connection, claims))
+        )
     }
 
     /// The subject prefix (default `anarchon`): one or more segments of
@@ -217,13 +214,7 @@ impl ClaimOptions {
                 window: self.duplicate_window,
             });
         }
-        if !(1..=5).contains(&self.replicas) {
-            return Err(Error::InvalidOption {
-                option: "replicas",
-                reason: "it must be between 1 and 5".into(),
-            });
-        }
-        Ok(())
+        validate_replicas(self.replicas)
     }
 
     fn stream_config(&self) -> Config {
@@ -241,6 +232,16 @@ impl ClaimOptions {
             max_age: self.duplicate_window + RETENTION_MARGIN,
             ..Default::default()
         }
+    }
+}
+
+impl StreamOptions for ClaimOptions {
+    fn stream_shape(&mut self) -> (&mut Storage, &mut usize) {
+        (&mut self.storage, &mut self.replicas)
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        self.validate()
     }
 }
 

@@ -519,6 +519,52 @@ pub(crate) struct StreamParams {
     pub(crate) replicas: Option<usize>,
 }
 
+/// The parameters [`read_url`] reads for every store, as its list of known
+/// parameters ends.
+const SHARED_PARAMS: &str = "storage, replicas, timeout_ms, tls, tls_ca_file or tls_first";
+
+/// A store's own options, as a store URL sets them: each store makes one
+/// stream (or bucket) whose storage and replicas the URL may give.
+pub(crate) trait StreamOptions {
+    /// Where the new stream keeps its messages, and how many replicas it has.
+    fn stream_shape(&mut self) -> (&mut Storage, &mut usize);
+
+    /// Checks the options without touching the server.
+    fn check(&self) -> Result<(), Error>;
+}
+
+/// Reads a store URL into the connection and `options`: the shared
+/// parameters as [`read_url`] does, `storage` and `replicas` into
+/// `options`, and the store's own parameters (`own_params`, listed in
+/// errors) through `own`. Both results are checked before they are handed
+/// back.
+pub(crate) fn read_store_url<T: StreamOptions>(
+    url: &str,
+    own_params: &str,
+    mut options: T,
+    mut own: impl FnMut(&mut T, &UrlParam<'_>) -> Result<bool, Error>,
+) -> Result<(NatsOptions, T), Error> {
+    let known = format!("{own_params}, {SHARED_PARAMS}");
+    let (connection, shared) = read_url(url, &known, |param| own(&mut options, param))?;
+    let (storage, replicas) = options.stream_shape();
+    *storage = shared.storage.unwrap_or(*storage);
+    *replicas = shared.replicas.unwrap_or(*replicas);
+    connection.validate()?;
+    options.check()?;
+    Ok((connection, options))
+}
+
+/// Checks a new stream's replicas: JetStream allows 1 to 5.
+pub(crate) fn validate_replicas(replicas: usize) -> Result<(), Error> {
+    if !(1..=5).contains(&replicas) {
+        return Err(Error::InvalidOption {
+            option: "replicas",
+            reason: "it must be between 1 and 5".into(),
+        });
+    }
+    Ok(())
+}
+
 /// Reads a `nats://…?…` store URL: the connection from the part before `?`,
 /// the parameters both stores share (`timeout_ms`, `storage`, `replicas`,
 /// and TLS: `tls`, `tls_ca_file`, `tls_first`) here, and every other

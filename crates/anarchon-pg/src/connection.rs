@@ -263,43 +263,34 @@ fn describe_server(connect: &PgConnectOptions) -> String {
 
 /// `error` with the URL's secrets scrubbed from its text, and without its
 /// source if the source's text shows one.
-fn without_secrets(error: Error, secrets: &[String]) -> Error {
-    let leaks = |source: &Option<sqlx::Error>| {
-        source.as_ref().is_some_and(|s| {
+fn without_secrets(mut error: Error, secrets: &[String]) -> Error {
+    if let Error::Unavailable {
+        action,
+        reason,
+        source,
+    }
+    | Error::Refused {
+        action,
+        reason,
+        source,
+    }
+    | Error::Protocol {
+        action,
+        reason,
+        source,
+    } = &mut error
+    {
+        *action = scrub(action, secrets);
+        *reason = scrub(reason, secrets);
+        let leaks = source.as_ref().is_some_and(|s| {
             let shown = format!("{s} {s:?}");
             secrets.iter().any(|secret| shown.contains(secret.as_str()))
-        })
-    };
-    match error {
-        Error::Unavailable {
-            action,
-            reason,
-            source,
-        } => Error::Unavailable {
-            action: scrub(&action, secrets),
-            reason: scrub(&reason, secrets),
-            source: if leaks(&source) { None } else { source },
-        },
-        Error::Refused {
-            action,
-            reason,
-            source,
-        } => Error::Refused {
-            action: scrub(&action, secrets),
-            reason: scrub(&reason, secrets),
-            source: if leaks(&source) { None } else { source },
-        },
-        Error::Protocol {
-            action,
-            reason,
-            source,
-        } => Error::Protocol {
-            action: scrub(&action, secrets),
-            reason: scrub(&reason, secrets),
-            source: if leaks(&source) { None } else { source },
-        },
-        other => other,
+        });
+        if leaks {
+            *source = None;
+        }
     }
+    error
 }
 
 /// Migrates the schema, or checks its version when migrations are off.

@@ -562,8 +562,22 @@ async fn query(
 /// strategy's store: its `try_claim` is the claim, `$memory` (an
 /// expression over the store) how long it remembers a run, and it is no
 /// lease store. The three claim-only strategies differ only there.
+///
+/// Also implements `Debug`: the store's key prefix, its memory setting
+/// (the field `$setting`, when it has one) and the server, never the URL,
+/// so never a password.
 macro_rules! claim_only_store {
-    ($store:ty, |$this:ident| $memory:expr) => {
+    ($store:ty, |$this:ident| $memory:expr $(, $setting:ident)?) => {
+        impl std::fmt::Debug for $store {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($store))
+                    .field("prefix", &self.prefix)
+                    $(.field(stringify!($setting), &self.$setting))?
+                    .field("server", &self.link.server().describe())
+                    .finish_non_exhaustive()
+            }
+        }
+
         #[async_trait::async_trait]
         impl anarchon_core::ClaimStore for $store {
             async fn claim(

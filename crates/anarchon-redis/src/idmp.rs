@@ -1,12 +1,11 @@
 //! The `idmp` strategy: idempotent XADD (Redis 8.6+).
 
 use std::collections::HashSet;
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anarchon_core::{Attempt, ClaimOutcome, ClaimRequest, Clock, JobName, Memory, Token, Win};
+use anarchon_core::{ClaimOutcome, ClaimRequest, Clock, JobName, Memory};
 use deadpool_redis::redis::{self, Value};
 
 use crate::MIN_MEMORY;
@@ -15,7 +14,7 @@ use crate::error::Error;
 use crate::keys::job_key;
 use crate::options::{KeyPrefix, RedisOptions};
 use crate::server::{ServerInfo, Version};
-use crate::stream_id::entry_token;
+use crate::stream_id::answer_from_entry;
 
 const BACKEND: &str = "redis-idmp";
 
@@ -58,16 +57,6 @@ pub struct RedisIdmpStore {
     lost_entries: AtomicU64,
     /// Where the trimming horizon reads "now" ([`RedisOptions::with_clock`]).
     clock: Arc<dyn Clock>,
-}
-
-impl fmt::Debug for RedisIdmpStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisIdmpStore")
-            .field("prefix", &self.prefix)
-            .field("duration", &self.duration)
-            .field("server", &self.link.server().describe())
-            .finish_non_exhaustive()
-    }
 }
 
 impl RedisIdmpStore {
@@ -247,12 +236,8 @@ impl RedisIdmpStore {
         pipe.ignore_errors();
         pipe.cmd("XRANGE").arg(&key).arg(&id).arg(&id);
         Ok(
-            match entry_token(self.link.query_one(&pipe, during).await?) {
-                Some(t) if Token::parse(&t) == Some(req.token) => ClaimOutcome::Won(Win {
-                    attempt: Attempt::FIRST,
-                    fence: None,
-                }),
-                Some(_) => ClaimOutcome::Lost,
+            match answer_from_entry(self.link.query_one(&pipe, during).await?, req.token) {
+                Some(answer) => answer,
                 None => {
                     self.lost_entries.fetch_add(1, Ordering::SeqCst);
                     tracing::warn!(
@@ -269,4 +254,8 @@ impl RedisIdmpStore {
     }
 }
 
-crate::connection::claim_only_store!(RedisIdmpStore, |store| Memory::Window(store.duration));
+crate::connection::claim_only_store!(
+    RedisIdmpStore,
+    |store| Memory::Window(store.duration),
+    duration
+);

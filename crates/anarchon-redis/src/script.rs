@@ -1,10 +1,9 @@
 //! The `script` strategy: a Lua script scans the last window of claims.
 
-use std::fmt;
 use std::time::Duration;
 
 use anarchon_core::time::millis;
-use anarchon_core::{Attempt, ClaimOutcome, ClaimRequest, Memory, Token, Win};
+use anarchon_core::{ClaimOutcome, ClaimRequest, Memory, Token};
 
 use crate::MIN_MEMORY;
 use crate::connection::{Call, Link, Lua, text};
@@ -12,6 +11,7 @@ use crate::error::Error;
 use crate::keys::job_key;
 use crate::options::{KeyPrefix, RedisOptions};
 use crate::server::ServerInfo;
+use crate::stream_id::first_claim_answer;
 
 const BACKEND: &str = "redis-script";
 
@@ -39,16 +39,6 @@ pub struct RedisScriptStore {
     link: Link,
     prefix: KeyPrefix,
     window: Duration,
-}
-
-impl fmt::Debug for RedisScriptStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisScriptStore")
-            .field("prefix", &self.prefix)
-            .field("window", &self.window)
-            .field("server", &self.link.server().describe())
-            .finish_non_exhaustive()
-    }
 }
 
 impl RedisScriptStore {
@@ -118,15 +108,12 @@ impl RedisScriptStore {
             .first()
             .and_then(text)
             .ok_or_else(|| Error::protocol(during, "no token"))?;
-        Ok(if Token::parse(&winner) == Some(req.token) {
-            ClaimOutcome::Won(Win {
-                attempt: Attempt::FIRST,
-                fence: None,
-            })
-        } else {
-            ClaimOutcome::Lost
-        })
+        Ok(first_claim_answer(Token::parse(&winner) == Some(req.token)))
     }
 }
 
-crate::connection::claim_only_store!(RedisScriptStore, |store| Memory::Window(store.window));
+crate::connection::claim_only_store!(
+    RedisScriptStore,
+    |store| Memory::Window(store.window),
+    window
+);

@@ -1,6 +1,5 @@
 //! The `stream-id` strategy: the slot is the stream entry's ID.
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anarchon_core::{Attempt, ClaimOutcome, ClaimRequest, Memory, Token, Win};
@@ -40,15 +39,6 @@ pub struct RedisStreamIdStore {
     link: Link,
     prefix: KeyPrefix,
     out_of_order: AtomicU64,
-}
-
-impl fmt::Debug for RedisStreamIdStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStreamIdStore")
-            .field("prefix", &self.prefix)
-            .field("server", &self.link.server().describe())
-            .finish_non_exhaustive()
-    }
 }
 
 impl RedisStreamIdStore {
@@ -115,17 +105,12 @@ impl RedisStreamIdStore {
         let (Some(added), Some(entry)) = (replies.next(), replies.next()) else {
             return Err(Error::protocol(during, "two answers expected"));
         };
-        let won = Ok(ClaimOutcome::Won(Win {
-            attempt: Attempt::FIRST,
-            fence: None,
-        }));
         match added {
             Value::ServerError(e)
                 if e.details().is_some_and(|d| d.contains("equal or smaller")) =>
             {
-                match entry_token(check(entry, during)?) {
-                    Some(t) if Token::parse(&t) == Some(req.token) => won,
-                    Some(_) => Ok(ClaimOutcome::Lost),
+                match answer_from_entry(check(entry, during)?, req.token) {
+                    Some(answer) => Ok(answer),
                     None => {
                         self.out_of_order.fetch_add(1, Ordering::SeqCst);
                         tracing::warn!(
@@ -142,10 +127,32 @@ impl RedisStreamIdStore {
             }
             other => {
                 check(other, during)?;
-                won
+                Ok(first_claim_answer(true))
             }
         }
     }
+}
+
+/// The answer to a claim that met the run's first claim: won when the
+/// first claim was the caller's own (`own`), lost otherwise. Claim-only
+/// stores count no attempts and give no fence.
+pub(crate) fn first_claim_answer(own: bool) -> ClaimOutcome {
+    if own {
+        ClaimOutcome::Won(Win {
+            attempt: Attempt::FIRST,
+            fence: None,
+        })
+    } else {
+        ClaimOutcome::Lost
+    }
+}
+
+/// The answer to a claim, read from the `XRANGE` answer for the run's
+/// first entry: won when that entry holds `token`, lost when it holds
+/// another; `None` when there is no entry (trimmed, or never written).
+pub(crate) fn answer_from_entry(range: Value, token: Token) -> Option<ClaimOutcome> {
+    let first = entry_token(range)?;
+    Some(first_claim_answer(Token::parse(&first) == Some(token)))
 }
 
 /// The `token` field of the one entry of an `XRANGE` answer.

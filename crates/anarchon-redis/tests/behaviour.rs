@@ -32,6 +32,39 @@ fn won(outcome: ClaimOutcome) -> Win {
     }
 }
 
+/// Claims a lease on `run` from `store` with `token` as `instance`: the
+/// claim must be won.
+async fn lease_outcome<S: LeaseStore + ?Sized>(
+    store: &S,
+    run: RunKey,
+    token: Token,
+    instance: &str,
+) -> ClaimOutcome {
+    store
+        .claim_lease(&lease_claim(run, token, instance))
+        .await
+        .unwrap()
+}
+
+/// [`lease_outcome`], which must be won.
+async fn lease_won<S: LeaseStore + ?Sized>(
+    store: &S,
+    run: RunKey,
+    token: Token,
+    instance: &str,
+) -> Win {
+    won(lease_outcome(store, run, token, instance).await)
+}
+
+/// Claims `run` on `store` with a new token as `instance`: the claim must
+/// be won.
+async fn claim_won<S: ClaimStore + ?Sized>(store: &S, run: RunKey, instance: &str) -> Win {
+    won(store
+        .claim(&claim_request(run, Token::generate(), instance))
+        .await
+        .unwrap())
+}
+
 fn slot_after(base: Slot, seconds: i64) -> Slot {
     Slot::from_millis(base.as_millis() + seconds * 1000)
 }
@@ -76,14 +109,13 @@ async fn a_lease_claim_is_one_command_and_a_batch_one_round_trip() {
 
     // The first claim of a job also adds it to the job list, in the same trip.
     proxy.take();
-    won(store
-        .claim_lease(&lease_claim(
-            RunKey::new(job_a.clone(), base),
-            Token::generate(),
-            "a",
-        ))
-        .await
-        .unwrap());
+    lease_won(
+        &store,
+        RunKey::new(job_a.clone(), base),
+        Token::generate(),
+        "a",
+    )
+    .await;
     let first = proxy.take();
     assert_eq!(first.commands, ["SADD", "EVALSHA"], "{first:?}");
     assert_eq!(first.round_trips, 1);
@@ -91,10 +123,7 @@ async fn a_lease_claim_is_one_command_and_a_batch_one_round_trip() {
     const N: i64 = 10;
     for i in 1..=N {
         let run = RunKey::new(job_a.clone(), slot_after(base, i));
-        won(store
-            .claim_lease(&lease_claim(run, Token::generate(), "a"))
-            .await
-            .unwrap());
+        lease_won(&store, run, Token::generate(), "a").await;
     }
     let singles = proxy.take();
     assert_eq!(singles.commands.len() as i64, N, "{singles:?}");
@@ -158,10 +187,7 @@ async fn claim_only_strategies_cost_one_round_trip_per_claim() {
     proxy.take();
     for i in 0..N as i64 {
         let run = RunKey::new(job("sid"), slot_after(base, i));
-        won(a
-            .claim(&claim_request(run.clone(), Token::generate(), "a"))
-            .await
-            .unwrap());
+        claim_won(&a, run.clone(), "a").await;
         assert_eq!(
             b.claim(&claim_request(run, Token::generate(), "b"))
                 .await
@@ -184,10 +210,7 @@ async fn claim_only_strategies_cost_one_round_trip_per_claim() {
     proxy.take();
     for i in 0..N as i64 {
         let run = RunKey::new(job("script"), slot_after(base, i));
-        won(store
-            .claim(&claim_request(run, Token::generate(), "a"))
-            .await
-            .unwrap());
+        claim_won(&store, run, "a").await;
     }
     let traffic = proxy.take();
     assert_eq!(traffic.commands, vec!["EVALSHA"; N], "{traffic:?}");
@@ -212,10 +235,7 @@ async fn every_key_of_a_job_starts_with_its_hash_tag() {
     for name in jobs {
         let run = RunKey::new(job(name), slot);
         let token = Token::generate();
-        won(lease_store
-            .claim_lease(&lease_claim(run.clone(), token, "a"))
-            .await
-            .unwrap());
+        lease_won(&*lease_store, run.clone(), token, "a").await;
         lease_store
             .heartbeat(&run, token, Duration::from_secs(30))
             .await
@@ -228,14 +248,8 @@ async fn every_key_of_a_job_starts_with_its_hash_tag() {
             .collect_garbage(Duration::from_secs(3600))
             .await
             .unwrap();
-        won(sid_store
-            .claim(&claim_request(run.clone(), Token::generate(), "a"))
-            .await
-            .unwrap());
-        won(script_store
-            .claim(&claim_request(run, Token::generate(), "a"))
-            .await
-            .unwrap());
+        claim_won(&*sid_store, run.clone(), "a").await;
+        claim_won(&*script_store, run, "a").await;
     }
     for (factory_url, prefix, suffixes, extra) in [
         (
@@ -283,10 +297,7 @@ async fn stream_id_loses_a_slot_older_than_one_already_claimed() {
     let job = job("order");
     let later = RunKey::new(job.clone(), slot_after(base, 60));
     let earlier = RunKey::new(job.clone(), base);
-    won(a
-        .claim(&claim_request(later, Token::generate(), "a"))
-        .await
-        .unwrap());
+    claim_won(&*a, later, "a").await;
     // Nobody claimed `earlier`, but it can no longer be added: lost, not doubled.
     assert_eq!(
         b.claim(&claim_request(earlier.clone(), Token::generate(), "b"))
@@ -349,10 +360,7 @@ async fn script_remembers_a_claim_for_its_window() {
         ClaimOutcome::Lost,
         "a claim inside the window is remembered"
     );
-    won(store
-        .claim(&claim_request(outside, Token::generate(), "a"))
-        .await
-        .unwrap());
+    claim_won(&*store, outside, "a").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -440,28 +448,19 @@ async fn a_restart_without_persistence_forgets_every_run() {
     let store = factory.instance().await;
     let run = RunKey::new(job("forgotten"), future_slot(&factory, 0));
     let token = Token::generate();
-    let first = won(store
-        .claim_lease(&lease_claim(run.clone(), token, "a"))
-        .await
-        .unwrap());
+    let first = lease_won(&*store, run.clone(), token, "a").await;
     store
         .finish(&run, token, RunOutcome::Succeeded)
         .await
         .unwrap();
     assert_eq!(
-        store
-            .claim_lease(&lease_claim(run.clone(), Token::generate(), "b"))
-            .await
-            .unwrap(),
+        lease_outcome(&*store, run.clone(), Token::generate(), "b").await,
         ClaimOutcome::Done(FinalState::Succeeded)
     );
 
     assert!(forget_prefix(&factory.url, &factory.prefix).await > 0);
 
-    let again = won(store
-        .claim_lease(&lease_claim(run.clone(), Token::generate(), "b"))
-        .await
-        .unwrap());
+    let again = lease_won(&*store, run.clone(), Token::generate(), "b").await;
     assert_eq!(
         again.attempt,
         Attempt::FIRST,
@@ -477,10 +476,7 @@ async fn a_restart_without_persistence_forgets_every_run() {
     let sid = StreamIdFactory::new().await;
     let sid_store = sid.instance().await;
     let run = RunKey::new(job("forgotten"), future_slot(&sid, 0));
-    won(sid_store
-        .claim(&claim_request(run.clone(), Token::generate(), "a"))
-        .await
-        .unwrap());
+    claim_won(&*sid_store, run.clone(), "a").await;
     assert_eq!(
         sid_store
             .claim(&claim_request(run.clone(), Token::generate(), "b"))
@@ -489,10 +485,7 @@ async fn a_restart_without_persistence_forgets_every_run() {
         ClaimOutcome::Lost
     );
     forget_prefix(&sid.url, &sid.prefix).await;
-    won(sid_store
-        .claim(&claim_request(run, Token::generate(), "b"))
-        .await
-        .unwrap());
+    claim_won(&*sid_store, run, "b").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -505,14 +498,13 @@ async fn failed_runs_and_garbage_collection_match_the_memory_store() {
     // A late claim records `missed`; GC removes old records of every kind
     // except running runs whose lease is recent.
     assert_eq!(
-        store
-            .claim_lease(&lease_claim(
-                RunKey::new(job.clone(), old),
-                Token::generate(),
-                "a"
-            ))
-            .await
-            .unwrap(),
+        lease_outcome(
+            &*store,
+            RunKey::new(job.clone(), old),
+            Token::generate(),
+            "a"
+        )
+        .await,
         ClaimOutcome::Late
     );
     let mut catch_up = lease_claim(
@@ -612,14 +604,13 @@ async fn pauses_are_kept_under_their_scopes_tag_and_listed() {
 
     // Another prefix is another namespace.
     let slot = future_slot(&factory, 0);
-    won(neighbour
-        .claim_lease(&lease_claim(
-            RunKey::new(nightly.clone(), slot),
-            Token::generate(),
-            "n",
-        ))
-        .await
-        .unwrap());
+    lease_won(
+        &*neighbour,
+        RunKey::new(nightly.clone(), slot),
+        Token::generate(),
+        "n",
+    )
+    .await;
     assert!(neighbour.pauses().await.unwrap().pauses.is_empty());
 
     let (proxy, opts, _cleanup) = through_proxy("paused-cmds").await;
@@ -630,14 +621,13 @@ async fn pauses_are_kept_under_their_scopes_tag_and_listed() {
         .unwrap();
     proxy.take();
     assert_eq!(
-        counted
-            .claim_lease(&lease_claim(
-                RunKey::new(nightly.clone(), slot),
-                Token::generate(),
-                "c"
-            ))
-            .await
-            .unwrap(),
+        lease_outcome(
+            &counted,
+            RunKey::new(nightly.clone(), slot),
+            Token::generate(),
+            "c"
+        )
+        .await,
         ClaimOutcome::Done(FinalState::Paused)
     );
     // The job's first claim through this handle also registers the job.

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use crate::error::{Error, code, is_busy, primary_code};
 use crate::options::SqliteOptions;
@@ -72,14 +72,7 @@ impl SqliteStore {
             .connect_with(connect)
             .await
             .map_err(|e| open_error(&options, "opening the file", e))?;
-        let hand_overs = board_for(options.path(), options.table_prefix());
-        let store = Self {
-            pool,
-            sql: Arc::new(sql),
-            options: Arc::new(options),
-            hand_overs,
-            request_watch: Arc::default(),
-        };
+        let store = Self::assemble(pool, sql, options);
         store.use_wal().await?;
         store.migrate().await?;
         tracing::debug!(path = ?store.options.path(), prefix = store.options.table_prefix(), "SQLite store open");
@@ -109,33 +102,8 @@ impl SqliteStore {
             .connect_with(connect)
             .await
             .map_err(|e| open_error(&options, "opening the file for reading", e))?;
-        let hand_overs = board_for(&path, options.table_prefix());
-        let store = Self {
-            pool,
-            sql: Arc::new(sql),
-            options: Arc::new(options),
-            hand_overs,
-            request_watch: Arc::default(),
-        };
-        let fail = |doing: &'static str| {
-            let options = store.options.clone();
-            move |e| open_error(&options, doing, e)
-        };
-        let table = format!("{}_schema", store.options.table_prefix());
-        let exists: i64 = sqlx::query_scalar(store.sql.schema_exists.clone())
-            .bind(&table)
-            .fetch_one(&store.pool)
-            .await
-            .map_err(fail("reading the schema version"))?;
-        let found = if exists > 0 {
-            sqlx::query_scalar::<_, i64>(store.sql.schema_version.clone())
-                .fetch_optional(&store.pool)
-                .await
-                .map_err(fail("reading the schema version"))?
-                .unwrap_or(0)
-        } else {
-            0
-        };
+        let store = Self::assemble(pool, sql, options);
+        let found = store.recorded_version().await?.unwrap_or(0);
         store.check_not_too_new(found)?;
         let latest = Sql::latest_version();
         if found < latest {
@@ -175,24 +143,45 @@ impl SqliteStore {
         }
     }
 
+    /// The store on `pool`, with the statements and options it was opened
+    /// with, and the hand-over board of its file and prefix.
+    fn assemble(pool: SqlitePool, sql: Sql, options: SqliteOptions) -> Self {
+        Self {
+            hand_overs: board_for(options.path(), options.table_prefix()),
+            pool,
+            sql: Arc::new(sql),
+            options: Arc::new(options),
+            request_watch: Arc::default(),
+        }
+    }
+
+    /// The schema version the file records, read without a lock: `None`
+    /// when it has no schema-version table yet, 0 when the table is empty.
+    async fn recorded_version(&self) -> Result<Option<i64>, Error> {
+        let fail = |e| open_error(&self.options, "reading the schema version", e);
+        let table = format!("{}_schema", self.options.table_prefix());
+        let exists: i64 = sqlx::query_scalar(self.sql.schema_exists.clone())
+            .bind(&table)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(fail)?;
+        if exists == 0 {
+            return Ok(None);
+        }
+        let found = sqlx::query_scalar::<_, i64>(self.sql.schema_version.clone())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(fail)?;
+        Ok(Some(found.unwrap_or(0)))
+    }
+
     /// Creates or upgrades the tables: versioned migrations inside one
     /// `BEGIN IMMEDIATE` transaction, the version re-read under the lock.
     async fn migrate(&self) -> Result<(), Error> {
         let latest = Sql::latest_version();
         let fail = |doing: &'static str| move |e| open_error(&self.options, doing, e);
         // Fast path, without the write lock: already up to date.
-        let table = format!("{}_schema", self.options.table_prefix());
-        let exists: i64 = sqlx::query_scalar(self.sql.schema_exists.clone())
-            .bind(&table)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(fail("reading the schema version"))?;
-        if exists > 0 {
-            let found = sqlx::query_scalar::<_, i64>(self.sql.schema_version.clone())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(fail("reading the schema version"))?
-                .unwrap_or(0);
+        if let Some(found) = self.recorded_version().await? {
             if found == latest {
                 return Ok(());
             }

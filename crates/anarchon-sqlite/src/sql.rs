@@ -25,88 +25,59 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (5, include_str!("../sql/migrations/0005_backfills.sql")),
 ];
 
-/// Every statement the store sends, rendered for one prefix.
-#[derive(Debug)]
-pub(crate) struct Sql {
-    pub(crate) schema_table: SqlStr,
-    pub(crate) schema_exists: SqlStr,
-    pub(crate) schema_version: SqlStr,
-    pub(crate) set_schema_version: SqlStr,
-    pub(crate) migrations: Vec<(i64, SqlStr)>,
-    pub(crate) read_run: SqlStr,
-    pub(crate) live_run_exists: SqlStr,
-    pub(crate) next_fence: SqlStr,
-    pub(crate) note_window: SqlStr,
-    pub(crate) write_run: SqlStr,
-    pub(crate) take_over: SqlStr,
-    pub(crate) interrupt: SqlStr,
-    pub(crate) peek: SqlStr,
-    pub(crate) heartbeat: SqlStr,
-    pub(crate) finish: SqlStr,
-    pub(crate) release: SqlStr,
-    pub(crate) give_back: SqlStr,
-    pub(crate) history: SqlStr,
-    pub(crate) collect_garbage: SqlStr,
-    pub(crate) jobs: SqlStr,
-    pub(crate) now: SqlStr,
-    pub(crate) pause: SqlStr,
-    pub(crate) resume: SqlStr,
-    pub(crate) pauses: SqlStr,
-    pub(crate) find_request: SqlStr,
-    pub(crate) write_request: SqlStr,
-    pub(crate) requests: SqlStr,
-    pub(crate) requests_since: SqlStr,
-    pub(crate) collect_requests: SqlStr,
+/// Declares [`Sql`]: the migrations and one field per statement, each
+/// read from the file of its name in `sql/` (`peek` from `sql/peek.sql`),
+/// so a statement's name is written once.
+macro_rules! statements {
+    ($($name:ident),+ $(,)?) => {
+        /// Every statement the store sends, rendered for one prefix.
+        #[derive(Debug)]
+        pub(crate) struct Sql {
+            pub(crate) migrations: Vec<(i64, SqlStr)>,
+            $(pub(crate) $name: SqlStr,)+
+        }
+
+        impl Sql {
+            /// Renders every statement for `prefix`.
+            ///
+            /// # Errors
+            ///
+            /// [`crate::Error::InvalidTablePrefix`] unless `prefix` is a plain
+            /// identifier: nothing is rendered, let alone sent, before that check.
+            pub(crate) fn render(prefix: &str) -> Result<Self, crate::Error> {
+                validate_prefix(prefix)?;
+                let r = |text: &str| -> SqlStr {
+                    let sql = text.replace("{prefix}", prefix).replace("{now}", NOW_MS);
+                    // The only text pasted in is the prefix, validated above to be
+                    // [A-Za-z_][A-Za-z0-9_]*, and the constant clock expression.
+                    AssertSqlSafe(sql).into_sql_str()
+                };
+                Ok(Self {
+                    migrations: MIGRATIONS.iter().map(|(v, text)| (*v, r(text))).collect(),
+                    $($name: r(include_str!(concat!("../sql/", stringify!($name), ".sql"))),)+
+                })
+            }
+
+            /// Every statement, by name, and then every migration.
+            #[cfg(test)]
+            fn all(&self) -> Vec<(&'static str, &SqlStr)> {
+                let statements = [$((stringify!($name), &self.$name)),+];
+                let migrations = self.migrations.iter().map(|(_, s)| ("migration", s));
+                statements.into_iter().chain(migrations).collect()
+            }
+        }
+    };
+}
+
+statements! {
+    schema_table, schema_exists, schema_version, set_schema_version,
+    read_run, live_run_exists, next_fence, note_window, write_run, take_over,
+    interrupt, peek, heartbeat, finish, release, give_back, history,
+    collect_garbage, jobs, now, pause, resume, pauses, find_request,
+    write_request, requests, requests_since, collect_requests,
 }
 
 impl Sql {
-    /// Renders every statement for `prefix`.
-    ///
-    /// # Errors
-    ///
-    /// [`crate::Error::InvalidTablePrefix`] unless `prefix` is a plain
-    /// identifier: nothing is rendered, let alone sent, before that check.
-    pub(crate) fn render(prefix: &str) -> Result<Self, crate::Error> {
-        validate_prefix(prefix)?;
-        let r = |text: &str| -> SqlStr {
-            let sql = text.replace("{prefix}", prefix).replace("{now}", NOW_MS);
-            // The only text pasted in is the prefix, validated above to be
-            // [A-Za-z_][A-Za-z0-9_]*, and the constant clock expression.
-            AssertSqlSafe(sql).into_sql_str()
-        };
-        Ok(Self {
-            schema_table: r(include_str!("../sql/schema_table.sql")),
-            schema_exists: r(include_str!("../sql/schema_exists.sql")),
-            schema_version: r(include_str!("../sql/schema_version.sql")),
-            set_schema_version: r(include_str!("../sql/set_schema_version.sql")),
-            migrations: MIGRATIONS.iter().map(|(v, text)| (*v, r(text))).collect(),
-            read_run: r(include_str!("../sql/read_run.sql")),
-            live_run_exists: r(include_str!("../sql/live_run_exists.sql")),
-            next_fence: r(include_str!("../sql/next_fence.sql")),
-            note_window: r(include_str!("../sql/note_window.sql")),
-            write_run: r(include_str!("../sql/write_run.sql")),
-            take_over: r(include_str!("../sql/take_over.sql")),
-            interrupt: r(include_str!("../sql/interrupt.sql")),
-            peek: r(include_str!("../sql/peek.sql")),
-            heartbeat: r(include_str!("../sql/heartbeat.sql")),
-            finish: r(include_str!("../sql/finish.sql")),
-            release: r(include_str!("../sql/release.sql")),
-            give_back: r(include_str!("../sql/give_back.sql")),
-            history: r(include_str!("../sql/history.sql")),
-            collect_garbage: r(include_str!("../sql/collect_garbage.sql")),
-            jobs: r(include_str!("../sql/jobs.sql")),
-            now: r(include_str!("../sql/now.sql")),
-            pause: r(include_str!("../sql/pause.sql")),
-            resume: r(include_str!("../sql/resume.sql")),
-            pauses: r(include_str!("../sql/pauses.sql")),
-            find_request: r(include_str!("../sql/find_request.sql")),
-            write_request: r(include_str!("../sql/write_request.sql")),
-            requests: r(include_str!("../sql/requests.sql")),
-            requests_since: r(include_str!("../sql/requests_since.sql")),
-            collect_requests: r(include_str!("../sql/collect_requests.sql")),
-        })
-    }
-
     /// The newest schema version this crate knows.
     pub(crate) fn latest_version() -> i64 {
         MIGRATIONS.last().map_or(0, |(v, _)| *v)
@@ -120,32 +91,20 @@ mod tests {
     #[test]
     fn every_placeholder_is_filled() {
         let sql = Sql::render("pfx").unwrap();
-        let all = [
-            &sql.schema_table,
-            &sql.schema_exists,
-            &sql.schema_version,
-            &sql.set_schema_version,
-            &sql.read_run,
-            &sql.live_run_exists,
-            &sql.next_fence,
-            &sql.write_run,
-            &sql.take_over,
-            &sql.interrupt,
-            &sql.peek,
-            &sql.heartbeat,
-            &sql.finish,
-            &sql.release,
-            &sql.history,
-            &sql.collect_garbage,
-            &sql.jobs,
-            &sql.now,
-            &sql.pause,
-            &sql.resume,
-            &sql.pauses,
-        ];
-        for s in all.into_iter().chain(sql.migrations.iter().map(|(_, s)| s)) {
-            assert!(!s.as_str().contains('{'), "{}", s.as_str());
-            assert!(!s.as_str().contains("anarchon_"), "{}", s.as_str());
+        for (name, s) in sql.all() {
+            assert!(!s.as_str().contains('{'), "{name}: {}", s.as_str());
+            // No table under the default prefix (comments may name Rust
+            // paths such as `anarchon_core::…`).
+            let code: Vec<&str> = s
+                .as_str()
+                .lines()
+                .map(|l| l.split("--").next().unwrap_or(""))
+                .collect();
+            assert!(
+                !code.join("\n").contains("anarchon_"),
+                "{name}: {}",
+                s.as_str()
+            );
         }
         assert!(sql.read_run.as_str().contains("pfx_runs"));
     }

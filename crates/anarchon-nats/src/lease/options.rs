@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_nats::jetstream::stream::{Config, DiscardPolicy, RetentionPolicy};
 
 use crate::error::Error;
-use crate::options::{NatsOptions, Storage, read_url};
+use crate::options::{NatsOptions, Storage, StreamOptions, read_store_url, validate_replicas};
 
 /// The KV bucket unless told otherwise.
 pub const DEFAULT_BUCKET: &str = "anarchon-leases";
@@ -67,27 +67,17 @@ impl NatsLeaseOptions {
     /// options' own errors as [`Self::validate`] and
     /// [`NatsOptions::validate`] report them.
     pub fn from_url(url: &str) -> Result<(NatsOptions, Self), Error> {
-        let mut leases = Self::new();
-        let (connection, shared) = read_url(
-            url,
-            "bucket, history, storage, replicas, timeout_ms, tls, tls_ca_file or tls_first",
-            |param| {
-                match param.key {
-                    "bucket" => leases.bucket = param.value.to_owned(),
-                    "history" => {
-                        leases.history = i64::try_from(param.number()?)
-                            .map_err(|_| param.invalid("history is too large".into()))?;
-                    }
-                    _ => return Ok(false),
+        read_store_url(url, "bucket, history", Self::new(), |leases, param| {
+            match param.key {
+                "bucket" => leases.bucket = param.value.to_owned(),
+                "history" => {
+                    leases.history = i64::try_from(param.number()?)
+                        .map_err(|_| param.invalid("history is too large".into()))?;
                 }
-                Ok(true)
-            },
-        )?;
-        leases.storage = shared.storage.unwrap_or(leases.storage);
-        leases.replicas = shared.replicas.unwrap_or(leases.replicas);
-        connection.validate()?;
-        leases.validate()?;
-        Ok((connection, leases))
+                _ => return Ok(false),
+            }
+            Ok(true)
+        })
     }
 
     /// The KV bucket (default `anarchon-leases`): 1 to 120 characters of
@@ -179,13 +169,7 @@ impl NatsLeaseOptions {
                 reason: format!("it must be between 1 and {MAX_HISTORY}"),
             });
         }
-        if !(1..=5).contains(&self.replicas) {
-            return Err(Error::InvalidOption {
-                option: "replicas",
-                reason: "it must be between 1 and 5".into(),
-            });
-        }
-        Ok(())
+        validate_replicas(self.replicas)
     }
 
     /// The stream of a new bucket: what `nats kv add` would make, with no
@@ -259,6 +243,16 @@ impl NatsLeaseOptions {
             ));
         }
         Ok(())
+    }
+}
+
+impl StreamOptions for NatsLeaseOptions {
+    fn stream_shape(&mut self) -> (&mut Storage, &mut usize) {
+        (&mut self.storage, &mut self.replicas)
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        self.validate()
     }
 }
 
