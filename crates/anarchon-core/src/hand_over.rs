@@ -81,6 +81,22 @@ impl HandOvers {
     }
 }
 
+/// A run as one line of news between processes: `<job> <slot>`, the slot
+/// as its stored number (see [`crate::Slot::as_millis`]).
+pub fn news_of(run: &RunKey) -> String {
+    format!("{} {}", run.job, run.slot.as_millis())
+}
+
+/// The run a line of news names, as [`news_of`] writes it; `None` for
+/// anything else.
+pub fn run_in_news(text: &str) -> Option<RunKey> {
+    let (job, slot) = text.split_once(' ')?;
+    Some(RunKey::new(
+        crate::name::JobName::new(job).ok()?,
+        crate::time::Slot::from_millis(slot.parse().ok()?),
+    ))
+}
+
 /// The task a store runs to hear other processes' hand-overs (a
 /// subscription, a `LISTEN`): it lives as long as the store, and is
 /// stopped when the store is dropped.
@@ -125,6 +141,16 @@ mod tests {
 
     fn run(job: &str, slot: i64) -> RunKey {
         RunKey::new(JobName::new(job).unwrap(), Slot::from_millis(slot))
+    }
+
+    #[test]
+    fn news_names_a_run_and_reads_back() {
+        for run in [run("a", 1000), run("b-2", -1_791_633_610_000)] {
+            assert_eq!(run_in_news(&news_of(&run)), Some(run));
+        }
+        assert_eq!(run_in_news("no-slot"), None);
+        assert_eq!(run_in_news("bad name! 5"), None);
+        assert_eq!(run_in_news("job five"), None);
     }
 
     #[tokio::test(start_paused = true)]

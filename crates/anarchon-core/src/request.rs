@@ -15,8 +15,6 @@
 //! and read the store's requests when they start, so a request made while
 //! no instance was up still runs once one is.
 
-use std::fmt;
-
 use crate::control::MAX_PAUSE_NOTE_LEN;
 use crate::ids::Token;
 use crate::name::JobName;
@@ -76,17 +74,7 @@ impl RequestId {
     }
 }
 
-impl fmt::Display for RequestId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for RequestId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "RequestId({})", self.0)
-    }
-}
+crate::ids::shown_as_text!(RequestId);
 
 /// The range of a backfill: the job's scheduled slots from `from` to `to`,
 /// both included.

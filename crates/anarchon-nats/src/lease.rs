@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use anarchon_core::{HandOvers, JobName, Listener, RunKey, Slot, StoreError};
+use anarchon_core::hand_over::{news_of, run_in_news};
+use anarchon_core::{HandOvers, JobName, Listener, RunKey, StoreError};
 use async_nats::jetstream::Context;
 use async_nats::jetstream::stream::Stream;
 use futures::StreamExt;
@@ -227,13 +228,7 @@ impl NatsLeaseStore {
         let listener = Listener::spawn(async move {
             while let Some(message) = news.next().await {
                 let text = String::from_utf8_lossy(&message.payload);
-                let parsed = text.split_once(' ').and_then(|(job, slot)| {
-                    Some(RunKey::new(
-                        JobName::new(job).ok()?,
-                        Slot::from_millis(slot.parse().ok()?),
-                    ))
-                });
-                match parsed {
+                match run_in_news(&text) {
                     Some(run) => board.announce(&run),
                     None => {
                         tracing::debug!(%text, "ignoring a hand-over message that names no run")
@@ -260,7 +255,7 @@ impl NatsLeaseStore {
     /// reads the run when the lease would have ended.
     async fn announce_hand_over(&self, run: &RunKey) {
         self.hand_overs.announce(run);
-        let payload = format!("{} {}", run.job, run.slot.as_millis());
+        let payload = news_of(run);
         // Flushed, so news sent just before the process exits (a release at
         // shutdown, a request from `anarchon trigger`) is not left in the
         // client's buffer.

@@ -1,6 +1,6 @@
 //! The `lease` strategy: a full lease store, each step one Lua script.
 
-use anarchon_core::hand_over::announced;
+use anarchon_core::hand_over::{announced, news_of, run_in_news};
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -107,13 +107,7 @@ async fn listen(client: redis::Client, channel: String, board: Arc<HandOvers>) {
                     let mut messages = pubsub.into_on_message();
                     while let Some(message) = messages.next().await {
                         let text = String::from_utf8_lossy(message.get_payload_bytes());
-                        let run = text.split_once(' ').and_then(|(job, slot)| {
-                            Some(RunKey::new(
-                                JobName::new(job).ok()?,
-                                Slot::from_millis(slot.parse().ok()?),
-                            ))
-                        });
-                        if let Some(run) = run {
+                        if let Some(run) = run_in_news(&text) {
                             board.announce(&run);
                         }
                     }
@@ -178,7 +172,7 @@ impl RedisLeaseStore {
         let mut pipe = redis::pipe();
         pipe.cmd("PUBLISH")
             .arg(hand_over_channel(&self.prefix))
-            .arg(format!("{} {}", run.job, run.slot.as_millis()));
+            .arg(news_of(run));
         let sent = self.link.query(&pipe, "announcing a hand-over").await;
         if let Err(error) = sent.and_then(|replies| {
             replies
