@@ -113,6 +113,30 @@ impl Listener {
     pub fn spawn(listening: impl std::future::Future<Output = ()> + Send + 'static) -> Self {
         Self(tokio::spawn(listening))
     }
+
+    /// Runs `listen` again and again until the listener is dropped: one
+    /// connection's listening, which returns (with an error, or at all)
+    /// when its connection is lost. A second passes between two tries, and
+    /// each loss is logged at debug level as `what` losing its connection.
+    ///
+    /// # Panics
+    ///
+    /// When called outside a tokio runtime.
+    pub fn reconnecting<F, Fut, E>(what: &'static str, mut listen: F) -> Self
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send,
+        E: std::fmt::Display,
+    {
+        Self::spawn(async move {
+            loop {
+                if let Err(error) = listen().await {
+                    tracing::debug!(%error, "{what} lost its connection; listening again shortly");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    }
 }
 
 impl Drop for Listener {

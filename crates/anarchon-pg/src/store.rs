@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use anarchon_core::hand_over::announced;
+use anarchon_core::hand_over::{announced, news_of, run_in_news};
 use anarchon_core::stored::{self, RunColumns};
 use anarchon_core::time::millis;
 use anarchon_core::{
     ClaimAnswers, ClaimOutcome, HandOvers, JobName, LeaseClaim, LeaseStore, Listener, Pause,
     PauseRequest, PauseScope, Pauses, Renewal, RunKey, RunOutcome, RunRecord, RunRequest,
-    RunRequests, RunState, RunView, Slot, StoreError, Timestamp, Token, TriggerRequest,
+    RunRequests, RunState, RunView, StoreError, Timestamp, Token, TriggerRequest,
 };
 use async_trait::async_trait;
 use sqlx::PgPool;
@@ -55,38 +55,25 @@ pub struct PgStore {
 }
 
 /// The channel every anarchon-pg store announces hand-overs on; the
-/// payload is `table<TAB>job<TAB>slot`, so stores of other tables ignore
+/// payload is `table<TAB>job slot` (`news_of`), so stores of other tables ignore
 /// what is not theirs.
 const HAND_OVER_CHANNEL: &str = "anarchon_hand_over";
 
-/// Listens for the table's hand-overs until aborted, connecting again
-/// (after a pause) whenever the connection is lost.
-async fn listen(pool: PgPool, table: TableName, board: Arc<HandOvers>) {
+/// Listens for the table's hand-overs on one connection until it is lost.
+async fn listen(pool: PgPool, table: TableName, board: Arc<HandOvers>) -> Result<(), sqlx::Error> {
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+    listener.listen(HAND_OVER_CHANNEL).await?;
     loop {
-        let heard = async {
-            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
-            listener.listen(HAND_OVER_CHANNEL).await?;
-            loop {
-                let note = listener.recv().await?;
-                let mut parts = note.payload().split('\t');
-                let (Some(t), Some(job), Some(slot)) = (parts.next(), parts.next(), parts.next())
-                else {
-                    continue;
-                };
-                if t != table.as_str() {
-                    continue;
-                }
-                if let (Ok(job), Ok(slot)) = (JobName::new(job), slot.parse::<i64>()) {
-                    board.announce(&RunKey::new(job, Slot::from_millis(slot)));
-                }
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), sqlx::Error>(())
+        let note = listener.recv().await?;
+        // `table<TAB><news>`: the table's news only.
+        let Some((t, news)) = note.payload().split_once('\t') else {
+            continue;
         };
-        if let Err(error) = heard.await {
-            tracing::debug!(%error, "hand-over listener lost its connection; listening again shortly");
+        if t == table.as_str()
+            && let Some(run) = run_in_news(news)
+        {
+            board.announce(&run);
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -108,7 +95,12 @@ impl PgStore {
             .min_connections(0)
             .connect_lazy_with((*pool.connect_options()).clone());
         let hand_overs = Arc::new(HandOvers::new());
-        let listener = Listener::spawn(listen(listen_pool, table.clone(), hand_overs.clone()));
+        let listener = {
+            let (table, board) = (table.clone(), hand_overs.clone());
+            Listener::reconnecting("the hand-over listener", move || {
+                listen(listen_pool.clone(), table.clone(), board.clone())
+            })
+        };
         Self {
             hand_overs,
             _listener: listener,
@@ -125,12 +117,7 @@ impl PgStore {
     /// that misses it reads the run when the lease would have ended.
     pub(crate) async fn announce_hand_over(&self, run: &RunKey) {
         self.hand_overs.announce(run);
-        let payload = format!(
-            "{}\t{}\t{}",
-            self.table.as_str(),
-            run.job,
-            run.slot.as_millis()
-        );
+        let payload = format!("{}\t{}", self.table.as_str(), news_of(run));
         let sent = sqlx::query(include_str!("../sql/announce_hand_over.sql"))
             .bind(HAND_OVER_CHANNEL)
             .bind(payload)

@@ -97,31 +97,22 @@ pub struct RedisLeaseStore {
     _listener: Listener,
 }
 
-/// Listens on `channel` until aborted, connecting again (after a pause)
-/// whenever the connection is lost.
-async fn listen(client: redis::Client, channel: String, board: Arc<HandOvers>) {
-    loop {
-        match client.get_async_pubsub().await {
-            Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
-                Ok(()) => {
-                    let mut messages = pubsub.into_on_message();
-                    while let Some(message) = messages.next().await {
-                        let text = String::from_utf8_lossy(message.get_payload_bytes());
-                        if let Some(run) = run_in_news(&text) {
-                            board.announce(&run);
-                        }
-                    }
-                }
-                Err(error) => {
-                    tracing::debug!(backend = BACKEND, %error, "could not subscribe to hand-overs");
-                }
-            },
-            Err(error) => {
-                tracing::debug!(backend = BACKEND, %error, "hand-over listener could not connect");
-            }
+/// Listens on `channel` for hand-over news on one connection until it is
+/// lost.
+async fn listen(
+    client: redis::Client,
+    channel: String,
+    board: Arc<HandOvers>,
+) -> redis::RedisResult<()> {
+    let mut pubsub = client.get_async_pubsub().await?;
+    pubsub.subscribe(&channel).await?;
+    let mut messages = pubsub.into_on_message();
+    while let Some(message) = messages.next().await {
+        if let Some(run) = run_in_news(&String::from_utf8_lossy(message.get_payload_bytes())) {
+            board.announce(&run);
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    Ok(())
 }
 
 impl fmt::Debug for RedisLeaseStore {
@@ -150,11 +141,12 @@ impl RedisLeaseStore {
         let client = redis::Client::open(connection_info(opts)?)
             .map_err(|e| Error::protocol("opening the hand-over subscription", e.to_string()))?;
         let hand_overs = Arc::new(HandOvers::new());
-        let listener = Listener::spawn(listen(
-            client,
-            hand_over_channel(&opts.prefix),
-            hand_overs.clone(),
-        ));
+        let listener = {
+            let (channel, board) = (hand_over_channel(&opts.prefix), hand_overs.clone());
+            Listener::reconnecting("the hand-over subscription", move || {
+                listen(client.clone(), channel.clone(), board.clone())
+            })
+        };
         Ok(Self {
             link,
             prefix: opts.prefix.clone(),

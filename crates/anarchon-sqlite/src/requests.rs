@@ -22,7 +22,6 @@ use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions as _, SqliteConnection};
 use std::sync::Arc;
 
-use crate::BACKEND;
 use crate::error::{bad_stored, bad_value};
 use crate::sql::Sql;
 use crate::store::SqliteStore;
@@ -143,49 +142,58 @@ impl SqliteStore {
                 .filename(self.options.path())
                 .read_only(true)
                 .busy_timeout(self.options.busy_timeout());
-            anarchon_core::Listener::spawn(watch(
-                connect,
-                self.sql.clone(),
-                self.hand_overs.clone(),
-            ))
+            let (sql, board) = (self.sql.clone(), self.hand_overs.clone());
+            let announced = Arc::default();
+            anarchon_core::Listener::reconnecting("the request watcher", move || {
+                watch(
+                    connect.clone(),
+                    sql.clone(),
+                    board.clone(),
+                    Arc::clone(&announced),
+                )
+            })
         });
     }
 }
 
-/// Watches until aborted: announces every recent request another
-/// connection wrote, opening its connection again after an error.
-async fn watch(connect: SqliteConnectOptions, sql: Arc<Sql>, board: Arc<HandOvers>) {
-    let mut announced: BTreeSet<(JobName, RequestId)> = BTreeSet::new();
+/// Watches on one connection, until it fails, for requests another
+/// connection wrote, and announces the recent ones.
+async fn watch(
+    connect: SqliteConnectOptions,
+    sql: Arc<Sql>,
+    board: Arc<HandOvers>,
+    announced: Arc<std::sync::Mutex<BTreeSet<(JobName, RequestId)>>>,
+) -> Result<(), sqlx::Error> {
+    let mut conn = connect.connect().await?;
+    let mut version: Option<i64> = None;
     loop {
-        let watched = async {
-            let mut conn = connect.connect().await?;
-            let mut version: Option<i64> = None;
-            loop {
-                let now: i64 = sqlx::query_scalar("PRAGMA data_version")
-                    .fetch_one(&mut conn)
-                    .await?;
-                if version != Some(now) {
-                    version = Some(now);
-                    announce_recent(&mut conn, &sql, &board, &mut announced).await?;
-                }
-                tokio::time::sleep(WATCH_EVERY).await;
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), sqlx::Error>(())
-        };
-        if let Err(error) = watched.await {
-            tracing::debug!(backend = BACKEND, %error, "request watcher lost its connection; watching again shortly");
+        let now: i64 = sqlx::query_scalar("PRAGMA data_version")
+            .fetch_one(&mut conn)
+            .await?;
+        if version != Some(now) {
+            version = Some(now);
+            let recent =
+                announce_recent(&mut conn, &sql, &board, &announced_copy(&announced)).await?;
+            *announced.lock().unwrap_or_else(|p| p.into_inner()) = recent;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(WATCH_EVERY).await;
     }
 }
 
+fn announced_copy(
+    announced: &std::sync::Mutex<BTreeSet<(JobName, RequestId)>>,
+) -> BTreeSet<(JobName, RequestId)> {
+    announced.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Announces the recent requests not in `announced`; returns the recent
+/// ones (only those can be new at the next look).
 async fn announce_recent(
     conn: &mut SqliteConnection,
     sql: &Sql,
     board: &HandOvers,
-    announced: &mut BTreeSet<(JobName, RequestId)>,
-) -> Result<(), sqlx::Error> {
+    announced: &BTreeSet<(JobName, RequestId)>,
+) -> Result<BTreeSet<(JobName, RequestId)>, sqlx::Error> {
     let now: i64 = sqlx::query_scalar(sql.now.clone())
         .fetch_one(&mut *conn)
         .await?;
@@ -203,7 +211,5 @@ async fn announce_recent(
         }
         recent.insert(key);
     }
-    // Only recent requests can be new; forget the rest.
-    *announced = recent;
-    Ok(())
+    Ok(recent)
 }

@@ -223,12 +223,32 @@ pub async fn similar_names_stay_apart<F: StoreFactory>(factory: &F) {
 /// `tokio::test(start_paused = true)` for in-process stores.
 #[macro_export]
 macro_rules! claim_suite {
-    ($factory:expr) => {
-        $crate::claim_suite!(
+    ($factory:expr $(, $attr:meta)?) => {
+        $crate::__with_test_attr!(__claim_checks, $factory $(, $attr)?);
+    };
+}
+
+/// Calls the kit's macro `$checks` with `$factory` and the test attribute:
+/// the one given, or by default a multi-threaded tokio test, the attribute
+/// every suite uses for stores on a server.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_test_attr {
+    ($checks:ident, $factory:expr) => {
+        $crate::$checks!(
             $factory,
             tokio::test(flavor = "multi_thread", worker_threads = 4)
         );
     };
+    ($checks:ident, $factory:expr, $attr:meta) => {
+        $crate::$checks!($factory, $attr);
+    };
+}
+
+/// The claim suite's checks, under the test attribute `$attr`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __claim_checks {
     ($factory:expr, $attr:meta) => {
         $crate::__suite_tests!(
             $factory,

@@ -139,12 +139,15 @@ pub(crate) async fn records_of<S: LeaseStore + ?Sized>(
 /// [`claim_suite!`](crate::claim_suite).
 #[macro_export]
 macro_rules! lease_suite {
-    ($factory:expr) => {
-        $crate::lease_suite!(
-            $factory,
-            tokio::test(flavor = "multi_thread", worker_threads = 4)
-        );
+    ($factory:expr $(, $attr:meta)?) => {
+        $crate::__with_test_attr!(__lease_checks, $factory $(, $attr)?);
     };
+}
+
+/// The lease suite's checks, under the test attribute `$attr`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __lease_checks {
     ($factory:expr, $attr:meta) => {
         $crate::__suite_tests!(
             $factory,

@@ -128,7 +128,7 @@ fn the_guide_lists_every_check() {
         (
             "claim_suite",
             [
-                generated(claim, "claim_suite"),
+                generated(claim, "__claim_checks"),
                 generated(scheduler, "__scheduler_claim_checks"),
             ]
             .concat(),
@@ -136,7 +136,7 @@ fn the_guide_lists_every_check() {
         (
             "lease_suite",
             [
-                generated(lease, "lease_suite"),
+                generated(lease, "__lease_checks"),
                 generated(scheduler, "__scheduler_lease_checks"),
             ]
             .concat(),
