@@ -97,14 +97,18 @@ fn lease_end(view: &RunView) -> Timestamp {
     }
 }
 
+/// Two instances of `factory`'s store: a check's cast of two processes.
+async fn two_instances<F: StoreFactory>(factory: &F) -> (Arc<F::Store>, Arc<F::Store>) {
+    (factory.instance().await, factory.instance().await)
+}
+
 /// Two instances of `factory`'s store, and a run of the job `name` at a
 /// future slot: most lease checks' cast, a holder and another instance.
 async fn two_instances_and_a_run<F: StoreFactory>(
     factory: &F,
     name: &str,
 ) -> (Arc<F::Store>, Arc<F::Store>, RunKey) {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
+    let (a, b) = two_instances(factory).await;
     (a, b, RunKey::new(job(name), future_slot(factory, 0)))
 }
 

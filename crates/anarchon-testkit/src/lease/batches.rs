@@ -11,15 +11,14 @@ use anarchon_core::{
 use crate::claim::{future_slot, job, past_slot};
 use crate::factory::StoreFactory;
 
-use super::{LONG_LEASE, lease_claim, lease_end, records_of, won};
+use super::{LONG_LEASE, lease_claim, lease_end, records_of, two_instances, won};
 
 /// `claim_many` answers in order, like claims one by one.
 pub async fn claim_many_answers_in_order<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
+    let (a, b) = two_instances(factory).await;
     let slot = future_slot(factory, 0);
     let claims_a: Vec<LeaseClaim> = (0..50)
         .map(|i| {
@@ -116,8 +115,7 @@ pub async fn claim_many_answers_with_each_runs_facts<F: StoreFactory>(factory: &
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
+    let (a, b) = two_instances(factory).await;
     let base = future_slot(factory, 0).as_millis();
     let old_base = past_slot(factory, 3_600_000).as_millis();
     for (round, size) in [1usize, 3, 7, 13].into_iter().enumerate() {

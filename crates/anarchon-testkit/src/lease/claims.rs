@@ -12,7 +12,8 @@ use crate::claim::{future_slot, job, past_slot, race};
 use crate::factory::StoreFactory;
 
 use super::{
-    LONG_LEASE, SHORT_LEASE, hold, lease_claim, short, two_instances_and_a_run, wait_out, won,
+    LONG_LEASE, SHORT_LEASE, hold, lease_claim, short, two_instances, two_instances_and_a_run,
+    wait_out, won,
 };
 
 /// 8 instances race `claim_lease` over 200 slots: one winner per slot.
@@ -206,8 +207,7 @@ pub async fn overlap_skip_waits_for_the_live_run<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
+    let (a, b) = two_instances(factory).await;
     let job = job("overlap");
     let s1 = future_slot(factory, 0);
     let s2 = Slot::from_millis(s1.as_millis() + 60_000);

@@ -12,8 +12,8 @@ use crate::claim::{future_slot, job};
 use crate::factory::StoreFactory;
 
 use super::{
-    LONG_LEASE, SHORT_LEASE, facts, hold, lease_claim, short, two_instances_and_a_run, wait_out,
-    won,
+    LONG_LEASE, SHORT_LEASE, facts, hold, lease_claim, short, two_instances,
+    two_instances_and_a_run, wait_out, won,
 };
 
 /// A finished run is `Done` for every later claim; its token is fenced for
@@ -75,8 +75,7 @@ pub async fn a_finish_sent_again_gets_the_same_answer<F: StoreFactory>(factory: 
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
+    let (a, b) = two_instances(factory).await;
     let failed = |error: &str| RunOutcome::Failed {
         error: error.to_owned(),
     };
@@ -205,8 +204,7 @@ pub async fn a_run_given_back_keeps_its_attempt<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
+    let (a, b) = two_instances(factory).await;
     let only_once = |run: &RunKey, who: &str, n: u32| {
         let mut c = lease_claim(run.clone(), Token::generate(), who);
         c.max_attempts = MaxAttempts::new(n).expect("not zero");
@@ -314,8 +312,7 @@ pub async fn a_hand_over_wakes_a_waiting_backup<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
+    let (a, b) = two_instances(factory).await;
     // Far beyond the time the check allows a wake to take.
     let patience = Duration::from_secs(30);
     let waiting = |run: &RunKey| {
@@ -413,8 +410,7 @@ pub async fn tokens_that_hold_nothing_are_fenced_and_change_nothing<F: StoreFact
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
+    let (a, b) = two_instances(factory).await;
     let stranger = Token::generate();
     let failed = || RunOutcome::Failed {
         error: "a stranger's error".to_owned(),

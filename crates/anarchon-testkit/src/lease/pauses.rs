@@ -13,7 +13,7 @@ use crate::claim::{RACERS, future_slot, job};
 use crate::factory::StoreFactory;
 
 use super::clocks::{SKEW, assert_store_clock, skewed_pair};
-use super::{lease_claim, records_of, store_now, won};
+use super::{lease_claim, records_of, store_now, two_instances, won};
 
 /// How many slots the pause checks race over.
 const PAUSED_SLOTS: i64 = 20;
@@ -195,8 +195,7 @@ pub async fn pausing_every_job_holds_each_until_resumed<F: StoreFactory>(factory
 where
     F::Store: LeaseStore,
 {
-    let operator = factory.instance().await;
-    let worker = factory.instance().await;
+    let (operator, worker) = two_instances(factory).await;
     let jobs = [job("every-job-a"), job("every-job-b")];
     let base = future_slot(factory, 0).as_millis();
     let pause = operator

@@ -12,7 +12,7 @@ use futures::future::join_all;
 use crate::claim::{RACERS, future_slot, past_slot};
 use crate::factory::StoreFactory;
 
-use super::{lease_claim, records_of, short, wait_out, won};
+use super::{lease_claim, records_of, short, two_instances, wait_out, won};
 
 /// How long a check waits for news that should come at once.
 const NEWS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -185,8 +185,7 @@ pub async fn a_triggered_run_whose_runner_dies_is_taken_over<F: StoreFactory>(fa
 where
     F::Store: LeaseStore,
 {
-    let a = factory.instance().await;
-    let b = factory.instance().await;
+    let (a, b) = two_instances(factory).await;
     let run = request(&*a, "manual-takeover", "t1")
         .await
         .run()
@@ -272,8 +271,7 @@ pub async fn a_request_is_announced_to_every_instance<F: StoreFactory>(factory: 
 where
     F::Store: LeaseStore,
 {
-    let asker = factory.instance().await;
-    let listener = factory.instance().await;
+    let (asker, listener) = two_instances(factory).await;
     let mut news = listener.announcements();
     let req = request(&*asker, "announced", "n1").await;
     let heard = tokio::time::timeout(NEWS_TIMEOUT, async {
