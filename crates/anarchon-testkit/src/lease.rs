@@ -50,6 +50,7 @@ pub use self::requests::{
     a_manual_run_is_late_by_its_request_time, a_request_is_announced_to_every_instance,
     a_triggered_run_whose_runner_dies_is_taken_over, each_trigger_is_a_run_apart_from_the_schedule,
     manual_runs_are_collected_by_their_request_time, racing_triggers_with_one_id_give_one_run,
+    status_answers_what_the_records_say,
 };
 
 /// The lease of checks that wait for one to run out.
@@ -192,6 +193,7 @@ macro_rules! __lease_checks {
             a_triggered_run_whose_runner_dies_is_taken_over,
             manual_runs_are_collected_by_their_request_time,
             a_request_is_announced_to_every_instance,
+            status_answers_what_the_records_say,
         );
         $crate::__suite_tests!(
             $factory,

@@ -287,3 +287,74 @@ where
     .expect("another instance must hear of a new request");
     assert_eq!(heard, req.run().expect("a trigger names its run"));
 }
+
+/// `Control::status` answers what the records say: a job's own pause, its
+/// latest runs newest first (a finished manual run among them), the
+/// manual run requested and not yet ended as pending, and the backfill
+/// the store keeps; a job nobody touched has none of these.
+pub async fn status_answers_what_the_records_say<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    use anarchon_core::{Backfill, Control, PauseRequest, PauseScope, Timestamp};
+    let (worker, operator) = two_instances(factory).await;
+    let control = Control::new(operator);
+    let busy = crate::claim::job("status-busy");
+    let quiet = crate::claim::job("status-quiet");
+    let done = request(&*worker, "status-busy", "done").await;
+    let done_run = done.run().expect("a trigger names its run");
+    let claim = lease_claim(done_run.clone(), Token::generate(), "worker");
+    won(worker.claim_lease(&claim).await.expect("claim"));
+    worker
+        .finish(&done_run, claim.claim.token, RunOutcome::Succeeded)
+        .await
+        .expect("finish");
+    let waiting = request(&*worker, "status-busy", "waiting").await;
+    let now = crate::lease::store_now(&*worker, &busy).await;
+    let range = Backfill::new(
+        Timestamp::from_millis(now.as_millis() - 60_000),
+        Timestamp::from_millis(now.as_millis() - 1_000),
+    )
+    .expect("range");
+    let fill = control
+        .backfill(
+            &TriggerRequest::backfill(busy.clone(), id("fill"), range),
+            None,
+        )
+        .await
+        .expect("backfill");
+    let pause = control
+        .pause(
+            &PauseScope::Job(busy.clone()),
+            &PauseRequest::new()
+                .with_reason("status check")
+                .expect("reason"),
+        )
+        .await
+        .expect("pause");
+
+    let status = control
+        .status(&[busy.clone(), quiet.clone()], 10)
+        .await
+        .expect("status");
+    let [of_busy, of_quiet] = &status.jobs[..] else {
+        panic!("one status per job asked, in order: {status:?}");
+    };
+    assert_eq!(of_busy.job, busy);
+    assert_eq!(of_busy.pause.as_ref(), Some(&pause), "{of_busy:?}");
+    assert_eq!(of_busy.recent.first().map(|r| &r.run), Some(&done_run));
+    assert_eq!(
+        of_busy.recent.first().map(|r| r.state),
+        Some(RecordState::Finished(anarchon_core::FinalState::Succeeded))
+    );
+    assert_eq!(of_busy.pending, vec![waiting], "{of_busy:?}");
+    assert_eq!(of_busy.backfills, vec![fill], "{of_busy:?}");
+    assert_eq!(of_quiet.job, quiet);
+    assert!(
+        of_quiet.pause.is_none()
+            && of_quiet.recent.is_empty()
+            && of_quiet.pending.is_empty()
+            && of_quiet.backfills.is_empty(),
+        "{of_quiet:?}"
+    );
+}
