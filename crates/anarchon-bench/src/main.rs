@@ -112,6 +112,7 @@ fn lease_claim(job: &JobName, slot: Slot, who: &InstanceId) -> LeaseClaim {
         lease: Duration::from_secs(30),
         overlap: Overlap::Allow,
         max_attempts: MaxAttempts::DEFAULT,
+        rerun_paused: false,
     }
 }
 

@@ -176,10 +176,27 @@ pub(crate) async fn backfill(
     ask: Ask,
     range: anarchon::Backfill,
     force: bool,
+    wait: bool,
     place: Where<'_>,
 ) -> anyhow::Result<()> {
     let (url, crontab, parsed) = locate(place)?;
     let job = job_name(&ask.job, crontab.as_ref())?;
+    // The range's slots, for --wait: the crontab knows the schedule.
+    let slots = match (wait, &crontab) {
+        (false, _) => Vec::new(),
+        (true, None) => return Err(Error::WaitNeedsConfig.into()),
+        (true, Some(c)) => c
+            .jobs
+            .iter()
+            .find(|j| j.name == job.as_str())
+            .map(|j| {
+                let before = range
+                    .from()
+                    .saturating_sub(std::time::Duration::from_millis(1));
+                j.schedule.slots_between(before, range.to(), usize::MAX)
+            })
+            .unwrap_or_default(),
+    };
     let id = match ask.id {
         Some(id) => RequestId::new(&id).map_err(|e| Error::RequestRefused(e.to_string()))?,
         None => RequestId::generate(),
@@ -193,24 +210,76 @@ pub(crate) async fn backfill(
         .unwrap_or(anarchon::scheduler::DEFAULT_HISTORY_RETENTION);
     let opened = open(&url, &parsed, true).await?;
     let result = async {
-        control(&opened, &parsed)?
+        let control = control(&opened, &parsed)?;
+        let stored = control
             .backfill(&request, (!force).then_some(retention))
             .await
             .map_err(|e| match e.kind() {
                 StoreErrorKind::Invalid => Error::RequestRefused(e.to_string()),
                 _ => Error::Store(e),
-            })
+            })?;
+        write_out(&format!(
+            "requested a backfill of job {job} from {} to {} at {} (store clock), {}; every instance with the job runs the slots that never ran, oldest first\n",
+            utc(range.from()),
+            utc(range.to()),
+            utc(stored.requested_at),
+            describe_request(&stored),
+        ))?;
+        if wait {
+            wait_for_backfill(&control, &job, slots).await?;
+        }
+        Ok::<_, anyhow::Error>(())
     }
     .await;
     opened.close().await;
-    let stored = result?;
-    write_out(&format!(
-        "requested a backfill of job {job} from {} to {} at {} (store clock), {}; every instance with the job runs the slots that never ran, oldest first\n",
-        utc(range.from()),
-        utc(range.to()),
-        utc(stored.requested_at),
-        describe_request(&stored),
-    ))
+    result
+}
+
+/// Waits until each of a backfill's `slots` has ended (or gave up being
+/// started); an error when one failed or was interrupted, or when none
+/// moved on within a manual run's window.
+async fn wait_for_backfill(
+    control: &Control<dyn LeaseStore>,
+    job: &JobName,
+    slots: Vec<anarchon::Slot>,
+) -> anyhow::Result<()> {
+    let total = slots.len();
+    let mut waiting: std::collections::VecDeque<_> = slots.into();
+    let mut failed = Vec::new();
+    let mut last_progress = std::time::Instant::now();
+    while let Some(&slot) = waiting.front() {
+        let run = anarchon::RunKey::new(job.clone(), slot);
+        match control.run_state(&run).await.map_err(Error::Store)?.state {
+            RunState::Finished(done) => {
+                if matches!(done, FinalState::Failed | FinalState::Interrupted) {
+                    failed.push(format!("{slot} {}", done.as_str()));
+                }
+                waiting.pop_front();
+                last_progress = std::time::Instant::now();
+                continue;
+            }
+            _ if last_progress.elapsed() > anarchon::scheduler::MANUAL_RUN_WINDOW => {
+                return Err(Error::NotStarted {
+                    job: job.to_string(),
+                    slot: slot.to_string(),
+                    window: humantime::format_duration(anarchon::scheduler::MANUAL_RUN_WINDOW)
+                        .to_string(),
+                }
+                .into());
+            }
+            _ => tokio::time::sleep(WAIT_POLL).await,
+        }
+    }
+    if failed.is_empty() {
+        write_out(&format!(
+            "the backfill of job {job} is done: each of its {total} slots has ended\n"
+        ))
+    } else {
+        Err(anyhow::anyhow!(
+            "the backfill of job {job} is done, but slots failed: {}",
+            failed.join(", ")
+        ))
+    }
 }
 
 /// How often `trigger --wait` reads the manual run.

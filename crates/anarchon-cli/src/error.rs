@@ -152,6 +152,10 @@ pub(crate) enum Error {
         window: String,
     },
 
+    /// `backfill --wait` without a crontab to read the job's slots from.
+    #[error("backfill --wait needs --config: the crontab gives the job's slots to wait for")]
+    WaitNeedsConfig,
+
     /// `pause` or `resume` with a job and `--all`, or with neither.
     #[error("name one job, or pass --all for every job of the store (not both)")]
     Scope,
@@ -182,6 +186,7 @@ impl Error {
             | Error::Scope
             | Error::BadTime { .. }
             | Error::RequestRefused(_)
+            | Error::WaitNeedsConfig
             | Error::PauseRefused(_) => true,
             Error::Open(e) => match e {
                 OpenError::Store(_) | OpenError::Missing { .. } => false,

@@ -142,6 +142,10 @@ enum Cmd {
         /// again.
         #[arg(long)]
         force: bool,
+        /// Wait until every slot of the range has ended; exit 0 if none
+        /// failed, 1 otherwise. Needs --config, for the job's schedule.
+        #[arg(long)]
+        wait: bool,
         #[command(flatten)]
         place: Place,
     },
@@ -316,12 +320,13 @@ async fn dispatch(command: Cmd) -> anyhow::Result<()> {
             id,
             by,
             force,
+            wait,
             place,
         } => {
             let range = anarchon::Backfill::new(parse_time(&from)?, parse_time(&to)?)
                 .map_err(|e| Error::RequestRefused(e.to_string()))?;
             let ask = control::Ask { job, id, by };
-            control::backfill(ask, range, force, place.as_where()).await
+            control::backfill(ask, range, force, wait, place.as_where()).await
         }
         Cmd::Status {
             job,

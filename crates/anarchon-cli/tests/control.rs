@@ -303,8 +303,9 @@ fn rfc3339(ms: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// `backfill` of the five seconds before the fleet started, when no daemon
-/// was up: each of the five slots runs once, on one daemon.
+/// `backfill --wait` of the five seconds before the fleet started, when no
+/// daemon was up: it returns once each of the five slots ran, once, on one
+/// daemon.
 fn the_fleet_backfills_the_slots_before_it(d: &Path, config: &str, fleet: &Fleet, before: i64) {
     let from = before - before.rem_euclid(1000) - 6000;
     let to = from + 4000;
@@ -317,6 +318,7 @@ fn the_fleet_backfills_the_slots_before_it(d: &Path, config: &str, fleet: &Fleet
             &rfc3339(from),
             "--to",
             &rfc3339(to),
+            "--wait",
             "--config",
             config,
         ],
@@ -324,6 +326,10 @@ fn the_fleet_backfills_the_slots_before_it(d: &Path, config: &str, fleet: &Fleet
     assert_eq!(code, 0, "{stderr}");
     assert!(
         stdout.starts_with("requested a backfill of job tick from "),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("is done: each of its 5 slots has ended"),
         "{stdout}"
     );
     let backfilled = || -> BTreeMap<i64, Vec<String>> {

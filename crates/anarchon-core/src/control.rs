@@ -430,7 +430,8 @@ impl<S: LeaseStore + ?Sized> Control<S> {
     }
 
     /// Asks for a backfill (see [`TriggerRequest::backfill`]): every
-    /// instance that has the job runs the range's slots that never ran,
+    /// instance that has the job runs the range's slots that never ran (no
+    /// record, `missed` or `paused`),
     /// oldest first, one at a time. `retention` is how long the fleet's
     /// stores keep records (the schedulers' history retention): a range
     /// that starts before it is refused, since slots whose records were

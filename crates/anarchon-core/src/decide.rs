@@ -158,7 +158,10 @@ impl ClaimDecision {
 /// `record` is the run's record as the store holds it (`None`: no
 /// record); `facts` what the store has found out so far. In order:
 ///
-/// 1. A finished run answers `Done` with how it ended.
+/// 1. A finished run answers `Done` with how it ended — except one
+///    recorded `paused` when the claim may re-run paused slots (a
+///    backfill, [`LeaseClaim::rerun_paused`]), which goes on as a `missed`
+///    one does in steps 5 and 6.
 /// 2. A running run held by the claim's own token (the same claim sent
 ///    again) answers `Won` with the record's attempt and fence, and changes
 ///    nothing.
@@ -170,10 +173,11 @@ impl ClaimDecision {
 ///    `interrupted`.
 /// 5. No record, or a `missed` one, while a pause of the job or of every
 ///    job holds at `now`: with no record, records `paused` and answers
-///    `Done(Paused)`; a `missed` record stays so and answers `Late`.
-/// 6. No record, or a `missed` one: a claim later than its `max_late`
-///    (`now - slot > max_late`) answers `Late` and records `missed` if there
-///    was no record; a claim with `Overlap::Skip` while another run of the
+///    `Done(Paused)`; a `missed` record stays so and answers `Late`, a
+///    `paused` one stays so and answers `Done(Paused)`.
+/// 6. No record, or a `missed` (or re-runnable `paused`) one: a claim later
+///    than its `max_late` (`now - slot > max_late`) answers `Late` and
+///    records `missed` if there was no record; a claim with `Overlap::Skip` while another run of the
 ///    job is live records `skipped`; otherwise the run starts.
 ///
 /// # Errors
@@ -185,6 +189,9 @@ pub fn claim(
     req: &LeaseClaim,
 ) -> Result<ClaimDecision, Needs> {
     match record.map(|r| (r, r.state)) {
+        Some((_, RecordState::Finished(FinalState::Paused))) if req.rerun_paused => {
+            not_yet_run(record, true, facts, req)
+        }
         Some((_, RecordState::Finished(state))) => {
             Ok(ClaimDecision::Answer(ClaimOutcome::Done(state)))
         }
@@ -215,28 +222,37 @@ pub fn claim(
                 ClaimDecision::Interrupt
             })
         }
-        None | Some((_, RecordState::Missed)) => {
-            let now = facts.now.ok_or(Needs::Now)?;
-            if facts.paused.ok_or(Needs::Pauses)?.holds_at(now) {
-                return Ok(if record.is_none() {
-                    ClaimDecision::RecordPaused
-                } else {
-                    ClaimDecision::Answer(ClaimOutcome::Late)
-                });
-            }
-            if now.since(req.run().slot.at()) > req.claim.max_late {
-                return Ok(if record.is_none() {
-                    ClaimDecision::RecordMissed
-                } else {
-                    ClaimDecision::Answer(ClaimOutcome::Late)
-                });
-            }
-            if req.overlap == Overlap::Skip && facts.another_run_live.ok_or(Needs::OverlapCheck)? {
-                return Ok(ClaimDecision::RecordSkipped);
-            }
-            Ok(ClaimDecision::Start)
-        }
+        None | Some((_, RecordState::Missed)) => not_yet_run(record, false, facts, req),
     }
+}
+
+/// Steps 5 and 6 of [`claim`]: a run with no record, or one recorded
+/// `missed` — or `paused` (`was_paused`) for a claim that may re-run it.
+fn not_yet_run(
+    record: Option<&LeaseRecord>,
+    was_paused: bool,
+    facts: Facts,
+    req: &LeaseClaim,
+) -> Result<ClaimDecision, Needs> {
+    let now = facts.now.ok_or(Needs::Now)?;
+    if facts.paused.ok_or(Needs::Pauses)?.holds_at(now) {
+        return Ok(match record {
+            None => ClaimDecision::RecordPaused,
+            Some(_) if was_paused => ClaimDecision::Answer(ClaimOutcome::Done(FinalState::Paused)),
+            Some(_) => ClaimDecision::Answer(ClaimOutcome::Late),
+        });
+    }
+    if now.since(req.run().slot.at()) > req.claim.max_late {
+        return Ok(if record.is_none() {
+            ClaimDecision::RecordMissed
+        } else {
+            ClaimDecision::Answer(ClaimOutcome::Late)
+        });
+    }
+    if req.overlap == Overlap::Skip && facts.another_run_live.ok_or(Needs::OverlapCheck)? {
+        return Ok(ClaimDecision::RecordSkipped);
+    }
+    Ok(ClaimDecision::Start)
 }
 
 /// [`claim`] for a store that has its clock and the job's pauses, and can
@@ -375,6 +391,7 @@ mod tests {
             lease: Duration::from_secs(30),
             overlap,
             max_attempts: MaxAttempts::new(max_attempts).unwrap(),
+            rerun_paused: false,
         }
     }
 
@@ -526,6 +543,63 @@ mod tests {
                 || panic!("asked")
             ),
             ClaimDecision::RecordPaused
+        );
+    }
+
+    #[test]
+    fn a_backfill_may_start_a_paused_slot_as_a_missed_one() {
+        let paused_rec = ended(RecordState::Finished(FinalState::Paused), None);
+        let plain = req(Token::generate(), 0, Overlap::Skip, 3);
+        let backfill = LeaseClaim {
+            rerun_paused: true,
+            ..plain.clone()
+        };
+        let quiet = f(NOW_TS, Some(false));
+        assert_eq!(
+            claim(Some(&paused_rec), quiet, &plain),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Done(
+                FinalState::Paused
+            ))),
+            "the schedule's claims leave a paused slot alone"
+        );
+        assert_eq!(
+            claim(Some(&paused_rec), quiet, &backfill),
+            Ok(ClaimDecision::Start)
+        );
+        let busy = f(NOW_TS, Some(true));
+        assert_eq!(
+            claim(Some(&paused_rec), busy, &backfill),
+            Ok(ClaimDecision::RecordSkipped)
+        );
+        let mut late = backfill.clone();
+        late.claim.max_late = Duration::ZERO;
+        late.claim.run.slot = Slot::from_millis(NOW - 1);
+        assert_eq!(
+            claim(Some(&paused_rec), quiet, &late),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Late)),
+            "too late: it stays paused"
+        );
+        let still_paused = Facts {
+            paused: Some(Paused {
+                job: Some(crate::control::PauseEnd::OnResume),
+                all: None,
+            }),
+            ..quiet
+        };
+        assert_eq!(
+            claim(Some(&paused_rec), still_paused, &backfill),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Done(
+                FinalState::Paused
+            ))),
+            "while the job is paused, it stays paused"
+        );
+        // Other finished runs are done for a backfill too.
+        let ran = ended(RecordState::Finished(FinalState::Succeeded), None);
+        assert_eq!(
+            claim(Some(&ran), quiet, &backfill),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Done(
+                FinalState::Succeeded
+            )))
         );
     }
 

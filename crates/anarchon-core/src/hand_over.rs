@@ -32,6 +32,9 @@ const BACKLOG: usize = 1024;
 #[derive(Debug)]
 pub struct HandOvers {
     news: broadcast::Sender<RunKey>,
+    /// How often the store's listener has (re)connected: news sent while it
+    /// was away is lost, and whoever depends on it reads the store.
+    reconnects: tokio::sync::watch::Sender<u64>,
 }
 
 impl Default for HandOvers {
@@ -45,7 +48,30 @@ impl HandOvers {
     pub fn new() -> Self {
         Self {
             news: broadcast::channel(BACKLOG).0,
+            reconnects: tokio::sync::watch::channel(0).0,
         }
+    }
+
+    /// Tells whoever watches [`Self::reconnections`] that the store's
+    /// listener has just (re)connected, so news may have been lost.
+    pub fn reconnected(&self) {
+        self.reconnects.send_modify(|n| *n += 1);
+    }
+
+    /// Changes after each (re)connection of the store's listener, from now
+    /// on. The scheduler reads the store's requests on each.
+    pub fn reconnections(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reconnects.subscribe()
+    }
+
+    /// Waits at most `timeout` until the store's listener has connected
+    /// once; whether it has. A store opened this way hears news from the
+    /// moment it is handed out.
+    pub async fn listening(&self, timeout: Duration) -> bool {
+        let mut connected = self.reconnects.subscribe();
+        tokio::time::timeout(timeout, connected.wait_for(|n| *n > 0))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// Tells every backup waiting for `run` that it was handed over.
@@ -165,6 +191,18 @@ mod tests {
 
     fn run(job: &str, slot: i64) -> RunKey {
         RunKey::new(JobName::new(job).unwrap(), Slot::from_millis(slot))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconnection_is_told_to_those_who_watch_from_before_it() {
+        let board = HandOvers::new();
+        assert!(!board.listening(Duration::from_millis(10)).await);
+        board.reconnected();
+        assert!(board.listening(Duration::ZERO).await);
+        let mut watcher = board.reconnections();
+        assert!(!watcher.has_changed().unwrap(), "nothing new at first");
+        board.reconnected();
+        watcher.changed().await.unwrap();
     }
 
     #[test]

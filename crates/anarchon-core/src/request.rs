@@ -133,8 +133,8 @@ impl TriggerRequest {
     }
 
     /// A request to backfill `job` over `range` under `id`: every slot of
-    /// its schedule in the range that has no record, or a `missed` one,
-    /// runs once, oldest first, one at a time.
+    /// its schedule in the range that has no record, or a `missed` or
+    /// `paused` one, runs once, oldest first, one at a time.
     pub fn backfill(job: JobName, id: RequestId, range: Backfill) -> Self {
         Self {
             backfill: Some(range),

@@ -96,6 +96,9 @@ pub struct LeaseClaim {
     pub overlap: Overlap,
     /// How many attempts the run may have in all.
     pub max_attempts: MaxAttempts,
+    /// Whether the claim may start a slot recorded `paused`, as it may one
+    /// recorded `missed`: a backfill's claims may, a schedule's may not.
+    pub rerun_paused: bool,
 }
 
 impl LeaseClaim {
@@ -110,6 +113,7 @@ impl LeaseClaim {
             lease: Self::PLAIN_LEASE,
             overlap: Overlap::Allow,
             max_attempts: MaxAttempts::DEFAULT,
+            rerun_paused: false,
         }
     }
 

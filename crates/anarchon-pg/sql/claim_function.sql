@@ -20,7 +20,8 @@ CREATE OR REPLACE FUNCTION "{{table}}_claim"(
     p_max_late     bigint[],
     p_lease        bigint[],
     p_skip         boolean[],
-    p_max_attempts integer[]
+    p_max_attempts integer[],
+    p_rerun_paused boolean[]
 )
 RETURNS TABLE (
     r_idx         integer,
@@ -51,6 +52,7 @@ BEGIN
         OR coalesce(array_length(p_lease, 1), 0) <> n
         OR coalesce(array_length(p_skip, 1), 0) <> n
         OR coalesce(array_length(p_max_attempts, 1), 0) <> n
+        OR coalesce(array_length(p_rerun_paused, 1), 0) <> n
     THEN
         RAISE EXCEPTION 'anarchon: the claim arrays differ in length' USING ERRCODE = '22023';
     END IF;
@@ -94,7 +96,10 @@ BEGIN
         r_store_now := v_now;
         v_until := least(v_now::numeric + p_lease[i], 9223372036854775807)::bigint;
 
-        IF NOT v_found OR v_run.state = 'missed' THEN
+        -- A slot nobody ran, or one recorded missed (or, for a backfill's
+        -- claim, paused): steps 5 and 6 of `decide::claim`.
+        IF NOT v_found OR v_run.state = 'missed'
+           OR (v_run.state = 'paused' AND p_rerun_paused[i]) THEN
             IF EXISTS (
                 SELECT 1
                   FROM "{{table}}_pauses" AS p
@@ -102,10 +107,13 @@ BEGIN
                    AND (p.until IS NULL OR v_now < p.until)
             ) THEN
                 -- The job, or every job, is paused: a slot nobody ran is
-                -- recorded so and runs nowhere; a missed one stays missed.
+                -- recorded so and runs nowhere; a missed or paused one
+                -- stays so.
                 IF NOT v_found THEN
                     INSERT INTO "{{table}}" (job, slot, state, finished_at)
                     VALUES (v_job, v_slot, 'paused', v_now);
+                    r_outcome := 'paused';
+                ELSIF v_run.state = 'paused' THEN
                     r_outcome := 'paused';
                 ELSE
                     r_outcome := 'late';

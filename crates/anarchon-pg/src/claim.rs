@@ -29,6 +29,7 @@ impl PgStore {
         let mut leases = Vec::with_capacity(n);
         let mut skip = Vec::with_capacity(n);
         let mut max_attempts = Vec::with_capacity(n);
+        let mut rerun_paused = Vec::with_capacity(n);
         for req in reqs {
             jobs.push(req.run().job.as_str().to_owned());
             slots.push(req.run().slot.as_millis());
@@ -38,6 +39,7 @@ impl PgStore {
             leases.push(millis(req.lease));
             skip.push(req.overlap == Overlap::Skip);
             max_attempts.push(i32::try_from(req.max_attempts.get()).unwrap_or(i32::MAX));
+            rerun_paused.push(req.rerun_paused);
         }
         let action = || match reqs {
             [one] => format!("claiming {}", one.run()),
@@ -53,6 +55,7 @@ impl PgStore {
                 .bind(&leases[..])
                 .bind(&skip[..])
                 .bind(&max_attempts[..])
+                .bind(&rerun_paused[..])
                 .fetch_all(conn)
         })?;
         let mut out: Vec<Option<Result<ClaimOutcome, Error>>> = (0..n).map(|_| None).collect();

@@ -144,7 +144,7 @@ impl PgStore {
             // connection is found by the call itself and replaced.
             .test_before_acquire(false)
             .connect_lazy_with(connect);
-        Ok(Self::assemble(pool, options.table))
+        Ok(Self::assemble(pool, options.table).listening().await)
     }
 
     /// A store on an existing pool (whose connections must reach the
@@ -163,7 +163,7 @@ impl PgStore {
         })?;
         prepare_schema(&mut conn, &table, migrate).await?;
         drop(conn);
-        Ok(Self::assemble(pool, table))
+        Ok(Self::assemble(pool, table).listening().await)
     }
 }
 

@@ -59,10 +59,15 @@ pub struct PgStore {
 /// what is not theirs.
 const HAND_OVER_CHANNEL: &str = "anarchon_hand_over";
 
+/// How long opening a store waits for its `LISTEN` to hold.
+const LISTEN_WAIT: Duration = Duration::from_secs(1);
+
 /// Listens for the table's hand-overs on one connection until it is lost.
 async fn listen(pool: PgPool, table: TableName, board: Arc<HandOvers>) -> Result<(), sqlx::Error> {
     let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
     listener.listen(HAND_OVER_CHANNEL).await?;
+    // Listening again after a loss: what was sent meanwhile is lost.
+    board.reconnected();
     loop {
         let note = listener.recv().await?;
         // `table<TAB><news>`: the table's news only.
@@ -110,6 +115,15 @@ impl PgStore {
             statements: AtomicU64::new(0),
             resends,
         }
+    }
+
+    /// The store once its `LISTEN` holds (or a second has passed), so it
+    /// hears every hand-over and request from then on.
+    pub(crate) async fn listening(self) -> Self {
+        if !self.hand_overs.listening(LISTEN_WAIT).await {
+            tracing::debug!(table = %self.table, "the hand-over listener is not connected yet; news before it is missed");
+        }
+        self
     }
 
     /// Tells the backups of every store on the table (this one at once)

@@ -80,6 +80,7 @@ fn claim(job: &str, slot: i64) -> LeaseClaim {
         lease: Duration::from_secs(30),
         overlap: Overlap::Skip,
         max_attempts: MaxAttempts::DEFAULT,
+        rerun_paused: false,
     }
 }
 

@@ -15,6 +15,7 @@
 --         Cluster it would lie in another hash slot than the job's keys)
 -- ARGV[1] slot (ms)  ARGV[2] token  ARGV[3] instance  ARGV[4] max_late (ms)
 -- ARGV[5] lease (ms) ARGV[6] 'skip' or 'allow'  ARGV[7] max_attempts
+-- ARGV[8] '1' if the claim may start a slot recorded `paused` (a backfill)
 --
 -- Returns {kind, attempt, fence, lease_until, now, state}; kind is one of
 -- won, running, done, late, overlap.
@@ -58,15 +59,18 @@ local function holds(key)
   return not pause[2] or now < tonumber(pause[2])
 end
 
--- 5 and 6. No record, or only a `missed` one.
-if state == nil or state == 'missed' then
+-- 5 and 6. No record, or only a `missed` one (or, for a backfill, a
+-- `paused` one).
+local rerun_paused = state == 'paused' and ARGV[8] == '1'
+if state == nil or state == 'missed' or rerun_paused then
   -- 5. The job or every job is paused: a fresh slot is recorded `paused`
-  -- (nobody's, like a skipped one); a missed slot stays missed.
+  -- (nobody's, like a skipped one); a missed or paused slot stays so.
   if holds(KEYS[6]) or holds(KEYS[7]) then
     if state == nil then
       write({state = 'paused', finished = int(now)})
       return {'done', 0, 0, 0, now, 'paused'}
     end
+    if rerun_paused then return {'done', 0, 0, 0, now, 'paused'} end
     return {'late', 0, 0, 0, now, ''}
   end
   -- 6. Late, overlapping, or it starts.

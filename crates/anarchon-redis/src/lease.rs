@@ -106,6 +106,8 @@ async fn listen(
 ) -> redis::RedisResult<()> {
     let mut pubsub = client.get_async_pubsub().await?;
     pubsub.subscribe(&channel).await?;
+    // Subscribed again after a loss: what was sent meanwhile is lost.
+    board.reconnected();
     let mut messages = pubsub.into_on_message();
     while let Some(message) = messages.next().await {
         if let Some(run) = run_in_news(&String::from_utf8_lossy(message.get_payload_bytes())) {
@@ -147,6 +149,13 @@ impl RedisLeaseStore {
                 listen(client.clone(), channel.clone(), board.clone())
             })
         };
+        // Hand out the store once it hears news (or a second has passed).
+        if !hand_overs.listening(Duration::from_secs(1)).await {
+            tracing::debug!(
+                backend = BACKEND,
+                "the hand-over subscription is not up yet; news before it is missed"
+            );
+        }
         Ok(Self {
             link,
             prefix: opts.prefix.clone(),
@@ -229,6 +238,7 @@ impl RedisLeaseStore {
                 }
                 .to_owned(),
                 req.max_attempts.get().to_string(),
+                if req.rerun_paused { "1" } else { "0" }.to_owned(),
             ],
         }
     }

@@ -419,6 +419,7 @@ mod tests {
                 lease: Duration::from_secs(30),
                 overlap: Overlap::Allow,
                 max_attempts: MaxAttempts::DEFAULT,
+                rerun_paused: false,
             };
             assert!(matches!(
                 store.claim_lease(&claim).await.unwrap(),

@@ -27,6 +27,7 @@ fn claim(job: &str, slot: Slot, token: Token) -> LeaseClaim {
         lease: Duration::from_secs(30),
         overlap: Overlap::Allow,
         max_attempts: MaxAttempts::DEFAULT,
+        rerun_paused: false,
     }
 }
 

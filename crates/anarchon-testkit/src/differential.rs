@@ -121,19 +121,22 @@ struct ClaimCase {
     from_holder: bool,
     /// The job is paused when the request comes.
     paused: bool,
+    /// The claim may start a slot recorded `paused` (a backfill's).
+    rerun_paused: bool,
 }
 
 /// Every claim case: 16 records × 3 other runs × fresh or late × 2 overlap
 /// rules × 1–3 attempts × holder or stranger, with the job not paused; and
 /// the same records, other runs, lateness and overlap rules from a stranger
-/// allowed 3 attempts while the job is paused.
+/// allowed 3 attempts while the job is paused; and both of those from a
+/// stranger whose claim may re-run a paused slot (a backfill's).
 fn claim_cases() -> Vec<ClaimCase> {
     let mut cases = Vec::new();
     for prior in PRIORS {
         for other in [Other::None, Other::Live, Other::RunOut] {
             for late in [false, true] {
                 for overlap in [Overlap::Allow, Overlap::Skip] {
-                    let case = |max_attempts, from_holder, paused| ClaimCase {
+                    let case = |max_attempts, from_holder, paused, rerun_paused| ClaimCase {
                         prior,
                         other,
                         late,
@@ -141,13 +144,16 @@ fn claim_cases() -> Vec<ClaimCase> {
                         max_attempts,
                         from_holder,
                         paused,
+                        rerun_paused,
                     };
                     for max_attempts in 1..=3 {
                         for from_holder in [false, true] {
-                            cases.push(case(max_attempts, from_holder, false));
+                            cases.push(case(max_attempts, from_holder, false, false));
                         }
                     }
-                    cases.push(case(3, false, true));
+                    cases.push(case(3, false, true, false));
+                    cases.push(case(3, false, false, true));
+                    cases.push(case(3, false, true, true));
                 }
             }
         }
@@ -163,6 +169,7 @@ fn planting(run: &RunKey, token: Token, max_late: Duration, max_attempts: u32) -
         lease: LONG_LEASE,
         overlap: Overlap::Allow,
         max_attempts: MaxAttempts::new(max_attempts).expect("not zero"),
+        rerun_paused: false,
     }
 }
 
@@ -394,6 +401,7 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
         lease: LONG_LEASE,
         overlap: case.overlap,
         max_attempts: MaxAttempts::new(case.max_attempts).expect("not zero"),
+        rerun_paused: case.rerun_paused,
     };
     claim.claim.max_late = MAX_LATE;
     let now = store_now(store, &job).await;

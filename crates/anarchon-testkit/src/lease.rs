@@ -66,6 +66,7 @@ pub fn lease_claim(run: RunKey, token: Token, instance: &str) -> LeaseClaim {
         lease: LONG_LEASE,
         overlap: Overlap::Allow,
         max_attempts: MaxAttempts::DEFAULT,
+        rerun_paused: false,
     }
 }
 

@@ -295,7 +295,8 @@ where
 
 /// A backfill over six past slots of a per-second job, asked by a process
 /// that runs no scheduler, runs among three schedulers each slot that has
-/// no record or a `missed` one, once, and not the slot that already ran.
+/// no record or a `missed` or `paused` one, once, oldest first, and not the
+/// slot that already ran.
 pub async fn a_backfill_runs_each_slot_that_never_ran_once<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
@@ -320,6 +321,7 @@ where
         lease: Duration::from_secs(30),
         overlap: Overlap::Allow,
         max_attempts: MaxAttempts::DEFAULT,
+        rerun_paused: false,
     };
     // Slot 1 ran; slot 2 was missed.
     let ran = claim(1, Duration::from_secs(3600));
@@ -336,6 +338,20 @@ where
         operator.claim_lease(&late).await.expect("claim"),
         ClaimOutcome::Late
     );
+    // Slot 3 was claimed while the job was paused.
+    let scope = anarchon_core::PauseScope::Job(job.clone());
+    operator
+        .pause(&scope, &anarchon_core::PauseRequest::new())
+        .await
+        .expect("pause");
+    assert_eq!(
+        operator
+            .claim_lease(&claim(3, Duration::from_secs(3600)))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Done(anarchon_core::FinalState::Paused)
+    );
+    operator.resume(&scope).await.expect("resume");
 
     let log = log();
     let schedulers = three_schedulers(factory, name, &every_second(), &log).await;
@@ -347,6 +363,7 @@ where
         .expect("backfill");
     assert_eq!(stored.backfill, Some(range));
     assert_eq!(stored.run(), None, "a backfill has no manual run");
+    // 0, 4 and 5 had no record, 2 was missed, 3 was paused.
     let wanted: Vec<Slot> = [0, 2, 3, 4, 5].into_iter().map(slot).collect();
     wait_for(&log, "the backfilled slots to run", |e| {
         wanted.iter().all(|w| e.iter().any(|s| s.slot == *w))

@@ -116,6 +116,7 @@ pub(crate) fn lease_claim(inner: &Inner, job: &JobSpec, slot: Slot, token: Token
         lease: inner.lease,
         overlap: job.overlap,
         max_attempts: job.max_attempts,
+        rerun_paused: false,
     }
 }
 

@@ -5,13 +5,15 @@
 //! the scheduler then reads the requests and claims each recent manual run
 //! of a job it has, at once, like a slot that is due, and starts a worker
 //! for each backfill of such a job. It also reads the requests when it
-//! starts and whenever it may have missed news, so a request made while no
-//! instance was up, or whose news was lost, still runs. The claims decide
+//! starts, whenever it may have missed news (its receiver lagged, or the
+//! store's listener reconnected) and every ten minutes, so a request made
+//! while no instance was up, or whose news was lost, still runs. The claims decide
 //! who runs what: one instance wins each run, the others are its backups.
 //!
 //! A backfill worker walks its range's slots oldest first. It claims each
-//! with a late window that covers it (so a slot with no record, or a
-//! `missed` one, runs; one that ran answers `Done`) and waits until the
+//! with a late window that covers it, as a claim that may re-run a paused
+//! slot (so a slot with no record, or a `missed` or `paused` one, runs;
+//! one that ran answers `Done`) and waits until the
 //! slot's run has ended before it claims the next, taking the run over if
 //! its runner dies. Every instance walks the same slots in the same order,
 //! so the fleet runs one slot of the backfill at a time; one worker per
@@ -59,11 +61,14 @@ pub(crate) async fn watch(inner: Arc<Inner>) {
     // Subscribe before the first read, so a request made in between is
     // heard, not lost.
     let mut news = store.announcements();
+    let mut reconnects = store.hand_overs().reconnections();
     let mut seen = Seen::default();
     read_requests(&inner, store, &mut seen).await;
     loop {
         let heard = tokio::select! {
             heard = news.recv() => heard,
+            // The listener reconnected: news sent meanwhile is lost.
+            Ok(()) = reconnects.changed() => Err(RecvError::Lagged(0)),
             () = tokio::time::sleep(READ_AGAIN_EVERY) => Err(RecvError::Lagged(0)),
             () = inner.stop.cancelled() => return,
         };
@@ -148,8 +153,10 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
                 return;
             }
             let mut claim = lease_claim(inner, &job, slot, Token::generate());
-            // A window that covers the slot, on any clock a little off.
+            // A window that covers the slot, on any clock a little off; and
+            // a slot recorded `paused` may run too.
             claim.claim.max_late = inner.clock.now().since(slot.at()) + MANUAL_RUN_WINDOW;
+            claim.rerun_paused = true;
             let outcome = match within(CALL_TIMEOUT, store.claim_lease(&claim)).await {
                 Ok(outcome) => outcome,
                 Err(error) => {

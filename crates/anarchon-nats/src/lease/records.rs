@@ -506,6 +506,9 @@ pub(crate) fn decide(
             Effect::Job
         }
         ClaimDecision::Start => {
+            // A backfill may start a slot recorded `paused` in the
+            // document: the live run replaces that record.
+            doc.ended.remove(&slot);
             doc.live.insert(
                 slot,
                 LiveRun {
@@ -567,6 +570,7 @@ mod tests {
             lease: LEASE,
             overlap: Overlap::Allow,
             max_attempts: MaxAttempts::new(2).expect("2"),
+            rerun_paused: false,
         }
     }
 

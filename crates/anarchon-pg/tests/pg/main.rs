@@ -60,6 +60,7 @@ fn claim(run: RunKey, token: Token, instance: &str, overlap: Overlap) -> LeaseCl
         lease: Duration::from_secs(30),
         overlap,
         max_attempts: MaxAttempts::DEFAULT,
+        rerun_paused: false,
     }
 }
 
