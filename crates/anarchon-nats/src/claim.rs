@@ -315,7 +315,7 @@ impl NatsClaimStore {
             client,
             jetstream,
             url,
-        } = connect(connection).await?;
+        } = connect(connection, None).await?;
         let timeout = connection.timeout();
         let (window, _stream) = ensure_stream(
             &jetstream,

@@ -6,7 +6,10 @@
 //! their time limit and fail with a temporary error, which the scheduler
 //! retries with the same token.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use anarchon_core::HandOvers;
 
 use async_nats::jetstream::context::{
     CreateStreamErrorKind, GetStreamErrorKind, RequestError, RequestErrorKind,
@@ -30,7 +33,10 @@ pub(crate) struct Connected {
 }
 
 /// Connects with `options` and checks that JetStream answers.
-pub(crate) async fn connect(options: &NatsOptions) -> Result<Connected, Error> {
+pub(crate) async fn connect(
+    options: &NatsOptions,
+    board: Option<Arc<HandOvers>>,
+) -> Result<Connected, Error> {
     options.validate()?;
     let parsed = options.parse_url()?;
     let url = options.redacted_url();
@@ -38,6 +44,19 @@ pub(crate) async fn connect(options: &NatsOptions) -> Result<Connected, Error> {
         .connection_timeout(options.connect_timeout())
         .request_timeout(Some(options.timeout()))
         .name(options.get_connection_name());
+    if let Some(board) = board {
+        // Messages published while the client was away are lost: each
+        // (re)connection tells the board, and the scheduler reads the
+        // requests then.
+        connect = connect.event_callback(move |event| {
+            let board = board.clone();
+            async move {
+                if matches!(event, async_nats::Event::Connected) {
+                    board.reconnected();
+                }
+            }
+        });
+    }
     if options.uses_tls() {
         // Without a CA file async-nats builds its TLS configuration from
         // rustls's process-wide provider: make sure there is one.

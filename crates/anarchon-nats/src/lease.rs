@@ -201,11 +201,12 @@ impl NatsLeaseStore {
         leases: NatsLeaseOptions,
     ) -> Result<Self, Error> {
         leases.validate()?;
+        let hand_overs = Arc::new(HandOvers::new());
         let Connected {
             client,
             jetstream,
             url,
-        } = connect(connection).await?;
+        } = connect(connection, Some(hand_overs.clone())).await?;
         let timeout = connection.timeout();
         let ((), stream) = ensure_stream(
             &jetstream,
@@ -216,7 +217,6 @@ impl NatsLeaseStore {
             |config| leases.verify(config),
         )
         .await?;
-        let hand_overs = Arc::new(HandOvers::new());
         let mut news = client
             .subscribe(hand_over_subject(leases.bucket()))
             .await
