@@ -171,6 +171,30 @@ pub(crate) struct Ask {
     pub(crate) by: Option<String>,
 }
 
+impl Ask {
+    /// The request for `job` (checked already): a manual run, or with
+    /// `range` a backfill; its id as typed or a new one, its author as
+    /// typed or `user@host`.
+    fn request(
+        self,
+        job: JobName,
+        range: Option<anarchon::Backfill>,
+    ) -> Result<TriggerRequest, Error> {
+        let refused = |e: anarchon::request::RequestRefused| Error::RequestRefused(e.to_string());
+        let id = match self.id {
+            Some(id) => RequestId::new(&id).map_err(refused)?,
+            None => RequestId::generate(),
+        };
+        let request = match range {
+            Some(range) => TriggerRequest::backfill(job, id, range),
+            None => TriggerRequest::new(job, id),
+        };
+        request
+            .with_by(&self.by.unwrap_or_else(default_author))
+            .map_err(refused)
+    }
+}
+
 /// `anarchon backfill`.
 pub(crate) async fn backfill(
     ask: Ask,
@@ -197,13 +221,7 @@ pub(crate) async fn backfill(
             })
             .unwrap_or_default(),
     };
-    let id = match ask.id {
-        Some(id) => RequestId::new(&id).map_err(|e| Error::RequestRefused(e.to_string()))?,
-        None => RequestId::generate(),
-    };
-    let request = TriggerRequest::backfill(job.clone(), id, range)
-        .with_by(&ask.by.unwrap_or_else(default_author))
-        .map_err(|e| Error::RequestRefused(e.to_string()))?;
+    let request = ask.request(job.clone(), Some(range))?;
     let retention = crontab
         .as_ref()
         .and_then(|c| c.history_retention)
@@ -286,22 +304,10 @@ async fn wait_for_backfill(
 const WAIT_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// `anarchon trigger`.
-pub(crate) async fn trigger(
-    job: String,
-    id: Option<String>,
-    by: Option<String>,
-    wait: bool,
-    place: Where<'_>,
-) -> anyhow::Result<()> {
+pub(crate) async fn trigger(ask: Ask, wait: bool, place: Where<'_>) -> anyhow::Result<()> {
     let (url, crontab, parsed) = locate(place)?;
-    let job = job_name(&job, crontab.as_ref())?;
-    let id = match id {
-        Some(id) => RequestId::new(&id).map_err(|e| Error::RequestRefused(e.to_string()))?,
-        None => RequestId::generate(),
-    };
-    let request = TriggerRequest::new(job.clone(), id)
-        .with_by(&by.unwrap_or_else(default_author))
-        .map_err(|e| Error::RequestRefused(e.to_string()))?;
+    let job = job_name(&ask.job, crontab.as_ref())?;
+    let request = ask.request(job.clone(), None)?;
     let opened = open(&url, &parsed, true).await?;
     let result = async {
         let control = control(&opened, &parsed)?;

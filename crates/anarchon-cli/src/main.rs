@@ -312,7 +312,7 @@ async fn dispatch(command: Cmd) -> anyhow::Result<()> {
             by,
             wait,
             place,
-        } => control::trigger(job, id, by, wait, place.as_where()).await,
+        } => control::trigger(control::Ask { job, id, by }, wait, place.as_where()).await,
         Cmd::Backfill {
             job,
             from,
