@@ -502,7 +502,7 @@ impl<S: LeaseStore + ?Sized> Control<S> {
                     continue;
                 };
                 let pending_now = match self.store.peek(&run).await?.state {
-                    RunState::Running { .. } => true,
+                    RunState::Running { .. } | RunState::RetryPending { .. } => true,
                     RunState::Absent => request.requested_at >= oldest,
                     RunState::Missed | RunState::Finished(_) => false,
                 };

@@ -20,6 +20,7 @@
 
 use crate::control::Paused;
 use crate::ids::{Attempt, Fence, Token};
+use crate::retry::{AttemptEnd, PastAttempts, RetryPlan};
 use crate::store::{
     ClaimOutcome, FinalState, LeaseClaim, Overlap, RecordState, Renewal, RunOutcome, Win,
 };
@@ -39,12 +40,25 @@ pub struct LeaseRecord {
     pub fence: Option<Fence>,
     /// When the holder's lease ends, by the store's clock.
     pub lease_until: Option<Timestamp>,
+    /// For a failed run whose retry is pending: when it is due.
+    pub retry_at: Option<Timestamp>,
 }
 
 impl LeaseRecord {
     /// Whether `token` holds the run now: it is running and `token` won it.
     pub fn held_by(&self, token: Token) -> bool {
         self.state == RecordState::Running && self.holder == Some(token)
+    }
+
+    /// Until when the run counts as going on for the overlap check: a
+    /// running run until its lease ends, a failed one until its retry is
+    /// due. `None` for a run that is over.
+    pub fn live_until(&self) -> Option<Timestamp> {
+        match self.state {
+            RecordState::Running => self.lease_until,
+            RecordState::Finished(FinalState::Failed) => self.retry_at,
+            _ => None,
+        }
     }
 }
 
@@ -55,8 +69,10 @@ pub enum Needs {
     /// with `now`.
     Now,
     /// The claim's job skips overlapping runs: find out whether a run of
-    /// the job other than this one holds a lease alive at `now`
-    /// (`lease_until >= now`) and decide again with the answer.
+    /// the job other than this one is live at `now` — holds a lease alive
+    /// (`lease_until >= now`), or failed with a retry not yet due
+    /// (`retry_at >= now`; see [`LeaseRecord::live_until`]) — and decide
+    /// again with the answer.
     OverlapCheck,
     /// The slot could start: read the pauses of the job and of the
     /// namespace and decide again with them.
@@ -69,8 +85,8 @@ pub enum Needs {
 pub struct Facts {
     /// The store's clock.
     pub now: Option<Timestamp>,
-    /// Whether a run of the job other than this one holds a lease alive at
-    /// `now`.
+    /// Whether a run of the job other than this one is live at `now`
+    /// ([`Needs::OverlapCheck`]).
     pub another_run_live: Option<bool>,
     /// The pauses of the job and of the namespace.
     pub paused: Option<Paused>,
@@ -127,29 +143,67 @@ pub enum ClaimDecision {
     /// `interrupted`, finished now. Answer
     /// [`ClaimOutcome::Done`]`(Interrupted)`.
     Interrupt,
+    /// The run failed and its retry is due: the record runs again with
+    /// `attempt`, the claim's token and instance, a new fence and a lease
+    /// ending the claim's lease after now; its due time, finish time and
+    /// error are cleared, and the failed attempt joins its past attempts.
+    /// Answer [`ClaimOutcome::Won`] with that attempt and fence.
+    Retry {
+        /// The retry's attempt: the one after the failed one.
+        attempt: Attempt,
+    },
+    /// The claim's own token holds the run (the same claim sent again):
+    /// change nothing; answer [`ClaimOutcome::Won`] with the record's
+    /// attempt and fence.
+    Resent {
+        /// The record's attempt.
+        attempt: Attempt,
+        /// The record's fence.
+        fence: Option<Fence>,
+    },
 }
 
 impl ClaimDecision {
     /// The answer to send once the decision is applied; `fence` is the one
-    /// handed out for [`Self::Start`] and [`Self::TakeOver`].
-    pub fn outcome(self, fence: Option<Fence>) -> ClaimOutcome {
+    /// handed out for [`Self::Start`], [`Self::TakeOver`] and
+    /// [`Self::Retry`], and `past` the run's past attempts as the decision
+    /// left them (they tell a win how its attempt came to run).
+    pub fn outcome(self, fence: Option<Fence>, past: &PastAttempts) -> ClaimOutcome {
         match self {
             ClaimDecision::Answer(outcome) => outcome,
             ClaimDecision::RecordMissed => ClaimOutcome::Late,
             ClaimDecision::RecordSkipped => ClaimOutcome::Overlap,
             ClaimDecision::RecordPaused => ClaimOutcome::Done(FinalState::Paused),
-            ClaimDecision::Start => ClaimOutcome::Won(Win {
-                attempt: Attempt::FIRST,
-                fence,
-            }),
-            ClaimDecision::TakeOver { attempt } => ClaimOutcome::Won(Win { attempt, fence }),
+            ClaimDecision::Start => ClaimOutcome::Won(Win::first(fence)),
+            ClaimDecision::TakeOver { attempt } | ClaimDecision::Retry { attempt } => {
+                ClaimOutcome::Won(past.win(attempt, fence))
+            }
+            ClaimDecision::Resent { attempt, fence } => ClaimOutcome::Won(past.win(attempt, fence)),
             ClaimDecision::Interrupt => ClaimOutcome::Done(FinalState::Interrupted),
         }
     }
 
     /// Whether applying the decision hands out a new fence.
     pub fn needs_fence(&self) -> bool {
-        matches!(self, ClaimDecision::Start | ClaimDecision::TakeOver { .. })
+        matches!(
+            self,
+            ClaimDecision::Start | ClaimDecision::TakeOver { .. } | ClaimDecision::Retry { .. }
+        )
+    }
+
+    /// How the record's latest attempt ended, if applying the decision
+    /// ends it and starts another: a retry follows a failed attempt, a
+    /// takeover with the next attempt one whose lease ran out. (A run
+    /// given back before its handler started runs the same attempt again,
+    /// which ended nothing.)
+    pub fn ends_attempt(&self, record: Option<&LeaseRecord>) -> Option<AttemptEnd> {
+        match (self, record.and_then(|r| r.attempt)) {
+            (ClaimDecision::Retry { .. }, _) => Some(AttemptEnd::Failed),
+            (ClaimDecision::TakeOver { attempt }, Some(was)) if *attempt != was => {
+                Some(AttemptEnd::TakenOver)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -161,7 +215,11 @@ impl ClaimDecision {
 /// 1. A finished run answers `Done` with how it ended — except one
 ///    recorded `paused` when the claim may re-run paused slots (a
 ///    backfill, [`LeaseClaim::rerun_paused`]), which goes on as a `missed`
-///    one does in steps 5 and 6.
+///    one does in steps 5 and 6, and a `failed` one whose retry is pending:
+///    before its due time (`now < retry_at`) it answers `Running` with the
+///    due time as the lease's end, from then on the retry starts with the
+///    next attempt. A retry is neither late nor paused: it belongs to a
+///    run that started.
 /// 2. A running run held by the claim's own token (the same claim sent
 ///    again) answers `Won` with the record's attempt and fence, and changes
 ///    nothing.
@@ -177,8 +235,9 @@ impl ClaimDecision {
 ///    `paused` one stays so and answers `Done(Paused)`.
 /// 6. No record, or a `missed` (or re-runnable `paused`) one: a claim later
 ///    than its `max_late` (`now - slot > max_late`) answers `Late` and
-///    records `missed` if there was no record; a claim with `Overlap::Skip` while another run of the
-///    job is live records `skipped`; otherwise the run starts.
+///    records `missed` if there was no record; a claim with `Overlap::Skip`
+///    while another run of the job is live (a live lease, or a retry not
+///    yet due) records `skipped`; otherwise the run starts.
 ///
 /// # Errors
 ///
@@ -192,16 +251,30 @@ pub fn claim(
         Some((_, RecordState::Finished(FinalState::Paused))) if req.rerun_paused => {
             not_yet_run(record, true, facts, req)
         }
+        Some((rec, RecordState::Finished(FinalState::Failed))) if rec.retry_at.is_some() => {
+            let now = facts.now.ok_or(Needs::Now)?;
+            let retry_at = rec.retry_at.unwrap_or(now);
+            Ok(if now < retry_at {
+                ClaimDecision::Answer(ClaimOutcome::Running {
+                    lease_until: retry_at,
+                    store_now: now,
+                })
+            } else {
+                ClaimDecision::Retry {
+                    attempt: rec.attempt.unwrap_or(Attempt::FIRST).next(),
+                }
+            })
+        }
         Some((_, RecordState::Finished(state))) => {
             Ok(ClaimDecision::Answer(ClaimOutcome::Done(state)))
         }
         Some((rec, RecordState::Running)) => {
             let attempt = rec.attempt.unwrap_or(Attempt::FIRST);
             if rec.holder == Some(req.claim.token) {
-                return Ok(ClaimDecision::Answer(ClaimOutcome::Won(Win {
+                return Ok(ClaimDecision::Resent {
                     attempt,
                     fence: rec.fence,
-                })));
+                });
             }
             let now = facts.now.ok_or(Needs::Now)?;
             let lease_until = rec.lease_until.unwrap_or(now);
@@ -299,6 +372,13 @@ pub enum FinishDecision {
     Finish {
         /// The state it ends in.
         state: FinalState,
+        /// For a failure with a retry: when the retry is due (the record
+        /// keeps it as its `retry_at`).
+        retry_at: Option<Timestamp>,
+        /// A failure whose retry was asked for but would have been due at
+        /// or after the job's next slot: the record's error gets
+        /// [`crate::retry::NOT_RETRIED`] added.
+        not_retried: bool,
     },
     /// The same finish sent again by the token that finished the run:
     /// change nothing; answer `Renewed`.
@@ -317,14 +397,26 @@ impl FinishDecision {
     }
 }
 
-/// A finish by `token` with `outcome`.
-pub fn finish(record: Option<&LeaseRecord>, token: Token, outcome: &RunOutcome) -> FinishDecision {
-    let state = match outcome {
-        RunOutcome::Succeeded => FinalState::Succeeded,
-        RunOutcome::Failed { .. } => FinalState::Failed,
+/// A finish by `token` with `outcome`, at the store's `now`: a failure
+/// whose runner asks for a retry ([`RetryPlan`]) is recorded with the
+/// retry's due time, unless that would not be before the job's next slot.
+pub fn finish(
+    record: Option<&LeaseRecord>,
+    token: Token,
+    outcome: &RunOutcome,
+    now: Timestamp,
+) -> FinishDecision {
+    let (state, plan): (FinalState, Option<&RetryPlan>) = match outcome {
+        RunOutcome::Succeeded => (FinalState::Succeeded, None),
+        RunOutcome::Failed { retry, .. } => (FinalState::Failed, retry.as_ref()),
     };
+    let retry_at = plan.and_then(|p| p.due(now));
     match record {
-        Some(r) if r.held_by(token) => FinishDecision::Finish { state },
+        Some(r) if r.held_by(token) => FinishDecision::Finish {
+            state,
+            retry_at,
+            not_retried: plan.is_some() && retry_at.is_none(),
+        },
         Some(r) if r.holder == Some(token) && r.state == RecordState::Finished(state) => {
             FinishDecision::AlreadyFinished
         }
@@ -402,6 +494,7 @@ mod tests {
             holder,
             fence: Some(Fence::new(7)),
             lease_until: Some(Timestamp::from_millis(NOW + lease_left_ms)),
+            retry_at: None,
         }
     }
 
@@ -412,6 +505,7 @@ mod tests {
             holder,
             fence: None,
             lease_until: None,
+            retry_at: None,
         }
     }
 
@@ -512,7 +606,7 @@ mod tests {
         let late = req(Token::generate(), 61_000, Overlap::Allow, 3);
         assert_eq!(claim(None, facts, &late), Ok(ClaimDecision::RecordPaused));
         assert_eq!(
-            ClaimDecision::RecordPaused.outcome(None),
+            ClaimDecision::RecordPaused.outcome(None, &PastAttempts::NONE),
             ClaimOutcome::Done(FinalState::Paused)
         );
         // A missed slot stays missed.
@@ -623,10 +717,10 @@ mod tests {
         let own = running(Some(t), 2, -5_000);
         assert_eq!(
             claim(Some(&own), f(None, None), &r),
-            Ok(ClaimDecision::Answer(ClaimOutcome::Won(Win {
+            Ok(ClaimDecision::Resent {
                 attempt: Attempt::new(2).unwrap(),
                 fence: Some(Fence::new(7)),
-            })))
+            })
         );
     }
 
@@ -655,18 +749,27 @@ mod tests {
                 attempt: Attempt::new(2).unwrap()
             })
         );
+        assert_eq!(
+            ClaimDecision::TakeOver {
+                attempt: Attempt::new(2).unwrap()
+            }
+            .ends_attempt(Some(&first)),
+            Some(AttemptEnd::TakenOver)
+        );
         let last = running(Some(Token::generate()), 2, -1);
         assert_eq!(
             claim(Some(&last), f(NOW_TS, None), &r),
             Ok(ClaimDecision::Interrupt)
         );
         let given_back = running(None, 2, -1);
+        let same = claim(Some(&given_back), f(NOW_TS, None), &r).unwrap();
         assert_eq!(
-            claim(Some(&given_back), f(NOW_TS, None), &r),
-            Ok(ClaimDecision::TakeOver {
+            same,
+            ClaimDecision::TakeOver {
                 attempt: Attempt::new(2).unwrap()
-            })
+            }
         );
+        assert_eq!(same.ends_attempt(Some(&given_back)), None);
     }
 
     #[test]
@@ -682,18 +785,131 @@ mod tests {
             assert_eq!(decide(Some(&done), t), Renewal::Fenced);
         }
         let ok = RunOutcome::Succeeded;
+        let now = Timestamp::from_millis(NOW);
         assert_eq!(
-            finish(Some(&held), t, &ok),
+            finish(Some(&held), t, &ok, now),
             FinishDecision::Finish {
-                state: FinalState::Succeeded
+                state: FinalState::Succeeded,
+                retry_at: None,
+                not_retried: false,
             }
         );
-        assert_eq!(finish(Some(&held), stranger, &ok), FinishDecision::Fenced);
+        assert_eq!(
+            finish(Some(&held), stranger, &ok, now),
+            FinishDecision::Fenced
+        );
         let done = ended(RecordState::Finished(FinalState::Succeeded), Some(t));
-        assert_eq!(finish(Some(&done), t, &ok), FinishDecision::AlreadyFinished);
-        let failed = RunOutcome::Failed { error: "x".into() };
-        assert_eq!(finish(Some(&done), t, &failed), FinishDecision::Fenced);
-        assert_eq!(finish(Some(&done), stranger, &ok), FinishDecision::Fenced);
-        assert_eq!(finish(None, t, &ok), FinishDecision::Fenced);
+        assert_eq!(
+            finish(Some(&done), t, &ok, now),
+            FinishDecision::AlreadyFinished
+        );
+        let failed = RunOutcome::Failed {
+            error: "x".into(),
+            retry: None,
+        };
+        assert_eq!(finish(Some(&done), t, &failed, now), FinishDecision::Fenced);
+        assert_eq!(
+            finish(Some(&done), stranger, &ok, now),
+            FinishDecision::Fenced
+        );
+        assert_eq!(finish(None, t, &ok, now), FinishDecision::Fenced);
+    }
+
+    #[test]
+    fn a_failure_with_a_plan_is_retried_when_due_and_not_past_the_next_slot() {
+        let t = Token::generate();
+        let held = running(Some(t), 1, 1_000);
+        let now = Timestamp::from_millis(NOW);
+        let plan = |after_ms: u64, before_ms: i64| RunOutcome::Failed {
+            error: "boom".into(),
+            retry: Some(RetryPlan {
+                after: Duration::from_millis(after_ms),
+                before: Timestamp::from_millis(NOW + before_ms),
+            }),
+        };
+        assert_eq!(
+            finish(Some(&held), t, &plan(500, 10_000), now),
+            FinishDecision::Finish {
+                state: FinalState::Failed,
+                retry_at: Some(Timestamp::from_millis(NOW + 500)),
+                not_retried: false,
+            }
+        );
+        assert_eq!(
+            finish(Some(&held), t, &plan(500, 500), now),
+            FinishDecision::Finish {
+                state: FinalState::Failed,
+                retry_at: None,
+                not_retried: true,
+            },
+            "due at the next slot: not made"
+        );
+        let pending = LeaseRecord {
+            state: RecordState::Finished(FinalState::Failed),
+            attempt: Attempt::new(1),
+            holder: Some(t),
+            fence: Some(Fence::new(7)),
+            lease_until: None,
+            retry_at: Some(Timestamp::from_millis(NOW + 500)),
+        };
+        assert_eq!(
+            finish(Some(&pending), t, &plan(500, 10_000), now),
+            FinishDecision::AlreadyFinished,
+            "the same failure sent again"
+        );
+        assert_eq!(pending.live_until(), pending.retry_at);
+        let other = req(Token::generate(), 0, Overlap::Allow, 3);
+        assert_eq!(
+            claim(Some(&pending), f(None, None), &other),
+            Err(Needs::Now)
+        );
+        assert_eq!(
+            claim(Some(&pending), f(NOW_TS, None), &other),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Running {
+                lease_until: Timestamp::from_millis(NOW + 500),
+                store_now: now,
+            })),
+            "before it is due, a pending retry is a run still going"
+        );
+        let due = Some(Timestamp::from_millis(NOW + 500));
+        let decision = claim(Some(&pending), f(due, None), &other).unwrap();
+        assert_eq!(
+            decision,
+            ClaimDecision::Retry {
+                attempt: Attempt::new(2).unwrap()
+            }
+        );
+        assert!(decision.needs_fence());
+        assert_eq!(
+            decision.ends_attempt(Some(&pending)),
+            Some(AttemptEnd::Failed)
+        );
+        // Neither late nor paused stops a retry: it belongs to a started run.
+        let late = req(Token::generate(), 3_600_000, Overlap::Allow, 3);
+        let paused = Facts {
+            now: due,
+            another_run_live: None,
+            paused: Some(Paused {
+                job: Some(crate::control::PauseEnd::OnResume),
+                all: None,
+            }),
+        };
+        assert_eq!(
+            claim(Some(&pending), paused, &late),
+            Ok(ClaimDecision::Retry {
+                attempt: Attempt::new(2).unwrap()
+            })
+        );
+        let final_failure = LeaseRecord {
+            retry_at: None,
+            ..pending
+        };
+        assert_eq!(
+            claim(Some(&final_failure), f(due, None), &other),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Done(
+                FinalState::Failed
+            )))
+        );
+        assert_eq!(final_failure.live_until(), None);
     }
 }

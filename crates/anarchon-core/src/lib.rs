@@ -10,6 +10,7 @@ pub mod layer;
 pub mod memory;
 pub mod name;
 pub mod request;
+pub mod retry;
 pub mod schedule;
 pub mod scheduler;
 pub mod store;
@@ -30,6 +31,9 @@ pub use crate::ids::{Attempt, Fence, InstanceId, MaxAttempts, Token};
 pub use crate::memory::MemoryStore;
 pub use crate::name::JobName;
 pub use crate::request::{Backfill, RequestId, RunRequest, RunRequests, TriggerRequest};
+pub use crate::retry::{
+    AttemptCause, AttemptEnd, PastAttempt, PastAttempts, RetryPlan, RetryPolicy,
+};
 pub use crate::schedule::Schedule;
 pub use crate::scheduler::{
     CancelReason, Handler, JobBuilder, JobOptions, MetricsSnapshot, RunContext, Scheduler,

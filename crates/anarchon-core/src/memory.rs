@@ -25,6 +25,7 @@ use crate::hand_over::HandOvers;
 use crate::ids::{Attempt, Fence, InstanceId, Token};
 use crate::name::JobName;
 use crate::request::{RequestId, RunRequest, RunRequests, TriggerRequest, stamp};
+use crate::retry::{PastAttempt, PastAttempts};
 use crate::store::{
     ClaimAnswers, ClaimOutcome, FinalState, LeaseClaim, LeaseStore, RecordState, Renewal, RunKey,
     RunOutcome, RunRecord, RunState, RunView,
@@ -69,9 +70,10 @@ impl State {
 #[derive(Default)]
 struct JobRuns {
     runs: BTreeMap<Slot, Record>,
-    /// The slots whose record is `Running`: the overlap check reads only
-    /// these, never the whole history.
-    running: BTreeSet<Slot>,
+    /// The slots whose run is live — running, or failed with a retry
+    /// pending: the overlap check reads only these, never the whole
+    /// history.
+    live: BTreeSet<Slot>,
     last_fence: u64,
     /// The longest late window any claim of the job carried: collection
     /// keeps the job's runs at least this long.
@@ -88,6 +90,8 @@ struct Record {
     finished_at: Option<Timestamp>,
     lease_until: Option<Timestamp>,
     error: Option<String>,
+    retry_at: Option<Timestamp>,
+    earlier: PastAttempts,
 }
 
 impl Record {
@@ -99,7 +103,22 @@ impl Record {
             holder: self.token,
             fence: self.fence,
             lease_until: self.lease_until,
+            retry_at: self.retry_at,
         }
+    }
+
+    /// The attempt that ends when `end` says so, for the record's past.
+    fn past(&self, ended: crate::retry::AttemptEnd) -> Option<PastAttempt> {
+        Some(PastAttempt {
+            attempt: self.attempt?,
+            ended,
+            at: match ended {
+                crate::retry::AttemptEnd::Failed => self.finished_at,
+                crate::retry::AttemptEnd::TakenOver => self.lease_until,
+            },
+            instance: self.instance.clone(),
+            error: self.error.clone(),
+        })
     }
 
     fn ended(state: RecordState, now: Timestamp) -> Self {
@@ -113,6 +132,8 @@ impl Record {
             finished_at: Some(now),
             lease_until: None,
             error: None,
+            retry_at: None,
+            earlier: PastAttempts::NONE,
         }
     }
 }
@@ -208,8 +229,15 @@ fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcom
         Fence::new(job.last_fence)
     });
     let lease_until = Some(now.saturating_add(req.lease));
+    if let Some(rec) = job.runs.get_mut(&run.slot)
+        && let Some(past) = decision
+            .ends_attempt(record.as_ref())
+            .and_then(|ended| rec.past(ended))
+    {
+        rec.earlier.push(past);
+    }
     match &decision {
-        ClaimDecision::Answer(_) => {}
+        ClaimDecision::Answer(_) | ClaimDecision::Resent { .. } => {}
         ClaimDecision::RecordMissed => {
             job.runs
                 .insert(run.slot, Record::ended(RecordState::Missed, now));
@@ -235,37 +263,45 @@ fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcom
                     finished_at: None,
                     lease_until,
                     error: None,
+                    retry_at: None,
+                    earlier: PastAttempts::NONE,
                 },
             );
-            job.running.insert(run.slot);
+            job.live.insert(run.slot);
         }
-        ClaimDecision::TakeOver { attempt } => {
+        ClaimDecision::TakeOver { attempt } | ClaimDecision::Retry { attempt } => {
             if let Some(rec) = job.runs.get_mut(&run.slot) {
+                rec.state = RecordState::Running;
                 rec.attempt = Some(*attempt);
                 rec.token = Some(req.claim.token);
                 rec.fence = fence;
                 rec.instance = Some(req.claim.instance.clone());
                 rec.lease_until = lease_until;
+                rec.finished_at = None;
+                rec.error = None;
+                rec.retry_at = None;
             }
+            job.live.insert(run.slot);
         }
         ClaimDecision::Interrupt => {
             if let Some(rec) = job.runs.get_mut(&run.slot) {
                 rec.state = RecordState::Finished(FinalState::Interrupted);
                 rec.finished_at = Some(now);
             }
-            job.running.remove(&run.slot);
+            job.live.remove(&run.slot);
         }
     }
-    decision.outcome(fence)
+    let past = job.runs.get(&run.slot).map(|r| &r.earlier);
+    decision.outcome(fence, past.unwrap_or(&PastAttempts::NONE))
 }
 
 fn another_run_is_live(job: &JobRuns, slot: Slot, now: Timestamp) -> bool {
-    job.running.iter().any(|s| {
+    job.live.iter().any(|s| {
         *s != slot
             && job
                 .runs
                 .get(s)
-                .and_then(|r| r.lease_until)
+                .and_then(|r| r.lease_record().live_until())
                 .is_some_and(|until| until >= now)
     })
 }
@@ -329,7 +365,7 @@ impl LeaseStore for MemoryStore {
             let rec = state.jobs.get(&run.job).and_then(|j| j.runs.get(&run.slot));
             let state = match rec {
                 None => RunState::Absent,
-                Some(r) => RunState::of_record(r.state, r.attempt, r.lease_until, now),
+                Some(r) => RunState::of_record(r.state, r.attempt, r.lease_until, r.retry_at, now),
             };
             RunView {
                 store_now: now,
@@ -367,16 +403,30 @@ impl LeaseStore for MemoryStore {
                 rec.as_deref().map(Record::lease_record).as_ref(),
                 token,
                 &outcome,
+                now,
             );
-            if let (FinishDecision::Finish { state: done }, Some(rec)) = (decision, rec) {
+            if let (
+                FinishDecision::Finish {
+                    state: done,
+                    retry_at,
+                    not_retried,
+                },
+                Some(rec),
+            ) = (decision, rec)
+            {
                 rec.state = RecordState::Finished(done);
                 rec.finished_at = Some(now);
-                rec.error = match outcome {
-                    RunOutcome::Succeeded => None,
-                    RunOutcome::Failed { error } => Some(error),
-                };
-                if let Some(job) = state.jobs.get_mut(&run.job) {
-                    job.running.remove(&run.slot);
+                rec.retry_at = retry_at;
+                rec.error = outcome.into_record().1.map(|mut error| {
+                    if not_retried {
+                        error.push_str(crate::retry::NOT_RETRIED);
+                    }
+                    error
+                });
+                if retry_at.is_none()
+                    && let Some(job) = state.jobs.get_mut(&run.job)
+                {
+                    job.live.remove(&run.slot);
                 }
             }
             decision.renewal()
@@ -414,6 +464,8 @@ impl LeaseStore for MemoryStore {
                     finished_at: r.finished_at,
                     lease_until: r.lease_until,
                     error: r.error.clone(),
+                    retry_at: r.retry_at,
+                    earlier: r.earlier.clone(),
                 })
                 .collect()
         })
@@ -429,14 +481,17 @@ impl LeaseStore for MemoryStore {
                     .runs
                     .range(..Slot::from(cutoff))
                     .filter(|(_, r)| {
-                        r.state != RecordState::Running
-                            || r.lease_until.is_none_or(|until| until < lease_cutoff)
+                        // A live run (a lease, a pending retry) that ended
+                        // less than `keep` ago may still be taken on.
+                        r.lease_record()
+                            .live_until()
+                            .is_none_or(|until| until < lease_cutoff)
                     })
                     .map(|(slot, _)| *slot)
                     .collect();
                 for slot in old {
                     job.runs.remove(&slot);
-                    job.running.remove(&slot);
+                    job.live.remove(&slot);
                     deleted += 1;
                 }
             }

@@ -30,6 +30,7 @@ use crate::hand_over::HandOvers;
 use crate::ids::{Attempt, Fence, InstanceId, MaxAttempts, Token};
 use crate::name::JobName;
 use crate::request::{RunRequest, RunRequests, TriggerRequest};
+use crate::retry::{AttemptCause, PastAttempts, RetryPlan};
 use crate::time::{Slot, Timestamp};
 
 /// One run: a job and a slot. The unit that is claimed.
@@ -132,6 +133,10 @@ pub enum RunOutcome {
     Failed {
         /// What went wrong, in one line.
         error: String,
+        /// The retry the runner asks for, if the job has retries left: the
+        /// store records the failure with the retry's due time (see
+        /// [`crate::retry`]).
+        retry: Option<RetryPlan>,
     },
 }
 
@@ -141,7 +146,7 @@ impl RunOutcome {
     pub fn into_record(self) -> (FinalState, Option<String>) {
         match self {
             RunOutcome::Succeeded => (FinalState::Succeeded, None),
-            RunOutcome::Failed { error } => (FinalState::Failed, Some(error)),
+            RunOutcome::Failed { error, .. } => (FinalState::Failed, Some(error)),
         }
     }
 }
@@ -178,10 +183,26 @@ impl FinalState {
 /// Who won, as told to the winner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Win {
-    /// 1 for the first runner, +1 at each takeover.
+    /// 1 for the first runner, +1 at each takeover or retry.
     pub attempt: Attempt,
     /// The fence the store assigned to this win; `None` on claim-only stores.
     pub fence: Option<Fence>,
+    /// How this attempt came to run.
+    pub cause: AttemptCause,
+    /// How many retries the run has had, this attempt's included.
+    pub retries: u32,
+}
+
+impl Win {
+    /// The first attempt under `fence`: what a claim-only store's win is.
+    pub const fn first(fence: Option<Fence>) -> Self {
+        Self {
+            attempt: Attempt::FIRST,
+            fence,
+            cause: AttemptCause::First,
+            retries: 0,
+        }
+    }
 }
 
 /// The answer to a claim.
@@ -302,6 +323,15 @@ pub enum RunState {
         /// When the lease ends, on the store's clock.
         lease_until: Timestamp,
     },
+    /// `attempt` failed and its retry is due at `retry_at`: until then the
+    /// run counts as still going (for overlap), and from then on any
+    /// instance's claim may start the retry.
+    RetryPending {
+        /// The attempt that failed.
+        attempt: Attempt,
+        /// When the retry is due, on the store's clock.
+        retry_at: Timestamp,
+    },
     /// The run has ended.
     Finished(FinalState),
 }
@@ -309,14 +339,22 @@ pub enum RunState {
 impl RunState {
     /// What a stored record says about a run, as `peek` reports it: a
     /// running record without an attempt is attempt 1, one without a lease
-    /// end has its lease end `store_now`.
+    /// end has its lease end `store_now`; a failed one with a retry due is
+    /// a pending retry.
     pub fn of_record(
         state: RecordState,
         attempt: Option<Attempt>,
         lease_until: Option<Timestamp>,
+        retry_at: Option<Timestamp>,
         store_now: Timestamp,
     ) -> Self {
         match state {
+            RecordState::Finished(FinalState::Failed) if retry_at.is_some() => {
+                RunState::RetryPending {
+                    attempt: attempt.unwrap_or(Attempt::FIRST),
+                    retry_at: retry_at.unwrap_or(store_now),
+                }
+            }
             RecordState::Missed => RunState::Missed,
             RecordState::Finished(done) => RunState::Finished(done),
             RecordState::Running => RunState::Running {
@@ -384,6 +422,17 @@ pub struct RunRecord {
     pub lease_until: Option<Timestamp>,
     /// The error of a failed run.
     pub error: Option<String>,
+    /// For a failed run whose retry is pending: when the retry is due.
+    pub retry_at: Option<Timestamp>,
+    /// The run's earlier attempts and how each ended.
+    pub earlier: PastAttempts,
+}
+
+impl RunRecord {
+    /// How the latest attempt came to run (`None` for runs nobody ran).
+    pub fn cause(&self) -> Option<AttemptCause> {
+        self.attempt.map(|a| self.earlier.cause_of(a))
+    }
 }
 
 /// How long a store remembers that a run was claimed.
@@ -441,7 +490,13 @@ pub trait LeaseStore: ClaimStore {
     /// Read the run's record, then, in order:
     ///
     /// 1. **Finished** (succeeded, failed, interrupted, skipped, paused):
-    ///    answer `Done` with how it ended; write nothing.
+    ///    answer `Done` with how it ended; write nothing — except a
+    ///    `failed` run whose retry is pending (its finish carried a
+    ///    [`RetryPlan`]): before its `retry_at` it answers `Running` with
+    ///    `retry_at` as the lease's end; from then on the claim starts the
+    ///    retry — the next attempt, a new fence, the claim's token and
+    ///    instance, a fresh lease, the failed attempt kept among the
+    ///    record's past attempts.
     /// 2. **Running, held by this claim's token** (the same claim sent
     ///    again after a lost reply): answer `Won` with the record's attempt
     ///    and fence; write nothing.
@@ -461,8 +516,9 @@ pub trait LeaseStore: ClaimStore {
     ///    read in the same atomic step as the record.
     /// 6. **No record, or `missed`**: a claim later than its `max_late`
     ///    answers `Late` (and records `missed` if there was no record); a
-    ///    claim with [`Overlap::Skip`] while another run of the job holds a
-    ///    live lease records `skipped` and answers `Overlap`; otherwise the
+    ///    claim with [`Overlap::Skip`] while another run of the job is live
+    ///    (holds a live lease, or has a retry pending not yet due) records
+    ///    `skipped` and answers `Overlap`; otherwise the
     ///    run starts: attempt 1, a new fence, the claim's token, a lease from
     ///    `now`.
     ///
@@ -517,7 +573,11 @@ pub trait LeaseStore: ClaimStore {
         lease: Duration,
     ) -> Result<Renewal, StoreError>;
 
-    /// Records how the run ended, if `token` still holds it.
+    /// Records how the run ended, if `token` still holds it. A failure
+    /// with a [`RetryPlan`] is recorded with its retry due at the store's
+    /// `now` plus [`RetryPlan::after`], unless that is not before
+    /// [`RetryPlan::before`]: then the failure is final and its error ends
+    /// with [`crate::retry::NOT_RETRIED`] ([`crate::decide::finish`]).
     ///
     /// # Errors
     ///

@@ -12,12 +12,14 @@ use crate::control::{Pause, PauseEnd, PauseScope};
 use crate::ids::{Attempt, Fence, InstanceId};
 use crate::name::JobName;
 use crate::request::Backfill;
+use crate::retry::PastAttempts;
 use crate::store::{RecordState, RunKey, RunRecord};
 use crate::time::{Slot, Timestamp};
 
 /// One run's columns, in this order: `slot`, `state`, `attempt`, `fence`,
-/// `instance`, `started_at`, `finished_at`, `lease_until`, `error` (times
-/// in milliseconds since the Unix epoch).
+/// `instance`, `started_at`, `finished_at`, `lease_until`, `error`,
+/// `retry_at`, `earlier` (times in milliseconds since the Unix epoch; the
+/// past attempts as [`PastAttempts::encode`] writes them).
 pub type RunColumns = (
     i64,
     String,
@@ -26,6 +28,8 @@ pub type RunColumns = (
     Option<String>,
     Option<i64>,
     Option<i64>,
+    Option<i64>,
+    Option<String>,
     Option<i64>,
     Option<String>,
 );
@@ -77,8 +81,19 @@ pub fn state(text: &str) -> Result<RecordState, BadValue> {
 
 /// A run of `job` from its [`RunColumns`].
 pub fn run_record(job: &JobName, columns: RunColumns) -> Result<RunRecord, BadValue> {
-    let (slot, state_name, attempt_n, fence_n, instance, started, finished, lease_until, error) =
-        columns;
+    let (
+        slot,
+        state_name,
+        attempt_n,
+        fence_n,
+        instance,
+        started,
+        finished,
+        lease_until,
+        error,
+        retry_at,
+        earlier,
+    ) = columns;
     let at = |ms: Option<i64>| ms.map(Timestamp::from_millis);
     Ok(RunRecord {
         run: RunKey::new(job.clone(), Slot::from_millis(slot)),
@@ -92,6 +107,12 @@ pub fn run_record(job: &JobName, columns: RunColumns) -> Result<RunRecord, BadVa
         finished_at: at(finished),
         lease_until: at(lease_until),
         error,
+        retry_at: at(retry_at),
+        earlier: earlier
+            .as_deref()
+            .map(PastAttempts::decode)
+            .transpose()?
+            .unwrap_or_default(),
     })
 }
 
@@ -139,14 +160,21 @@ mod tests {
             Some(60_500),
             Some(90_010),
             None,
+            None,
+            Some(r#"[{"attempt":1,"ended":"taken-over","instance":"host-b"}]"#.into()),
         );
         let record = run_record(&job(), columns).unwrap();
         assert_eq!(record.run, RunKey::new(job(), Slot::from_millis(60_000)));
         assert_eq!(record.state.as_str(), "succeeded");
         assert_eq!(record.attempt, Attempt::new(2));
         assert_eq!(record.fence, Some(Fence::new(7)));
-        assert_eq!(record.instance.unwrap().as_str(), "host-a");
+        assert_eq!(record.instance.as_ref().unwrap().as_str(), "host-a");
         assert_eq!(record.finished_at, Some(Timestamp::from_millis(60_500)));
+        assert_eq!(
+            record.cause(),
+            Some(crate::retry::AttemptCause::Takeover),
+            "attempt 2 after one taken over"
+        );
     }
 
     #[test]
@@ -164,6 +192,8 @@ mod tests {
             None,
             None,
             Some(String::new()),
+            None,
+            None,
             None,
             None,
             None,

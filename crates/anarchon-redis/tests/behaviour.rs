@@ -523,6 +523,7 @@ async fn failed_runs_and_garbage_collection_match_the_memory_store() {
             catch_up.claim.token,
             RunOutcome::Failed {
                 error: String::new(),
+                retry: None,
             },
         )
         .await

@@ -3,9 +3,10 @@
 //! `anarchon_core::decide` says, for a run's record, the store's clock and
 //! a request, what a lease store must answer and write. These checks build
 //! every record a run can reach through the store's own calls — none,
-//! missed, each ended state, running in attempt 1, 2 or 3 with its lease
-//! alive, released or given back — beside another run of the job that is
-//! absent, live or run out, and send every kind of request to it: fresh or
+//! missed, each ended state, failed with a retry pending or due, running
+//! in attempt 1, 2 or 3 with its lease alive, released or given back —
+//! beside another run of the job that is absent, live, run out or waiting
+//! for its retry, and send every kind of request to it: fresh or
 //! late, overlap allowed or skipped, one to three attempts, from the holder
 //! or a stranger. Each answer, and the record it leaves, must be exactly
 //! what the core's functions say. A store whose script or SQL drifts from
@@ -16,10 +17,11 @@
 use std::time::Duration;
 
 use anarchon_core::decide::{self, ClaimDecision, Facts, FinishDecision, LeaseRecord};
+use anarchon_core::retry::NOT_RETRIED;
 use anarchon_core::{
-    ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, MaxAttempts, Overlap, PauseEnd,
-    PauseRequest, PauseScope, Paused, RecordState, Renewal, RunKey, RunOutcome, RunRecord,
-    RunState, Slot, Timestamp, Token,
+    AttemptEnd, ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, MaxAttempts, Overlap,
+    PastAttempt, PastAttempts, PauseEnd, PauseRequest, PauseScope, Paused, RecordState, Renewal,
+    RetryPlan, RunKey, RunOutcome, RunRecord, RunState, Slot, Timestamp, Token,
 };
 use futures::StreamExt;
 
@@ -52,10 +54,33 @@ enum Prior {
     None,
     Missed,
     Ended(FinalState),
-    Running { attempt: u32, lease: Lease },
+    /// Failed with a retry pending: due already, or not for an hour.
+    RetryPending {
+        due: bool,
+    },
+    Running {
+        attempt: u32,
+        lease: Lease,
+    },
 }
 
-const PRIORS: [Prior; 16] = [
+/// How long after its failure a planted retry is due when it must not be
+/// due yet.
+const RETRY_LATER: Duration = Duration::from_secs(3600);
+
+/// A failure that asks for a retry due `after` from the store's now, with
+/// no next slot in the way.
+pub(crate) fn failed_with_retry(after: Duration) -> RunOutcome {
+    RunOutcome::Failed {
+        error: "planted".into(),
+        retry: Some(RetryPlan {
+            after,
+            before: Timestamp::from_millis(i64::MAX),
+        }),
+    }
+}
+
+const PRIORS: [Prior; 18] = [
     Prior::None,
     Prior::Missed,
     Prior::Ended(FinalState::Succeeded),
@@ -63,6 +88,8 @@ const PRIORS: [Prior; 16] = [
     Prior::Ended(FinalState::Interrupted),
     Prior::Ended(FinalState::Skipped),
     Prior::Ended(FinalState::Paused),
+    Prior::RetryPending { due: false },
+    Prior::RetryPending { due: true },
     Prior::Running {
         attempt: 1,
         lease: Lease::Alive,
@@ -107,6 +134,8 @@ enum Other {
     None,
     Live,
     RunOut,
+    /// Failed, with its retry due in an hour: still going, for overlap.
+    RetryPending,
 }
 
 /// One claim case.
@@ -125,7 +154,7 @@ struct ClaimCase {
     rerun_paused: bool,
 }
 
-/// Every claim case: 16 records × 3 other runs × fresh or late × 2 overlap
+/// Every claim case: 18 records × 4 other runs × fresh or late × 2 overlap
 /// rules × 1–3 attempts × holder or stranger, with the job not paused; and
 /// the same records, other runs, lateness and overlap rules from a stranger
 /// allowed 3 attempts while the job is paused; and both of those from a
@@ -133,7 +162,7 @@ struct ClaimCase {
 fn claim_cases() -> Vec<ClaimCase> {
     let mut cases = Vec::new();
     for prior in PRIORS {
-        for other in [Other::None, Other::Live, Other::RunOut] {
+        for other in [Other::None, Other::Live, Other::RunOut, Other::RetryPending] {
             for late in [false, true] {
                 for overlap in [Overlap::Allow, Overlap::Skip] {
                     let case = |max_attempts, from_holder, paused, rerun_paused| ClaimCase {
@@ -213,9 +242,27 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
             } else {
                 RunOutcome::Failed {
                     error: "planted".into(),
+                    retry: None,
                 }
             };
             renewed(store.finish(run, token, outcome).await, "finish");
+            Some(token)
+        }
+        Prior::RetryPending { due } => {
+            let token = Token::generate();
+            expect_won(store, &planting(run, token, PLANTING_LATE, 3), "to fail").await;
+            let after = if due {
+                Duration::from_millis(1)
+            } else {
+                RETRY_LATER
+            };
+            renewed(
+                store.finish(run, token, failed_with_retry(after)).await,
+                "finish",
+            );
+            if due {
+                wait_for_the_store_clock_past(store, run).await;
+            }
             Some(token)
         }
         Prior::Ended(FinalState::Interrupted) => {
@@ -306,6 +353,48 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
     }
 }
 
+/// Waits until the store's clock has passed the retry of `run`.
+async fn wait_for_the_store_clock_past<S: LeaseStore + ?Sized>(store: &S, run: &RunKey) {
+    loop {
+        let view = store.peek(run).await.expect("peek");
+        match view.state {
+            RunState::RetryPending { retry_at, .. } if retry_at >= view.store_now => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            RunState::RetryPending { .. } => return,
+            other => panic!("building a due retry: expected a pending retry, got {other:?}"),
+        }
+    }
+}
+
+/// The past attempts a run's record must hold after `decision`: those
+/// before it, and the attempt it ended, if it ended one.
+fn past_after(
+    decision: &ClaimDecision,
+    record: Option<&LeaseRecord>,
+    before: Option<&RunRecord>,
+) -> PastAttempts {
+    let mut past = before.map(|r| r.earlier.clone()).unwrap_or_default();
+    if let (Some(ended), Some(b)) = (decision.ends_attempt(record), before)
+        && let Some(attempt) = b.attempt
+    {
+        past.push(PastAttempt {
+            attempt,
+            ended,
+            at: match ended {
+                AttemptEnd::Failed => b.finished_at,
+                AttemptEnd::TakenOver => b.lease_until,
+            },
+            instance: b.instance.clone(),
+            error: match ended {
+                AttemptEnd::Failed => b.error.clone(),
+                AttemptEnd::TakenOver => None,
+            },
+        });
+    }
+    past
+}
+
 /// The run's record as history shows it.
 async fn record_of<S: LeaseStore + ?Sized>(store: &S, run: &RunKey) -> Option<RunRecord> {
     crate::lease::records_of(store, run, 20)
@@ -335,6 +424,7 @@ fn lease_record(
         holder: if given_back { None } else { holder },
         fence: r.fence,
         lease_until: r.lease_until,
+        retry_at: r.retry_at,
     })
 }
 
@@ -365,11 +455,15 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
     let other = RunKey::new(job.clone(), Slot::from_millis(slot.as_millis() + 3_000));
     match case.other {
         Other::None => {}
-        Other::Live | Other::RunOut => {
+        Other::Live | Other::RunOut | Other::RetryPending => {
             let token = Token::generate();
             expect_won(store, &planting(&other, token, PLANTING_LATE, 3), "other").await;
             if case.other == Other::RunOut {
                 renewed(store.release(&other, token).await, "release other");
+            }
+            if case.other == Other::RetryPending {
+                let failed = failed_with_retry(RETRY_LATER);
+                renewed(store.finish(&other, token, failed).await, "fail other");
             }
         }
     }
@@ -406,7 +500,7 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
     claim.claim.max_late = MAX_LATE;
     let now = store_now(store, &job).await;
     let other_live = match case.other {
-        Other::Live => true,
+        Other::Live | Other::RetryPending => true,
         Other::None | Other::RunOut => false,
     };
     let record = lease_record(before.as_ref(), case.prior, holder);
@@ -417,26 +511,34 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
     let context = format!(
         "case {case:?}\nrecord before {before:?}\ncore decision {decision:?}\nstore answered {answer:?}\nrecord after {after:?}"
     );
+    let past = past_after(&decision, record.as_ref(), before.as_ref());
     match (&decision, &answer) {
-        (ClaimDecision::Start | ClaimDecision::TakeOver { .. }, ClaimOutcome::Won(win)) => {
-            let want = decision.clone().outcome(win.fence);
+        (
+            ClaimDecision::Start | ClaimDecision::TakeOver { .. } | ClaimDecision::Retry { .. },
+            ClaimOutcome::Won(win),
+        ) => {
+            let want = decision.clone().outcome(win.fence, &past);
             assert_eq!(answer, want, "{context}");
             assert!(
                 win.fence.is_some() && win.fence > highest_fence,
                 "a new fence above the job's highest: {context}"
             );
         }
-        (_, ClaimOutcome::Running { lease_until, .. }) => match decision.clone().outcome(None) {
-            ClaimOutcome::Running {
-                lease_until: want, ..
-            } => assert_eq!(*lease_until, want, "{context}"),
-            _ => panic!("{context}"),
-        },
-        _ => assert_eq!(answer, decision.clone().outcome(None), "{context}"),
+        (_, ClaimOutcome::Running { lease_until, .. }) => {
+            match decision.clone().outcome(None, &past) {
+                ClaimOutcome::Running {
+                    lease_until: want, ..
+                } => assert_eq!(*lease_until, want, "{context}"),
+                _ => panic!("{context}"),
+            }
+        }
+        _ => assert_eq!(answer, decision.clone().outcome(None, &past), "{context}"),
     }
     let after_record = after.as_ref();
     match decision {
-        ClaimDecision::Answer(_) => assert_eq!(after, before, "nothing written: {context}"),
+        ClaimDecision::Answer(_) | ClaimDecision::Resent { .. } => {
+            assert_eq!(after, before, "nothing written: {context}")
+        }
         ClaimDecision::RecordMissed => {
             assert_eq!(
                 after_record.map(|r| r.state),
@@ -454,8 +556,14 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
             Some(RecordState::Finished(FinalState::Paused)),
             "{context}"
         ),
-        ClaimDecision::Start | ClaimDecision::TakeOver { .. } => {
+        ClaimDecision::Start | ClaimDecision::TakeOver { .. } | ClaimDecision::Retry { .. } => {
             let r = after_record.unwrap_or_else(|| panic!("no record: {context}"));
+            assert_eq!(r.earlier, past, "the past attempts: {context}");
+            assert_eq!(
+                (r.retry_at, r.finished_at, r.error.as_deref()),
+                (None, None, None),
+                "a running run has no retry, end or error: {context}"
+            );
             let ClaimOutcome::Won(win) = answer else {
                 unreachable!("checked above")
             };
@@ -486,6 +594,10 @@ enum Call {
     Heartbeat,
     Succeed,
     Fail,
+    /// Fail, asking for a retry due in an hour.
+    FailRetrying,
+    /// Fail, asking for a retry that would be due after the next slot.
+    FailPastTheNextSlot,
     Release,
     GiveBack,
 }
@@ -505,6 +617,8 @@ where
             Call::Heartbeat,
             Call::Succeed,
             Call::Fail,
+            Call::FailRetrying,
+            Call::FailPastTheNextSlot,
             Call::Release,
             Call::GiveBack,
         ] {
@@ -572,25 +686,52 @@ async fn check_renewal<S: LeaseStore + ?Sized>(
                 assert_eq!(after, before, "nothing written: {context}");
             }
         }
-        Call::Succeed | Call::Fail => {
-            let outcome = if matches!(call, Call::Succeed) {
-                RunOutcome::Succeeded
-            } else {
-                RunOutcome::Failed {
+        Call::Succeed | Call::Fail | Call::FailRetrying | Call::FailPastTheNextSlot => {
+            let outcome = match call {
+                Call::Succeed => RunOutcome::Succeeded,
+                Call::FailRetrying => failed_with_retry(RETRY_LATER),
+                Call::FailPastTheNextSlot => RunOutcome::Failed {
                     error: "planted".into(),
-                }
+                    retry: Some(RetryPlan {
+                        after: RETRY_LATER,
+                        before: now.saturating_add(RETRY_LATER / 2),
+                    }),
+                },
+                _ => RunOutcome::Failed {
+                    error: "planted".into(),
+                    retry: None,
+                },
             };
-            let want = decide::finish(record.as_ref(), token, &outcome);
+            let want = decide::finish(record.as_ref(), token, &outcome, now);
             let answer = store.finish(&run, token, outcome).await.expect("finish");
             let after = record_of(store, &run).await;
+            let finished_by = store_now(store, &job).await;
             let context = context(&answer, &after);
             assert_eq!(answer, want.renewal(), "{context}");
             match want {
-                FinishDecision::Finish { state } => assert_eq!(
-                    after.as_ref().map(|r| r.state),
-                    Some(RecordState::Finished(state)),
-                    "{context}"
-                ),
+                FinishDecision::Finish {
+                    state,
+                    retry_at,
+                    not_retried,
+                } => {
+                    let r = after.as_ref().expect("a record");
+                    assert_eq!(r.state, RecordState::Finished(state), "{context}");
+                    match retry_at {
+                        None => assert_eq!(r.retry_at, None, "no retry: {context}"),
+                        Some(_) => assert!(
+                            r.retry_at
+                                .is_some_and(|at| at >= now.saturating_add(RETRY_LATER)
+                                    && at <= finished_by.saturating_add(RETRY_LATER)),
+                            "the retry is due an hour after the finish, on the store's clock: {context}"
+                        ),
+                    }
+                    let error = r.error.as_deref().unwrap_or_default();
+                    assert_eq!(
+                        error.ends_with(NOT_RETRIED),
+                        not_retried,
+                        "the error says whether a wanted retry was not made: {context}"
+                    );
+                }
                 FinishDecision::AlreadyFinished | FinishDecision::Fenced => {
                     assert_eq!(after, before, "nothing written: {context}")
                 }
@@ -644,7 +785,7 @@ async fn check_renewal<S: LeaseStore + ?Sized>(
                 }
                 (decision, answer) => assert_eq!(
                     *answer,
-                    decision.outcome(None),
+                    decision.outcome(None, &PastAttempts::NONE),
                     "{context}\nnext claim {answer:?}"
                 ),
             }

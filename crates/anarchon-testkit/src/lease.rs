@@ -11,6 +11,7 @@ mod gc;
 mod holder;
 mod pauses;
 mod requests;
+mod retries;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +52,12 @@ pub use self::requests::{
     a_triggered_run_whose_runner_dies_is_taken_over, each_trigger_is_a_run_apart_from_the_schedule,
     manual_runs_are_collected_by_their_request_time, racing_triggers_with_one_id_give_one_run,
     status_answers_what_the_records_say,
+};
+pub use self::retries::{
+    a_failed_run_is_retried_once_per_allowed_retry, a_retry_due_after_the_next_slot_is_not_made,
+    a_retry_is_never_claimed_before_it_is_due_on_the_store_clock,
+    garbage_collection_keeps_a_pending_retry,
+    overlap_skip_sees_a_pending_retry_as_the_run_still_going,
 };
 
 /// The lease of checks that wait for one to run out.
@@ -195,6 +202,11 @@ macro_rules! __lease_checks {
             manual_runs_are_collected_by_their_request_time,
             a_request_is_announced_to_every_instance,
             status_answers_what_the_records_say,
+            a_failed_run_is_retried_once_per_allowed_retry,
+            a_retry_is_never_claimed_before_it_is_due_on_the_store_clock,
+            a_retry_due_after_the_next_slot_is_not_made,
+            overlap_skip_sees_a_pending_retry_as_the_run_still_going,
+            garbage_collection_keeps_a_pending_retry,
         );
         $crate::__suite_tests!(
             $factory,

@@ -53,10 +53,7 @@ impl ClaimStore for ClaimOnlyStore {
         let mut winners = self.winners.lock().unwrap_or_else(|p| p.into_inner());
         let winner = *winners.entry(req.run.clone()).or_insert(req.token);
         Ok(if winner == req.token {
-            ClaimOutcome::Won(Win {
-                attempt: anarchon_core::Attempt::FIRST,
-                fence: None,
-            })
+            ClaimOutcome::Won(Win::first(None))
         } else {
             ClaimOutcome::Lost
         })

@@ -148,7 +148,7 @@ mod the_checker_objects_to {
     fn won(attempt: u32) -> ClaimOutcome {
         ClaimOutcome::Won(Win {
             attempt: Attempt::new(attempt).unwrap(),
-            fence: None,
+            ..Win::first(None)
         })
     }
 
@@ -256,10 +256,7 @@ struct Yes;
 
 /// What `Yes` answers every claim.
 fn won() -> Result<ClaimOutcome, StoreError> {
-    Ok(ClaimOutcome::Won(Win {
-        attempt: Attempt::FIRST,
-        fence: None,
-    }))
+    Ok(ClaimOutcome::Won(Win::first(None)))
 }
 
 #[async_trait::async_trait]

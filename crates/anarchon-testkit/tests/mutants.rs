@@ -173,10 +173,9 @@ impl LeaseLayer for Mutant {
             tokio::task::yield_now().await;
             let outcome = self.inner.claim_lease(req).await?;
             return Ok(match outcome {
-                ClaimOutcome::Running { .. } if free => ClaimOutcome::Won(anarchon_core::Win {
-                    attempt: anarchon_core::Attempt::FIRST,
-                    fence: None,
-                }),
+                ClaimOutcome::Running { .. } if free => {
+                    ClaimOutcome::Won(anarchon_core::Win::first(None))
+                }
                 other => other,
             });
         }

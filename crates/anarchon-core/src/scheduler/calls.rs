@@ -115,7 +115,7 @@ pub(crate) fn lease_claim(inner: &Inner, job: &JobSpec, slot: Slot, token: Token
         },
         lease: inner.lease,
         overlap: job.overlap,
-        max_attempts: job.max_attempts,
+        max_attempts: job.claim_attempts(),
         rerun_paused: false,
     }
 }

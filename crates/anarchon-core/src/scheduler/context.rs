@@ -9,6 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ids::{Attempt, Fence, InstanceId, Token};
 use crate::name::JobName;
+use crate::retry::AttemptCause;
+use crate::store::Win;
 use crate::time::Slot;
 
 /// Why a run's context was cancelled.
@@ -53,6 +55,8 @@ pub struct RunContext {
     pub(crate) slot: Slot,
     pub(crate) attempt: Attempt,
     pub(crate) fence: Option<Fence>,
+    pub(crate) cause: AttemptCause,
+    pub(crate) retries: u32,
     pub(crate) token: Token,
     pub(crate) instance: InstanceId,
     pub(crate) cancel: CancellationToken,
@@ -63,16 +67,17 @@ impl RunContext {
     pub(crate) fn new(
         job: JobName,
         slot: Slot,
-        attempt: Attempt,
-        fence: Option<Fence>,
+        win: Win,
         token: Token,
         instance: InstanceId,
     ) -> Self {
         Self {
             job,
             slot,
-            attempt,
-            fence,
+            attempt: win.attempt,
+            fence: win.fence,
+            cause: win.cause,
+            retries: win.retries,
             token,
             instance,
             cancel: CancellationToken::new(),
@@ -95,9 +100,21 @@ impl RunContext {
         self.slot
     }
 
-    /// 1 for the first runner, +1 for each takeover.
+    /// 1 for the first runner, +1 for each takeover or retry.
     pub fn attempt(&self) -> Attempt {
         self.attempt
+    }
+
+    /// How this attempt came to run: the first, a takeover of a runner
+    /// that lost its lease, or a retry after a failure.
+    pub fn cause(&self) -> AttemptCause {
+        self.cause
+    }
+
+    /// How many retries the run has had, this attempt's included: 0 until
+    /// a failure is retried.
+    pub fn retries(&self) -> u32 {
+        self.retries
     }
 
     /// The fence of this win, on lease stores: pass it to systems the
@@ -143,6 +160,8 @@ impl fmt::Debug for RunContext {
             .field("slot", &self.slot)
             .field("attempt", &self.attempt)
             .field("fence", &self.fence)
+            .field("cause", &self.cause)
+            .field("retries", &self.retries)
             .field("instance", &self.instance)
             .field("cancelled", &self.cancel_reason())
             .finish()

@@ -13,6 +13,7 @@ use super::{
 use crate::error::ConfigError;
 use crate::ids::MaxAttempts;
 use crate::name::JobName;
+use crate::retry::RetryPolicy;
 use crate::schedule::Schedule;
 use crate::store::{ClaimStore, LeaseStore, Memory, Overlap};
 
@@ -35,6 +36,8 @@ pub struct JobOptions {
     pub catch_up: Option<Duration>,
     /// The most missed slots caught up at a time (lease stores only).
     pub catch_up_limit: Option<u32>,
+    /// How failed runs are retried (lease stores only).
+    pub retry: Option<RetryPolicy>,
 }
 
 /// A job once validated.
@@ -46,6 +49,7 @@ pub(crate) struct JobSpec {
     pub(crate) timeout: Option<Duration>,
     pub(crate) overlap: Overlap,
     pub(crate) max_attempts: MaxAttempts,
+    pub(crate) retry: Option<RetryPolicy>,
     pub(crate) catch_up: Option<Duration>,
     /// At most this many missed slots are caught up at a time.
     pub(crate) catch_up_limit: usize,
@@ -58,6 +62,14 @@ impl JobSpec {
     pub(crate) fn window(&self) -> Duration {
         self.catch_up
             .map_or(self.max_late, |w| w.max(self.max_late))
+    }
+
+    /// The attempts a claim of this job allows in all: `max_attempts` for
+    /// takeovers, plus one per retry.
+    pub(crate) fn claim_attempts(&self) -> MaxAttempts {
+        let retries = self.retry.map_or(0, |r| r.retries());
+        MaxAttempts::new(self.max_attempts.get().saturating_add(retries))
+            .unwrap_or(self.max_attempts)
     }
 }
 
@@ -117,6 +129,7 @@ where
         o.max_attempts = options.max_attempts.or(o.max_attempts);
         o.catch_up = options.catch_up.or(o.catch_up);
         o.catch_up_limit = options.catch_up_limit.or(o.catch_up_limit);
+        o.retry = options.retry.or(o.retry);
         self
     }
 
@@ -161,6 +174,7 @@ where
                 (o.max_attempts.is_some(), "max_attempts"),
                 (o.catch_up.is_some(), "catch_up"),
                 (o.catch_up_limit.is_some(), "catch_up_limit"),
+                (o.retry.is_some(), "retries"),
             ] {
                 if set {
                     return Err(unsupported(option, info));
@@ -234,6 +248,7 @@ where
             timeout,
             overlap: o.overlap.unwrap_or_default(),
             max_attempts,
+            retry: o.retry,
             catch_up,
             catch_up_limit,
             handler,
@@ -251,9 +266,20 @@ impl<S: LeaseStore + ?Sized> JobBuilder<'_, S> {
     }
 
     /// How many attempts a run may have in all, counting the first (default
-    /// 3). With 1, a runner that dies leaves its run interrupted.
+    /// 3). With 1, a runner that dies leaves its run interrupted. Retries
+    /// ([`Self::retry`]) come on top: each retry adds one attempt.
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.options.max_attempts = Some(n);
+        self
+    }
+
+    /// Retries a run whose handler failed (returned an error, panicked or
+    /// timed out), as `policy` says: by whichever instance claims it first
+    /// once the store's clock reaches the retry's due time. A retry that
+    /// would be due at or after the job's next slot is not made. See
+    /// [`crate::retry`].
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.options.retry = Some(policy);
         self
     }
 

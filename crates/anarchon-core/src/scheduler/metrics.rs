@@ -45,10 +45,12 @@ macro_rules! counters {
 }
 
 counters! {
-    /// Claims this instance won (first attempts and takeovers).
+    /// Claims this instance won (first attempts, takeovers and retries).
     wins,
     /// Of the wins, those that took over an expired lease.
     takeovers,
+    /// Of the wins, retries of a failed attempt.
+    retries,
     /// Claims another instance won (lost, running elsewhere, or already done).
     losses,
     /// Claims whose answer never arrived (treated as lost).

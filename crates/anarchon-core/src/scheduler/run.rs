@@ -14,6 +14,7 @@ use super::lease_clock::{Holding, LeaseClock, Renew};
 use super::metrics::Metrics;
 use super::{Inner, JobSpec, StoreHandle};
 use crate::ids::Token;
+use crate::retry::{AttemptCause, RetryPlan};
 use crate::store::{
     ClaimOutcome, FinalState, LeaseClaim, LeaseStore, Renewal, RunKey, RunOutcome, RunState, Win,
 };
@@ -43,10 +44,12 @@ pub(crate) fn handle_outcome(
     match outcome {
         ClaimOutcome::Won(win) => {
             Metrics::add(&m.wins);
-            if win.attempt.get() > 1 {
-                Metrics::add(&m.takeovers);
+            match win.cause {
+                AttemptCause::First => {}
+                AttemptCause::Takeover => Metrics::add(&m.takeovers),
+                AttemptCause::Retry => Metrics::add(&m.retries),
             }
-            tracing::info!(job = %run.job, slot = %run.slot, attempt = win.attempt.get(), fence = ?win.fence.map(|f| f.get()), "claim won");
+            tracing::info!(job = %run.job, slot = %run.slot, attempt = win.attempt.get(), cause = %win.cause, fence = ?win.fence.map(|f| f.get()), "claim won");
             let token = claim.claim.token;
             let running = run_won(inner.clone(), job, run, token, win, sent_at, fire_at);
             inner.tasks.spawn(async move {
@@ -151,8 +154,7 @@ pub(crate) async fn run_won(
     let ctx = RunContext::new(
         run.job.clone(),
         run.slot,
-        win.attempt,
-        win.fence,
+        win,
         token,
         inner.instance.clone(),
     );
@@ -197,6 +199,9 @@ pub(crate) async fn run_won(
         }
     };
 
+    let retry = lease_store
+        .as_ref()
+        .and_then(|_| retry_plan(&inner, &job, &run, &win));
     let outcome = match result {
         // A timed-out run failed whatever the handler returned; keep what it
         // said, it usually tells why it was slow.
@@ -207,12 +212,14 @@ pub(crate) async fn run_won(
                     Ok(Err(said)) => format!("timed out after {limit:?}: {said}"),
                     _ => format!("timed out after {limit:?}"),
                 },
+                retry,
             }
         }
         Ok(Ok(())) => RunOutcome::Succeeded,
-        Ok(Err(error)) => RunOutcome::Failed { error },
+        Ok(Err(error)) => RunOutcome::Failed { error, retry },
         Err(join) => RunOutcome::Failed {
             error: panic_message(join),
+            retry,
         },
     };
     span.in_scope(|| tracing::info!(?outcome, "handler finished"));
@@ -244,6 +251,13 @@ pub(crate) async fn run_won(
         .await;
         let retried = tries.load(std::sync::atomic::Ordering::Relaxed) > 1;
         match answer {
+            Ok(Renewal::Renewed)
+                if matches!(outcome, RunOutcome::Failed { retry: Some(_), .. }) =>
+            {
+                watch_for_retry(&inner, job, run)
+                    .instrument(span.clone())
+                    .await;
+            }
             Ok(Renewal::Renewed) => {}
             // A try whose reply was lost may have recorded the outcome: the
             // retry then finds the run finished, by this very attempt.
@@ -263,6 +277,47 @@ pub(crate) async fn run_won(
                 Metrics::add(&inner.metrics.store_errors);
                 span.in_scope(|| tracing::error!(%error, "could not record the outcome; the lease will run out and a backup may run the slot again"));
             }
+        }
+    }
+}
+
+/// The retry a failure of `win` asks for, if the job retries failures and
+/// the run has retries left: due after the policy's backoff, and only
+/// before the job's next slot after now.
+fn retry_plan(inner: &Inner, job: &JobSpec, run: &RunKey, win: &Win) -> Option<RetryPlan> {
+    let policy = job.retry?;
+    if win.retries >= policy.retries() {
+        return None;
+    }
+    let before = job
+        .schedule
+        .next_after(inner.clock.now())
+        .map_or(Timestamp::from_millis(i64::MAX), |slot| slot.at());
+    Some(RetryPlan {
+        after: policy.backoff(&run.job, run.slot, win.retries + 1),
+        before,
+    })
+}
+
+/// After a failure recorded with a retry: this instance watches the run as
+/// any backup does, and claims the retry when it is due (it has no
+/// privilege over the others: whoever claims first runs it).
+async fn watch_for_retry(inner: &Arc<Inner>, job: Arc<JobSpec>, run: RunKey) {
+    let StoreHandle::Lease(store) = &inner.store else {
+        return;
+    };
+    match with_retries("peek", || store.peek(&run)).await {
+        Ok(view) => match view.state {
+            RunState::RetryPending { retry_at, .. } => {
+                tracing::info!(%retry_at, "failed; a retry is due");
+                inner
+                    .tasks
+                    .spawn(backup(inner.clone(), job, run, retry_at, view.store_now));
+            }
+            _ => tracing::info!("failed; no retry: it would be due after the job's next slot"),
+        },
+        Err(error) => {
+            tracing::warn!(%error, "could not read the run after its failure; another instance may still retry it");
         }
     }
 }
@@ -441,12 +496,15 @@ pub(crate) async fn backup(
         match view.state {
             RunState::Running {
                 lease_until: until, ..
+            }
+            | RunState::RetryPending {
+                retry_at: until, ..
             } if until >= view.store_now => {
                 lease_until = until;
                 store_now = view.store_now;
                 continue;
             }
-            RunState::Running { .. } => {}
+            RunState::Running { .. } | RunState::RetryPending { .. } => {}
             RunState::Absent | RunState::Missed | RunState::Finished(_) => return,
         }
         // The lease ran out: try to take over, under the store's lock.

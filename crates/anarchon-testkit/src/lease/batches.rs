@@ -156,6 +156,7 @@ where
                     } else {
                         RunOutcome::Failed {
                             error: "set up".to_owned(),
+                            retry: None,
                         }
                     };
                     b.finish(run, token, outcome).await.expect("finish");

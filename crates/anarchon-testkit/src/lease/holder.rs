@@ -54,7 +54,8 @@ where
             &run,
             token,
             RunOutcome::Failed {
-                error: "a different end".to_owned()
+                error: "a different end".to_owned(),
+                retry: None
             }
         )
         .await
@@ -78,6 +79,7 @@ where
     let (a, b) = two_instances(factory).await;
     let failed = |error: &str| RunOutcome::Failed {
         error: error.to_owned(),
+        retry: None,
     };
     for (name, outcome, other) in [
         ("again-succeeded", RunOutcome::Succeeded, failed("other")),
@@ -145,6 +147,7 @@ where
             token,
             RunOutcome::Failed {
                 error: error.clone(),
+                retry: None,
             },
         )
         .await
@@ -414,6 +417,7 @@ where
     let stranger = Token::generate();
     let failed = || RunOutcome::Failed {
         error: "a stranger's error".to_owned(),
+        retry: None,
     };
     let try_everything = |run: RunKey, token: Token, finished_by_token: bool| {
         let b = b.clone();
