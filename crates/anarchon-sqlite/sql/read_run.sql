@@ -5,7 +5,8 @@
 -- columns when there is no record, and `*_paused` NULL when there is no
 -- such pause (`*_until` NULL then means: until resumed).
 SELECT {now} AS now,
-       r.state, r.attempt, r.token, r.fence, r.lease_until,
+       r.state, r.attempt, r.token, r.fence, r.lease_until, r.retry_at,
+       r.instance, r.finished_at, r.error, r.earlier,
        (SELECT 1 FROM {prefix}_pauses WHERE scope = ?1) AS job_paused,
        (SELECT until FROM {prefix}_pauses WHERE scope = ?1) AS job_until,
        (SELECT 1 FROM {prefix}_pauses WHERE scope = '*') AS all_paused,

@@ -68,8 +68,9 @@ impl SqliteStore {
             None
         };
         let lease_until = now.saturating_add(req.lease);
+        let past = row.past_after(decision.ends_attempt(record.as_ref()))?;
         match &decision {
-            ClaimDecision::Answer(_) => {}
+            ClaimDecision::Answer(_) | ClaimDecision::Resent { .. } => {}
             ClaimDecision::RecordMissed => {
                 self.write_run(conn, run, Written::ended(RecordState::Missed, now))
                     .await?;
@@ -97,9 +98,9 @@ impl SqliteStore {
                 };
                 self.write_run(conn, run, written).await?;
             }
-            ClaimDecision::TakeOver { attempt } => {
+            ClaimDecision::TakeOver { attempt } | ClaimDecision::Retry { attempt } => {
                 let fence = fence.map(fence_value).transpose()?;
-                let changed = sqlx::query(self.sql.take_over.clone())
+                let changed = sqlx::query(self.sql.run_again.clone())
                     .bind(job)
                     .bind(slot)
                     .bind(i64::from(attempt.get()))
@@ -107,11 +108,12 @@ impl SqliteStore {
                     .bind(fence)
                     .bind(req.claim.instance.as_str())
                     .bind(lease_until.as_millis())
+                    .bind((!past.is_empty()).then(|| past.encode()))
                     .execute(&mut *conn)
                     .await
-                    .map_err(|e| self.err("taking the run over", e))?
+                    .map_err(|e| self.err("running the run again", e))?
                     .rows_affected();
-                expect_one_row("taking the run over", changed)?;
+                expect_one_row("running the run again", changed)?;
             }
             ClaimDecision::Interrupt => {
                 let changed = sqlx::query(self.sql.interrupt.clone())
@@ -125,7 +127,7 @@ impl SqliteStore {
                 expect_one_row("marking the run interrupted", changed)?;
             }
         }
-        Ok(decision.outcome(fence))
+        Ok(decision.outcome(fence, &past))
     }
 
     pub(crate) async fn savepoint(

@@ -3,7 +3,10 @@
 
 use anarchon_core::decide::LeaseRecord;
 use anarchon_core::stored;
-use anarchon_core::{Fence, PauseEnd, Paused, RecordState, StoreError, Timestamp, Token};
+use anarchon_core::{
+    AttemptEnd, Fence, InstanceId, PastAttempt, PastAttempts, PauseEnd, Paused, RecordState,
+    StoreError, Timestamp, Token,
+};
 use sqlx::FromRow;
 
 use crate::error::{bad_stored, bad_value};
@@ -17,6 +20,11 @@ pub(crate) struct ClaimRow {
     pub(crate) token: Option<String>,
     pub(crate) fence: Option<i64>,
     pub(crate) lease_until: Option<i64>,
+    pub(crate) retry_at: Option<i64>,
+    pub(crate) instance: Option<String>,
+    pub(crate) finished_at: Option<i64>,
+    pub(crate) error: Option<String>,
+    pub(crate) earlier: Option<String>,
     pub(crate) job_paused: Option<i64>,
     pub(crate) job_until: Option<i64>,
     pub(crate) all_paused: Option<i64>,
@@ -57,7 +65,36 @@ impl ClaimRow {
                 .transpose()
                 .map_err(bad_stored)?,
             lease_until: self.lease_until.map(Timestamp::from_millis),
+            retry_at: self.retry_at.map(Timestamp::from_millis),
         }))
+    }
+
+    /// The run's past attempts, with the one `ended` (if any) added: what
+    /// the record holds once the claim's decision is applied.
+    pub(crate) fn past_after(&self, ended: Option<AttemptEnd>) -> Result<PastAttempts, StoreError> {
+        let mut past = PastAttempts::decode(self.earlier.as_deref().unwrap_or_default())
+            .map_err(bad_stored)?;
+        if let (Some(ended), Some(attempt)) = (ended, self.attempt) {
+            past.push(PastAttempt {
+                attempt: stored::attempt(attempt).map_err(bad_stored)?,
+                ended,
+                at: match ended {
+                    AttemptEnd::Failed => self.finished_at,
+                    AttemptEnd::TakenOver => self.lease_until,
+                }
+                .map(Timestamp::from_millis),
+                instance: self
+                    .instance
+                    .as_deref()
+                    .map(|i| InstanceId::new(i).map_err(|_| bad_value("instance id", i)))
+                    .transpose()?,
+                error: match ended {
+                    AttemptEnd::Failed => self.error.clone(),
+                    AttemptEnd::TakenOver => None,
+                },
+            });
+        }
+        Ok(past)
     }
 }
 
@@ -68,6 +105,7 @@ pub(crate) struct PeekRow {
     pub(crate) state: Option<String>,
     pub(crate) attempt: Option<i64>,
     pub(crate) lease_until: Option<i64>,
+    pub(crate) retry_at: Option<i64>,
 }
 
 pub(crate) fn parse_state(text: Option<&str>) -> Result<Option<RecordState>, StoreError> {

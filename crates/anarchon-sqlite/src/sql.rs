@@ -23,6 +23,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (3, include_str!("../sql/migrations/0003_pauses.sql")),
     (4, include_str!("../sql/migrations/0004_requests.sql")),
     (5, include_str!("../sql/migrations/0005_backfills.sql")),
+    (6, include_str!("../sql/migrations/0006_retries.sql")),
 ];
 
 /// Declares [`Sql`]: the migrations and one field per statement, each
@@ -71,7 +72,7 @@ macro_rules! statements {
 
 statements! {
     schema_table, schema_exists, schema_version, set_schema_version,
-    read_run, live_run_exists, next_fence, note_window, write_run, take_over,
+    read_run, live_run_exists, next_fence, note_window, write_run, run_again,
     interrupt, peek, heartbeat, finish, release, give_back, history,
     collect_garbage, jobs, now, pause, resume, pauses, find_request,
     write_request, requests, requests_since, collect_requests,

@@ -217,6 +217,7 @@ impl LeaseStore for SqliteStore {
                     .transpose()
                     .map_err(bad_stored)?,
                 row.lease_until.map(Timestamp::from_millis),
+                row.retry_at.map(Timestamp::from_millis),
                 now,
             ),
         };
@@ -246,13 +247,20 @@ impl LeaseStore for SqliteStore {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
+        let plan = match &outcome {
+            RunOutcome::Failed { retry, .. } => *retry,
+            RunOutcome::Succeeded => None,
+        };
         let (state, error) = outcome.into_record();
         let query = sqlx::query(self.sql.finish.clone())
             .bind(run.job.as_str())
             .bind(run.slot.as_millis())
             .bind(token.to_string())
             .bind(state.as_str())
-            .bind(error);
+            .bind(error)
+            .bind(plan.map(|p| millis(p.after)))
+            .bind(plan.map(|p| p.before.as_millis()))
+            .bind(anarchon_core::retry::NOT_RETRIED);
         self.update_held("recording the outcome", query).await
     }
 
@@ -449,6 +457,11 @@ mod tests {
             plan.iter().any(|d| d.starts_with("SEARCH plan_runs USING")
                 && d.contains("INDEX plan_runs_live (job=? AND lease_until>?)")),
             "the overlap check must search the partial index of live runs: {plan:?}"
+        );
+        assert!(
+            plan.iter().any(|d| d.starts_with("SEARCH plan_runs USING")
+                && d.contains("INDEX plan_runs_retrying (job=? AND retry_at>?)")),
+            "the overlap check must search the partial index of runs waiting for a retry: {plan:?}"
         );
         assert!(
             !plan.iter().any(|d| d.contains("SCAN plan_runs")),
