@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_core::{
-    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseStore, Memory,
-    RunKey, StoreError, Token, Win,
+    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseStore, Memory, RunKey,
+    StoreError, Token, Win,
 };
 use async_nats::HeaderMap;
 use async_nats::jetstream::Context;
@@ -534,10 +534,7 @@ impl Sent {
 }
 
 fn won() -> ClaimOutcome {
-    ClaimOutcome::Won(Win {
-        attempt: Attempt::FIRST,
-        fence: None,
-    })
+    ClaimOutcome::Won(Win::first(None))
 }
 
 /// Checks that an existing stream serves this store; returns its window.

@@ -1,6 +1,7 @@
 //! The lease store: a JetStream KV bucket, compare-and-swap on revisions,
 //! and the NATS server's clock.
 
+mod attempts;
 mod batch;
 mod clock;
 mod gc;

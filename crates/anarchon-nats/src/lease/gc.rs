@@ -139,9 +139,7 @@ impl NatsLeaseStore {
                 }
             }
             for (slot, live) in &read.doc.live {
-                if slot.saturating_abs() < cutoff
-                    && live.lease_until.at_or(lease_cutoff) < lease_cutoff
-                {
+                if slot.saturating_abs() < cutoff && live.live_until(lease_cutoff) < lease_cutoff {
                     dropped.push(*slot);
                 }
             }

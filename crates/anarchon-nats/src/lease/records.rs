@@ -22,10 +22,12 @@ use std::time::Duration;
 use anarchon_core::decide::{self, ClaimDecision, Facts, LeaseRecord};
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Attempt, ClaimOutcome, Fence, FinalState, InstanceId, LeaseClaim, Paused, RecordState, RunKey,
-    RunRecord, Timestamp, Token,
+    Attempt, ClaimOutcome, Fence, FinalState, InstanceId, LeaseClaim, PastAttempts, Paused,
+    RecordState, RunKey, RunRecord, Timestamp, Token,
 };
 use serde::{Deserialize, Serialize};
+
+use super::attempts::{self, Failure};
 
 /// A time on the server's clock, or one relative to the revision that holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,6 +111,13 @@ pub(crate) struct LiveRun {
     pub(crate) started: Stamp,
     /// When the lease ends.
     pub(crate) lease_until: Stamp,
+    /// Set when the attempt failed and its retry is pending: the run is
+    /// `failed` until the retry starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) failed: Option<Failure>,
+    /// The run's earlier attempts, as `PastAttempts` writes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) earlier: Option<String>,
 }
 
 /// A run's record once it is no longer running: under `run.<job>.<slot>`,
@@ -143,6 +152,9 @@ pub(crate) struct RunDoc {
     /// gets the same answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) token: Option<String>,
+    /// The run's earlier attempts, as `PastAttempts` writes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) earlier: Option<String>,
 }
 
 impl RunDoc {
@@ -158,6 +170,7 @@ impl RunDoc {
             lease_until: None,
             error: None,
             token: None,
+            earlier: None,
         }
     }
 
@@ -173,6 +186,7 @@ impl RunDoc {
             lease_until: Some(live.lease_until),
             error,
             token: Some(live.token.clone()),
+            earlier: live.earlier.clone(),
         }
     }
 
@@ -224,6 +238,8 @@ impl RunDoc {
             finished_at: at(self.finished),
             lease_until: at(self.lease_until),
             error: self.error.clone(),
+            retry_at: None,
+            earlier: attempts::past(self.earlier.as_deref())?,
         })
     }
 }
@@ -231,22 +247,29 @@ impl RunDoc {
 impl LiveRun {
     /// The record as the history reports it.
     pub(crate) fn to_record(&self, run: RunKey) -> Result<RunRecord, String> {
+        let at = |s: Stamp| Timestamp::from_millis(s.at_or(0));
         Ok(RunRecord {
             run,
-            state: RecordState::Running,
+            state: match self.failed {
+                Some(_) => RecordState::Finished(FinalState::Failed),
+                None => RecordState::Running,
+            },
             attempt: Some(attempt(self.attempt)?),
             fence: Some(Fence::new(self.fence)),
             instance: Some(instance(&self.instance)?),
-            started_at: Some(Timestamp::from_millis(self.started.at_or(0))),
-            finished_at: None,
-            lease_until: Some(Timestamp::from_millis(self.lease_until.at_or(0))),
-            error: None,
+            started_at: Some(at(self.started)),
+            finished_at: self.failed.as_ref().map(|f| at(f.finished)),
+            lease_until: Some(at(self.lease_until)),
+            error: self.failed.as_ref().map(|f| f.error.clone()),
+            retry_at: self.failed.as_ref().map(|f| at(f.retry_at)),
+            earlier: attempts::past(self.earlier.as_deref())?,
         })
     }
 
-    /// Whether `token` holds this run.
+    /// Whether `token` holds this run: it won it, and the run is running
+    /// (not failed, waiting for its retry).
     pub(crate) fn held_by(&self, token: Token) -> bool {
-        Token::parse(&self.token) == Some(token)
+        self.failed.is_none() && Token::parse(&self.token) == Some(token)
     }
 }
 
@@ -277,6 +300,9 @@ impl JobDoc {
             }
             live.started.fix(written_at);
             live.lease_until.fix(written_at);
+            if let Some(failure) = &mut live.failed {
+                failure.fix(written_at);
+            }
         }
         for ended in doc.ended.values_mut() {
             ended.record_state()?;
@@ -309,11 +335,12 @@ impl JobDoc {
         Ok(self.fence)
     }
 
-    /// Whether a run of the job other than `slot` holds a live lease at `now`.
+    /// Whether a run of the job other than `slot` is live at `now`: holds
+    /// a live lease, or failed with its retry not due yet.
     fn another_run_is_live(&self, slot: i64, now: i64) -> bool {
         self.live
             .iter()
-            .any(|(s, live)| *s != slot && live.lease_until.at_or(now) >= now)
+            .any(|(s, live)| *s != slot && live.live_until(now) >= now)
     }
 }
 
@@ -379,6 +406,7 @@ impl JobDoc {
                 holder: ended.token.as_deref().and_then(Token::parse),
                 fence: ended.fence.map(Fence::new),
                 lease_until: None,
+                retry_at: None,
             }));
         }
         if let Some(live) = self.live.get(&slot) {
@@ -392,16 +420,22 @@ impl JobDoc {
                     )
                 })?)
             };
-            let lease_until = match live.lease_until {
-                Stamp::At(at) => Some(at),
-                Stamp::Written { w } => now.map(|now| now.saturating_add(w)),
+            let resolved = |stamp: Stamp| match stamp {
+                Stamp::At(at) => Some(Timestamp::from_millis(at)),
+                Stamp::Written { w } => {
+                    now.map(|now| Timestamp::from_millis(now.saturating_add(w)))
+                }
             };
             return Ok(Some(LeaseRecord {
-                state: RecordState::Running,
+                state: match live.failed {
+                    Some(_) => RecordState::Finished(FinalState::Failed),
+                    None => RecordState::Running,
+                },
                 attempt: Some(attempt(live.attempt)?),
                 holder,
                 fence: Some(Fence::new(live.fence)),
-                lease_until: lease_until.map(Timestamp::from_millis),
+                lease_until: resolved(live.lease_until),
+                retry_at: live.failed.as_ref().and_then(|f| resolved(f.retry_at)),
             }));
         }
         let ended = |state| LeaseRecord {
@@ -410,6 +444,7 @@ impl JobDoc {
             holder: None,
             fence: None,
             lease_until: None,
+            retry_at: None,
         };
         Ok(match outside {
             Outside::NoneOrMissed | Outside::Absent => None,
@@ -488,8 +523,13 @@ pub(crate) fn decide(
     } else {
         None
     };
+    let past_now = now.unwrap_or_default();
+    let mut past = match doc.live.get(&slot) {
+        Some(live) => attempts::past(live.earlier.as_deref())?,
+        None => PastAttempts::NONE,
+    };
     let effect = match &decision {
-        ClaimDecision::Answer(_) => Effect::None,
+        ClaimDecision::Answer(_) | ClaimDecision::Resent { .. } => Effect::None,
         ClaimDecision::RecordMissed => Effect::CreateMissed,
         ClaimDecision::RecordSkipped => {
             let skipped = RunDoc::nobody(RecordState::Finished(FinalState::Skipped));
@@ -518,15 +558,22 @@ pub(crate) fn decide(
                     instance: req.claim.instance.as_str().to_owned(),
                     started: Stamp::NOW,
                     lease_until: Stamp::after_write(req.lease),
+                    failed: None,
+                    earlier: None,
                 },
             );
             doc.raise_high(slot);
             Effect::Job
         }
-        ClaimDecision::TakeOver { attempt } => {
+        ClaimDecision::TakeOver { attempt } | ClaimDecision::Retry { attempt } => {
             let Some(live) = doc.live.get_mut(&slot) else {
                 return Err("the live run vanished from the document".into());
             };
+            if let Some(ended) = decision.ends_attempt(record.as_ref()) {
+                past = live.past_with(ended, past_now)?;
+                live.earlier = attempts::stored(&past);
+            }
+            live.failed = None;
             live.attempt = attempt.get();
             live.token = req.claim.token.to_string();
             live.fence = fence.unwrap_or_default();
@@ -547,7 +594,7 @@ pub(crate) fn decide(
         }
     };
     Ok(Decided::Answer(
-        decision.outcome(fence.map(Fence::new)),
+        decision.outcome(fence.map(Fence::new), &past),
         effect,
     ))
 }
@@ -624,6 +671,8 @@ mod tests {
             ClaimOutcome::Won(Win {
                 attempt: Attempt::FIRST.next(),
                 fence: Some(Fence::new(2)),
+                cause: anarchon_core::AttemptCause::Takeover,
+                retries: 0,
             })
         );
         // No attempts left after the second: the next expiry interrupts.

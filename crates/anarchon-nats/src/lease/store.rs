@@ -6,13 +6,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use anarchon_core::{
-    ClaimAnswers, ClaimOutcome, JobName, LeaseClaim, LeaseStore, Pause, PauseRequest, PauseScope,
-    Pauses, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunRequest, RunRequests, RunState,
-    RunView, Slot, StoreError, Timestamp, Token, TriggerRequest,
+    ClaimAnswers, ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, Pause, PauseRequest,
+    PauseScope, Pauses, RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunRequest,
+    RunRequests, RunState, RunView, Slot, StoreError, Timestamp, Token, TriggerRequest,
 };
 use async_trait::async_trait;
 use futures::StreamExt;
 
+use super::attempts::Failure;
 use super::records::{self, JobDoc, Outside, RunDoc, Stamp};
 use super::{Counters, LEASE_BACKEND, MAX_ROUNDS, NatsLeaseStore, PARALLEL};
 
@@ -79,10 +80,17 @@ impl LeaseStore for NatsLeaseStore {
         self.round_trips(1);
         let now = read.written_at.map_or(now, |w| w.max(now));
         let state = if let Some(live) = read.doc.live.get(&slot) {
-            RunState::Running {
-                attempt: anarchon_core::Attempt::new(live.attempt)
-                    .ok_or_else(|| self.protocol("a live run has attempt 0"))?,
-                lease_until: Timestamp::from_millis(live.lease_until.at_or(now)),
+            let attempt = anarchon_core::Attempt::new(live.attempt)
+                .ok_or_else(|| self.protocol("a live run has attempt 0"))?;
+            match &live.failed {
+                Some(failure) => RunState::RetryPending {
+                    attempt,
+                    retry_at: Timestamp::from_millis(failure.retry_at.at_or(now)),
+                },
+                None => RunState::Running {
+                    attempt,
+                    lease_until: Timestamp::from_millis(live.lease_until.at_or(now)),
+                },
             }
         } else if let Some(ended) = read.doc.ended.get(&slot) {
             match ended.record_state().map_err(|m| self.protocol(m))? {
@@ -128,12 +136,42 @@ impl LeaseStore for NatsLeaseStore {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
-        let (state, error) = outcome.into_record();
+        let plan = match &outcome {
+            RunOutcome::Failed { retry, .. } => *retry,
+            RunOutcome::Succeeded => None,
+        };
+        // A retry is due after the failure on the server's clock; read
+        // it only when one is asked for. The due time counts from this
+        // read, which comes before the write that records the failure.
+        let retry_at = match plan {
+            Some(plan) => {
+                let sequence = self.tick().await?;
+                let now = self.clock_after(sequence).await?;
+                self.round_trips(2);
+                Some(plan.due(Timestamp::from_millis(now)))
+            }
+            None => None,
+        };
+        let (state, mut error) = outcome.into_record();
+        if let (Some(None), Some(error)) = (retry_at, error.as_mut()) {
+            error.push_str(anarchon_core::retry::NOT_RETRIED);
+        }
         let changed = self
-            .change_live(run, token, |doc, slot| {
-                if let Some(live) = doc.live.remove(&slot) {
-                    doc.ended
-                        .insert(slot, RunDoc::from_live(&live, state, error.clone()));
+            .change_live(run, token, |doc, slot| match retry_at.flatten() {
+                Some(due) => {
+                    if let Some(live) = doc.live.get_mut(&slot) {
+                        live.failed = Some(Failure {
+                            finished: Stamp::NOW,
+                            error: error.clone().unwrap_or_default(),
+                            retry_at: Stamp::At(due.as_millis()),
+                        });
+                    }
+                }
+                None => {
+                    if let Some(live) = doc.live.remove(&slot) {
+                        doc.ended
+                            .insert(slot, RunDoc::from_live(&live, state, error.clone()));
+                    }
                 }
             })
             .await?;
@@ -144,6 +182,14 @@ impl LeaseStore for NatsLeaseStore {
         // it was recorded (its answer was lost), and gets the same answer.
         let slot = run.slot.as_millis();
         let read = self.read_job(&run.job).await?;
+        if let Some(live) = read.doc.live.get(&slot) {
+            let retrying = live.failed.is_some() && Token::parse(&live.token) == Some(token);
+            return Ok(if retrying && state == FinalState::Failed {
+                Renewal::Renewed
+            } else {
+                Renewal::Fenced
+            });
+        }
         let ended = match read.doc.ended.get(&slot) {
             Some(record) => Some(record.clone()),
             None => self.read_run(run).await?,
