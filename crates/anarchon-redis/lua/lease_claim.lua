@@ -6,7 +6,9 @@
 --
 -- KEYS[1] runs   hash: slot -> run record (JSON)
 -- KEYS[2] slots  sorted set: every recorded slot, scored by its instant
--- KEYS[3] live   sorted set: the running slots, scored by their lease end
+-- KEYS[3] live   sorted set: the live slots, scored by when they stop being
+--         live: running ones by their lease end, failed ones whose retry is
+--         pending by the retry's due time
 -- KEYS[4] fence  counter: the job's last fence (never deleted)
 -- KEYS[5] window string: the longest max_late (ms) of the job's claims,
 --         which garbage collection keeps the job's runs for (never deleted)
@@ -17,8 +19,16 @@
 -- ARGV[5] lease (ms) ARGV[6] 'skip' or 'allow'  ARGV[7] max_attempts
 -- ARGV[8] '1' if the claim may start a slot recorded `paused` (a backfill)
 --
--- Returns {kind, attempt, fence, lease_until, now, state}; kind is one of
--- won, running, done, late, overlap.
+-- Returns {kind, attempt, fence, lease_until, now, state, earlier}; kind is
+-- one of won, running, done, late, overlap. earlier is the run's past
+-- attempts as JSON for a won answer (the Rust side tells from it how the
+-- attempt came to run), '' otherwise and for none.
+--
+-- A record's fields (all text but earlier): state, attempt, token, fence,
+-- instance, started, finished, lease (its end), error, retry_at (a failed
+-- run's pending retry is due then) and earlier (an array of the attempts
+-- that ended: attempt, ended 'failed' or 'taken-over', at, instance, error;
+-- absent while there are none).
 -- Runs after lease_prelude.lua (check, int, now).
 
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
@@ -68,23 +78,24 @@ if state == nil or state == 'missed' or rerun_paused then
   if holds(KEYS[6]) or holds(KEYS[7]) then
     if state == nil then
       write({state = 'paused', finished = int(now)})
-      return {'done', 0, 0, 0, now, 'paused'}
+      return {'done', 0, 0, 0, now, 'paused', ''}
     end
-    if rerun_paused then return {'done', 0, 0, 0, now, 'paused'} end
-    return {'late', 0, 0, 0, now, ''}
+    if rerun_paused then return {'done', 0, 0, 0, now, 'paused', ''} end
+    return {'late', 0, 0, 0, now, '', ''}
   end
   -- 6. Late, overlapping, or it starts.
   if now - math.abs(tonumber(slot)) > max_late then
     if state == nil then write({state = 'missed', finished = int(now)}) end
-    return {'late', 0, 0, 0, now, ''}
+    return {'late', 0, 0, 0, now, '', ''}
   end
   if ARGV[6] == 'skip' then
-    -- Live runs only: lease end >= now. At most two, one may be this slot.
+    -- Live runs only: a lease end or a pending retry's due time >= now. At
+    -- most two, one may be this slot.
     local live = redis.call('ZRANGEBYSCORE', KEYS[3], int(now), '+inf', 'LIMIT', 0, 2)
     for _, other in ipairs(live) do
       if other ~= slot then
         write({state = 'skipped', finished = int(now)})
-        return {'overlap', 0, 0, 0, now, ''}
+        return {'overlap', 0, 0, 0, now, '', ''}
       end
     end
   end
@@ -93,12 +104,49 @@ if state == nil or state == 'missed' or rerun_paused then
   write({state = 'running', attempt = '1', token = token, fence = int(fence),
          instance = instance, started = int(now), lease = int(lease_until)})
   redis.call('ZADD', KEYS[3], int(lease_until), slot)
-  return {'won', 1, fence, lease_until, now, 'running'}
+  return {'won', 1, fence, lease_until, now, 'running', ''}
 end
 
--- 1. Finished (succeeded, failed, interrupted, skipped, paused).
+-- 1. Finished (succeeded, failed, interrupted, skipped, paused): done,
+-- except a failed run whose retry is pending. That one counts as still
+-- going until the retry is due; from then on any claim starts the retry
+-- with the next attempt, neither late nor paused (it belongs to a run that
+-- started). Checked here, off the path of a running record. The failed
+-- attempt joins the past attempts, with when it failed and its error.
 if state ~= 'running' then
-  return {'done', 0, 0, 0, now, state}
+  if state ~= 'failed' or rec.retry_at == nil then
+    return {'done', 0, 0, 0, now, state, ''}
+  end
+  local retry_at = tonumber(rec.retry_at)
+  if not retry_at then
+    return redis.error_reply('ERR anarchon: the failed record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' has a retry_at that is not a number')
+  end
+  if now < retry_at then
+    return {'running', 0, 0, retry_at, now, 'failed', ''}
+  end
+  local failed = tonumber(rec.attempt)
+  if failed then
+    local past = rec.earlier or {}
+    past[#past + 1] = {attempt = failed, ended = 'failed', at = tonumber(rec.finished),
+                       instance = rec.instance, error = rec.error}
+    rec.earlier = past
+  end
+  local attempt = (failed or 1) + 1
+  local fence = redis.call('INCR', KEYS[4])
+  local lease_until = now + lease
+  rec.state = 'running'
+  rec.attempt = int(attempt)
+  rec.token = token
+  rec.fence = int(fence)
+  rec.instance = instance
+  rec.lease = int(lease_until)
+  rec.finished = nil
+  rec.error = nil
+  rec.retry_at = nil
+  write(rec)
+  redis.call('ZADD', KEYS[3], int(lease_until), slot)
+  return {'won', attempt, fence, lease_until, now, 'running',
+          rec.earlier and cjson.encode(rec.earlier) or ''}
 end
 
 local attempt, fence, lease_until = tonumber(rec.attempt), tonumber(rec.fence), tonumber(rec.lease)
@@ -106,22 +154,31 @@ if not attempt or not fence or not lease_until then
   return redis.error_reply('ERR anarchon: the running record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' lacks attempt, fence or lease')
 end
 
--- 2. Our own claim, sent again.
+-- 2. Our own claim, sent again (with the past attempts, as every won
+-- answer: '' for none).
 if rec.token == token then
-  return {'won', attempt, fence, lease_until, now, 'running'}
+  return {'won', attempt, fence, lease_until, now, 'running',
+          rec.earlier and cjson.encode(rec.earlier) or ''}
 end
 
 -- 3. Someone else's live lease.
 if lease_until >= now then
-  return {'running', attempt, fence, lease_until, now, 'running'}
+  return {'running', attempt, fence, lease_until, now, 'running', ''}
 end
 
 -- 4. The lease ran out. A run given back before its handler started (no
--- holder) runs the same attempt again.
+-- holder) runs the same attempt again; otherwise the attempt whose lease
+-- ran out joins the past attempts, with when its lease ended.
 local given_back = rec.token == nil
 if given_back or attempt < max_attempts then
   fence = redis.call('INCR', KEYS[4])
-  if not given_back then attempt = attempt + 1 end
+  if not given_back then
+    local past = rec.earlier or {}
+    past[#past + 1] = {attempt = attempt, ended = 'taken-over', at = lease_until,
+                       instance = rec.instance}
+    rec.earlier = past
+    attempt = attempt + 1
+  end
   lease_until = now + lease
   rec.attempt = int(attempt)
   rec.token = token
@@ -130,10 +187,11 @@ if given_back or attempt < max_attempts then
   rec.lease = int(lease_until)
   write(rec)
   redis.call('ZADD', KEYS[3], int(lease_until), slot)
-  return {'won', attempt, fence, lease_until, now, 'running'}
+  return {'won', attempt, fence, lease_until, now, 'running',
+          rec.earlier and cjson.encode(rec.earlier) or ''}
 end
 rec.state = 'interrupted'
 rec.finished = int(now)
 write(rec)
 redis.call('ZREM', KEYS[3], slot)
-return {'done', 0, 0, 0, now, 'interrupted'}
+return {'done', 0, 0, 0, now, 'interrupted', ''}

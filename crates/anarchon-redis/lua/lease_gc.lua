@@ -1,8 +1,10 @@
 -- anarchon, Redis `lease` strategy: garbage collection for one job.
 -- Deletes the records of runs whose slot is more than `keep`, and more than
--- the job's late window, before now; except running runs whose lease ended
--- less than `keep` ago (a backup may still take them over). The fence
--- counter and the window are never touched.
+-- the job's late window, before now; except live runs that stopped being
+-- live less than `keep` ago: running runs whose lease ended then (a backup
+-- may still take them over), and failed runs whose retry was due then (a
+-- claim may still start it). The fence counter and the window are never
+-- touched.
 --
 -- KEYS[1] runs (hash)  KEYS[2] slots (sorted set)  KEYS[3] live (sorted set)
 -- KEYS[4] window (string: the job's longest max_late, ms)
@@ -29,9 +31,14 @@ while deleted < limit do
     local raw = redis.call('HGET', KEYS[1], slot)
     if raw then
       local ok, r = pcall(cjson.decode, raw)
-      if ok and type(r) == 'table' and r.state == 'running' then
-        local lease_until = tonumber(r.lease)
-        keep = lease_until ~= nil and lease_until >= lease_cutoff
+      if ok and type(r) == 'table' then
+        local live_until = nil
+        if r.state == 'running' then
+          live_until = tonumber(r.lease)
+        elseif r.state == 'failed' then
+          live_until = tonumber(r.retry_at)
+        end
+        keep = live_until ~= nil and live_until >= lease_cutoff
       end
     end
     if keep then

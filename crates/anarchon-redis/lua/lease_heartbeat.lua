@@ -12,6 +12,13 @@
 -- ARGV[3] step: 'renew', 'release', 'give_back' or 'finish'
 -- renew:   ARGV[4] lease (ms)
 -- finish:  ARGV[4] final state  ARGV[5] '1' if there is an error  ARGV[6] error
+--          ARGV[7] for a failure that asks for a retry, how long after now
+--          it is due (ms), else ''  ARGV[8] the job's next slot (ms): a retry
+--          due at or after it is not made  ARGV[9] what such a failure's
+--          error gets added (anarchon_core::retry::NOT_RETRIED)
+--
+-- A failure whose retry is made keeps its due time as retry_at and stays
+-- in live, scored by it: until then it counts as a run still going.
 --
 -- Returns {1, now} if the token holds the run (the step was done), else {0, now}.
 -- Runs after lease_prelude.lua (check, int, now).
@@ -53,7 +60,21 @@ elseif step == 'finish' then
   rec.state = ARGV[4]
   rec.finished = int(now)
   if ARGV[5] == '1' then rec.error = ARGV[6] else rec.error = nil end
-  redis.call('ZREM', KEYS[2], slot)
+  rec.retry_at = nil
+  local after = tonumber(ARGV[7] or '')
+  if after then
+    local due = now + after
+    if due < tonumber(ARGV[8]) then
+      rec.retry_at = int(due)
+    else
+      rec.error = (rec.error or '') .. ARGV[9]
+    end
+  end
+  if rec.retry_at then
+    redis.call('ZADD', KEYS[2], rec.retry_at, slot)
+  else
+    redis.call('ZREM', KEYS[2], slot)
+  end
 else
   return redis.error_reply('ERR anarchon: unknown step ' .. step)
 end

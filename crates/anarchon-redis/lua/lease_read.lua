@@ -5,8 +5,10 @@
 -- to read (limit - 1, or -1 for all)
 --
 -- Returns {now, record, record, ...}; a record is
--- {slot, state, attempt, fence, instance, started, finished, lease, has_error, error}
--- with '' for what the run does not have. peek returns {now} for no record.
+-- {slot, state, attempt, fence, instance, started, finished, lease, has_error,
+--  error, retry_at, earlier}
+-- with '' for what the run does not have; earlier is the past attempts as
+-- JSON. peek returns {now} for no record.
 -- Runs after lease_prelude.lua (check, int, now).
 
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset')
@@ -17,12 +19,15 @@ local function record(slot)
   if not raw then return nil end
   local ok, r = pcall(cjson.decode, raw)
   if not ok or type(r) ~= 'table' then
-    return {slot, 'corrupt', '', '', '', '', '', '', '0', ''}
+    return {slot, 'corrupt', '', '', '', '', '', '', '0', '', '', ''}
   end
   local has_error = '0'
   if r.error ~= nil then has_error = '1' end
+  local earlier = ''
+  if r.earlier ~= nil then earlier = cjson.encode(r.earlier) end
   return {slot, r.state or '', r.attempt or '', r.fence or '', r.instance or '',
-          r.started or '', r.finished or '', r.lease or '', has_error, r.error or ''}
+          r.started or '', r.finished or '', r.lease or '', has_error, r.error or '',
+          r.retry_at or '', earlier}
 end
 
 local out = {now}

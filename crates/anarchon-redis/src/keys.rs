@@ -18,7 +18,7 @@
 //! |-----------|------------------------------|------------|-------|
 //! | lease     | `{p:job}:runs`               | hash       | slot → run record (JSON) |
 //! | lease     | `{p:job}:slots`              | sorted set | recorded slots, by instant (`Slot::at`) |
-//! | lease     | `{p:job}:live`               | sorted set | running slots, by lease end |
+//! | lease     | `{p:job}:live`               | sorted set | live slots: running ones by lease end, pending retries by due time |
 //! | lease     | `{p:job}:fence`              | string     | the job's fence counter |
 //! | lease     | `{p:job}:window`             | string     | the job's longest `max_late` (ms) |
 //! | lease     | `{p:job}:pause`              | hash       | the job's pause: since, until, reason, by |

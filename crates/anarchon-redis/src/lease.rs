@@ -6,12 +6,13 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anarchon_core::retry::NOT_RETRIED;
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, ClaimAnswers, ClaimOutcome, Fence, HandOvers, InstanceId, JobName, LeaseClaim,
-    LeaseStore, Listener, Overlap, Pause, PauseRequest, PauseScope, Pauses, RecordState, Renewal,
-    RunKey, RunOutcome, RunRecord, RunRequest, RunRequests, RunState, RunView, Slot, StoreError,
-    Timestamp, Token, TriggerRequest, Win,
+    LeaseStore, Listener, Overlap, PastAttempts, Pause, PauseRequest, PauseScope, Pauses,
+    RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunRequest, RunRequests, RunState,
+    RunView, Slot, StoreError, Timestamp, Token, TriggerRequest,
 };
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
@@ -62,8 +63,9 @@ static SCRIPTS: [&Lua; 6] = [&CLAIM, &STEP, &READ, &GC, &PAUSE, &REQUEST];
 ///
 /// Keys of job `j` under prefix `p` (all with the hash tag `{p:j}`):
 /// `{p:j}:runs` (hash: slot → run record), `{p:j}:slots` (sorted set of
-/// recorded slots), `{p:j}:live` (sorted set of running slots by lease end:
-/// the overlap check reads only live runs), `{p:j}:fence` (the fence
+/// recorded slots), `{p:j}:live` (sorted set of live slots: running ones
+/// by lease end, failed ones whose retry is pending by its due time; the
+/// overlap check reads only live runs), `{p:j}:fence` (the fence
 /// counter, never deleted), `{p:j}:pause` (the job's pause). `{p}:jobs`
 /// lists the jobs for [`collect_garbage`](LeaseStore::collect_garbage);
 /// `{p}:pause` holds the pause of every job and `{p}:pauses` lists the
@@ -369,10 +371,10 @@ impl RedisLeaseStore {
             .ok_or_else(|| store_err(Error::protocol(during, "no clock reading")))?;
         let records = items
             .map(|v| match v {
-                Value::Array(fields) if fields.len() == 10 => Ok(fields),
+                Value::Array(fields) if fields.len() == RECORD_FIELDS => Ok(fields),
                 other => Err(store_err(Error::protocol(
                     during,
-                    format!("a record is not 10 fields: {other:?}"),
+                    format!("a record is not {RECORD_FIELDS} fields: {other:?}"),
                 ))),
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -451,21 +453,23 @@ fn parse_claim(reply: Value) -> Result<ClaimOutcome, Error> {
     let Value::Array(items) = reply else {
         return Err(bad("not an array"));
     };
-    if items.len() != 6 {
-        return Err(bad("not 6 items"));
+    if items.len() != 7 {
+        return Err(bad("not 7 items"));
     }
     let kind = text(&items[0]).ok_or_else(|| bad("no kind"))?;
     let number = |i: usize| int(&items[i]).ok_or_else(|| bad("not a number"));
     Ok(match kind.as_str() {
-        "won" => ClaimOutcome::Won(Win {
-            attempt: u32::try_from(number(1)?)
+        "won" => {
+            let attempt = u32::try_from(number(1)?)
                 .ok()
                 .and_then(Attempt::new)
-                .ok_or_else(|| bad("attempt"))?,
-            fence: Some(Fence::new(
-                u64::try_from(number(2)?).map_err(|_| bad("fence"))?,
-            )),
-        }),
+                .ok_or_else(|| bad("attempt"))?;
+            let fence = Fence::new(u64::try_from(number(2)?).map_err(|_| bad("fence"))?);
+            // The run's past attempts tell how this attempt came to run.
+            let earlier = text(&items[6]).ok_or_else(|| bad("no past attempts"))?;
+            let past = PastAttempts::decode(&earlier).map_err(|e| bad(&e.to_string()))?;
+            ClaimOutcome::Won(past.win(attempt, Some(fence)))
+        }
         "running" => ClaimOutcome::Running {
             lease_until: Timestamp::from_millis(number(3)?),
             store_now: Timestamp::from_millis(number(4)?),
@@ -483,8 +487,11 @@ fn parse_claim(reply: Value) -> Result<ClaimOutcome, Error> {
     })
 }
 
+/// How many fields a record from `lease_read.lua` has.
+const RECORD_FIELDS: usize = 12;
+
 /// A record from `lease_read.lua`: slot, state, attempt, fence, instance,
-/// started, finished, lease, has_error, error.
+/// started, finished, lease, has_error, error, retry_at, earlier.
 fn parse_record(job: &JobName, fields: &[Value]) -> Result<RunRecord, Error> {
     let during = "reading history";
     let bad = |what: &str| Error::protocol(during, format!("run record: {what}"));
@@ -526,6 +533,8 @@ fn parse_record(job: &JobName, fields: &[Value]) -> Result<RunRecord, Error> {
         finished_at: opt_int(6)?.map(Timestamp::from_millis),
         lease_until: opt_int(7)?.map(Timestamp::from_millis),
         error: (field(8) == "1").then(|| field(9)),
+        retry_at: opt_int(10)?.map(Timestamp::from_millis),
+        earlier: PastAttempts::decode(&field(11)).map_err(|e| bad(&e.to_string()))?,
     })
 }
 
@@ -568,7 +577,13 @@ impl LeaseStore for RedisLeaseStore {
             None => RunState::Absent,
             Some(fields) => {
                 let rec = parse_record(&run.job, fields).map_err(store_err)?;
-                RunState::of_record(rec.state, rec.attempt, rec.lease_until, store_now)
+                RunState::of_record(
+                    rec.state,
+                    rec.attempt,
+                    rec.lease_until,
+                    rec.retry_at,
+                    store_now,
+                )
             }
         };
         Ok(RunView { store_now, state })
@@ -596,11 +611,24 @@ impl LeaseStore for RedisLeaseStore {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
+        // The script turns a retry's wait into a due time on Redis's clock.
+        let (after, before) = match &outcome {
+            RunOutcome::Failed {
+                retry: Some(plan), ..
+            } => (
+                millis(plan.after).to_string(),
+                plan.before.as_millis().to_string(),
+            ),
+            _ => (String::new(), String::new()),
+        };
         let (state, error) = outcome.into_record();
         let extra = vec![
             state.as_str().to_owned(),
             if error.is_some() { "1" } else { "0" }.to_owned(),
             error.unwrap_or_default(),
+            after,
+            before,
+            NOT_RETRIED.to_owned(),
         ];
         self.step(run, token, "finish", extra, "finishing a run")
             .await
@@ -680,28 +708,66 @@ impl LeaseStore for RedisLeaseStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use anarchon_core::FinalState;
+    use anarchon_core::{AttemptCause, AttemptEnd, FinalState, PastAttempt};
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
-    #[test]
-    fn claim_answers_parse() {
-        let won = Value::Array(vec![
+    fn won(attempt: i64, earlier: &str) -> Value {
+        Value::Array(vec![
             bulk("won"),
-            Value::Int(2),
+            Value::Int(attempt),
             Value::Int(7),
             Value::Int(1000),
             Value::Int(900),
             bulk("running"),
+            bulk(earlier),
+        ])
+    }
+
+    #[test]
+    fn claim_answers_parse() {
+        let first = parse_claim(won(1, "")).expect("won");
+        assert_eq!(
+            first,
+            ClaimOutcome::Won(anarchon_core::Win::first(Some(Fence::new(7))))
+        );
+        // A retry: the past attempts as the script's cjson writes them.
+        let retried =
+            r#"[{"attempt":1,"ended":"failed","at":800,"instance":"inst-1","error":"boom"}]"#;
+        let ClaimOutcome::Won(win) = parse_claim(won(2, retried)).expect("won") else {
+            panic!("not won");
+        };
+        assert_eq!(
+            (win.attempt, win.fence, win.cause, win.retries),
+            (
+                Attempt::FIRST.next(),
+                Some(Fence::new(7)),
+                AttemptCause::Retry,
+                1
+            )
+        );
+        let ClaimOutcome::Won(win) = parse_claim(won(2, "{}")).expect("won") else {
+            panic!("not won");
+        };
+        assert_eq!((win.cause, win.retries), (AttemptCause::Takeover, 0));
+        assert!(parse_claim(won(2, "[1]")).is_err(), "no past attempts");
+        let running = Value::Array(vec![
+            bulk("running"),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(1500),
+            Value::Int(900),
+            bulk("failed"),
+            bulk(""),
         ]);
         assert_eq!(
-            parse_claim(won).expect("won"),
-            ClaimOutcome::Won(Win {
-                attempt: Attempt::FIRST.next(),
-                fence: Some(Fence::new(7)),
-            })
+            parse_claim(running).expect("running"),
+            ClaimOutcome::Running {
+                lease_until: Timestamp::from_millis(1500),
+                store_now: Timestamp::from_millis(900),
+            }
         );
         let done = Value::Array(vec![
             bulk("done"),
@@ -710,6 +776,7 @@ mod tests {
             Value::Int(0),
             Value::Int(900),
             bulk("interrupted"),
+            bulk(""),
         ]);
         assert_eq!(
             parse_claim(done).expect("done"),
@@ -721,8 +788,10 @@ mod tests {
     #[test]
     fn records_parse() {
         let job = JobName::new("j").expect("job");
+        let earlier = r#"[{"attempt":1,"ended":"taken-over","at":3000,"instance":"inst-0"}]"#;
         let fields: Vec<Value> = [
-            "5000", "failed", "2", "9", "inst-1", "1000", "6000", "4000", "1", "boom",
+            "5000", "failed", "2", "9", "inst-1", "1000", "6000", "4000", "1", "boom", "9000",
+            earlier,
         ]
         .iter()
         .map(|s| bulk(s))
@@ -732,13 +801,27 @@ mod tests {
         assert_eq!(rec.attempt, Attempt::new(2));
         assert_eq!(rec.fence, Some(Fence::new(9)));
         assert_eq!(rec.error.as_deref(), Some("boom"));
-        let missed: Vec<Value> = ["5000", "missed", "", "", "", "", "6000", "", "0", ""]
-            .iter()
-            .map(|s| bulk(s))
-            .collect();
+        assert_eq!(rec.retry_at, Some(Timestamp::from_millis(9000)));
+        assert_eq!(
+            rec.earlier.iter().cloned().collect::<Vec<_>>(),
+            vec![PastAttempt {
+                attempt: Attempt::FIRST,
+                ended: AttemptEnd::TakenOver,
+                at: Some(Timestamp::from_millis(3000)),
+                instance: InstanceId::new("inst-0").ok(),
+                error: None,
+            }]
+        );
+        let missed: Vec<Value> = [
+            "5000", "missed", "", "", "", "", "6000", "", "0", "", "", "",
+        ]
+        .iter()
+        .map(|s| bulk(s))
+        .collect();
         let rec = parse_record(&job, &missed).expect("missed");
         assert_eq!(rec.state, RecordState::Missed);
         assert_eq!((rec.attempt, rec.instance, rec.error), (None, None, None));
         assert_eq!(rec.finished_at, Some(Timestamp::from_millis(6000)));
+        assert_eq!((rec.retry_at, rec.earlier), (None, PastAttempts::NONE));
     }
 }

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use anarchon_core::{Attempt, ClaimOutcome, ClaimRequest, Memory, Token, Win};
+use anarchon_core::{ClaimOutcome, ClaimRequest, Memory, Token, Win};
 use deadpool_redis::redis::{self, Value};
 
 use crate::connection::{Link, check, text};
@@ -138,10 +138,7 @@ impl RedisStreamIdStore {
 /// stores count no attempts and give no fence.
 pub(crate) fn first_claim_answer(own: bool) -> ClaimOutcome {
     if own {
-        ClaimOutcome::Won(Win {
-            attempt: Attempt::FIRST,
-            fence: None,
-        })
+        ClaimOutcome::Won(Win::first(None))
     } else {
         ClaimOutcome::Lost
     }
