@@ -267,10 +267,7 @@ impl AmqpStore {
 }
 
 fn won() -> ClaimOutcome {
-    ClaimOutcome::Won(Win {
-        attempt: Attempt::FIRST,
-        fence: None,
-    })
+    ClaimOutcome::Won(Win::first(None))
 }
 
 /// Declares the durable queue `queue` with `arguments` on the lease's

@@ -9,7 +9,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anarchon::{JobOptions, Overlap, Schedule, SchedulerOptions};
+use anarchon::{JobOptions, Overlap, RetryPolicy, Schedule, SchedulerOptions};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use toml::Spanned;
@@ -63,6 +63,10 @@ struct JobSection {
     max_attempts: Option<u32>,
     catch_up: Option<Dur>,
     catch_up_limit: Option<u32>,
+    retries: Option<u32>,
+    retry_backoff: Option<Dur>,
+    retry_backoff_max: Option<Dur>,
+    retry_growth: Option<f64>,
     max_late: Option<Dur>,
     jitter: Option<Dur>,
     timeout: Option<Dur>,
@@ -299,6 +303,7 @@ fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {
     options.max_attempts = s.max_attempts;
     options.catch_up = s.catch_up.map(|d| d.0);
     options.catch_up_limit = s.catch_up_limit;
+    options.retry = retry_policy(&s).map_err(fail)?;
     Ok(Job {
         name,
         line,
@@ -309,6 +314,36 @@ fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {
         working_dir: s.working_dir,
         options,
     })
+}
+
+/// How long the first retry waits when a job sets `retries` alone.
+const DEFAULT_RETRY_BACKOFF: Duration = Duration::from_secs(10);
+
+/// The job's retry policy from `retries`, `retry_backoff`,
+/// `retry_backoff_max` and `retry_growth`; `None` without `retries`.
+fn retry_policy(s: &JobSection) -> Result<Option<RetryPolicy>, String> {
+    let Some(retries) = s.retries else {
+        let stray = [
+            (s.retry_backoff.is_some(), "retry_backoff"),
+            (s.retry_backoff_max.is_some(), "retry_backoff_max"),
+            (s.retry_growth.is_some(), "retry_growth"),
+        ];
+        if let Some((_, key)) = stray.iter().find(|(set, _)| *set) {
+            return Err(format!(
+                "`{key}` shapes retries, but the job has none: add `retries = 3` (how many times a failed run is tried again)"
+            ));
+        }
+        return Ok(None);
+    };
+    let backoff = s.retry_backoff.map_or(DEFAULT_RETRY_BACKOFF, |d| d.0);
+    let mut policy = RetryPolicy::new(retries, backoff).map_err(|e| e.to_string())?;
+    if let Some(growth) = s.retry_growth {
+        policy = policy.with_growth(growth).map_err(|e| e.to_string())?;
+    }
+    if let Some(cap) = s.retry_backoff_max {
+        policy = policy.with_cap(cap.0).map_err(|e| e.to_string())?;
+    }
+    Ok(Some(policy))
 }
 
 /// The 1-based line and column (in characters) of byte `offset` in `text`.

@@ -210,6 +210,8 @@ pub(crate) async fn run(
             },
         )
         .env("ANARCHON_ATTEMPT", ctx.attempt().to_string())
+        .env("ANARCHON_ATTEMPT_CAUSE", ctx.cause().as_str())
+        .env("ANARCHON_RETRIES", ctx.retries().to_string())
         .env("ANARCHON_INSTANCE", ctx.instance().as_str())
         .stdin(Stdio::null())
         .stdout(Stdio::inherit())

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use anarchon::{JobName, LeaseStore, RecordState, RunRecord, Schedule, Timestamp};
+use anarchon::{AttemptEnd, JobName, LeaseStore, RecordState, RunRecord, Schedule, Timestamp};
 use chrono::{Local, SecondsFormat};
 
 use crate::error::Error;
@@ -33,7 +33,9 @@ fn origin(r: &RunRecord) -> &'static str {
 }
 
 /// A table of runs: slot (local and UTC; a manual run's request time),
-/// job, origin, state, attempt, instance, duration, error.
+/// job, origin, state, attempt, instance, duration, error. A run's
+/// earlier attempts follow it, newest first, each on its own row with how
+/// it ended (`failed, retried` or `taken over`).
 pub(crate) fn history_table(runs: &[RunRecord]) -> String {
     let header = [
         "SLOT (LOCAL)",
@@ -48,24 +50,49 @@ pub(crate) fn history_table(runs: &[RunRecord]) -> String {
     ];
     let rows: Vec<[String; 9]> = runs
         .iter()
-        .map(|r| {
+        .flat_map(|r| {
             let at = r.run.slot.at().to_datetime();
-            [
+            let slot = [
                 at.with_timezone(&Local)
                     .format("%Y-%m-%d %H:%M:%S %:z")
                     .to_string(),
                 at.to_rfc3339_opts(SecondsFormat::Secs, true),
                 r.run.job.to_string(),
                 origin(r).to_owned(),
+            ];
+            let instance = |i: Option<&anarchon::InstanceId>| {
+                i.map_or_else(|| "-".into(), |i| printable(i.as_str()))
+            };
+            let [local, utc, job, origin] = slot;
+            let latest = [
+                local.clone(),
+                utc.clone(),
+                job.clone(),
+                origin.clone(),
                 state(r),
                 r.attempt.map_or_else(|| "-".into(), |a| a.to_string()),
-                r.instance
-                    .as_ref()
-                    .map_or_else(|| "-".into(), |i| printable(i.as_str())),
+                instance(r.instance.as_ref()),
                 duration(r.started_at, r.finished_at, r.state),
                 // Stored text may carry terminal escapes: never print it raw.
                 r.error.as_deref().map(printable).unwrap_or_default(),
-            ]
+            ];
+            let earlier = r.earlier.iter().rev().map(move |p| {
+                [
+                    local.clone(),
+                    utc.clone(),
+                    job.clone(),
+                    origin.clone(),
+                    match p.ended {
+                        AttemptEnd::Failed => "failed, retried".into(),
+                        AttemptEnd::TakenOver => "taken over".into(),
+                    },
+                    p.attempt.to_string(),
+                    instance(p.instance.as_ref()),
+                    "-".into(),
+                    p.error.as_deref().map(printable).unwrap_or_default(),
+                ]
+            });
+            std::iter::once(latest).chain(earlier)
         })
         .collect();
     let mut widths = header.map(str::len);
@@ -116,6 +143,15 @@ pub(crate) fn history_json(runs: &[RunRecord]) -> String {
                 "finished_at": at(r.finished_at),
                 "lease_until": at(r.lease_until),
                 "error": r.error,
+                "cause": r.cause().map(|c| c.as_str()),
+                "retry_at": at(r.retry_at),
+                "earlier": r.earlier.iter().map(|p| serde_json::json!({
+                    "attempt": p.attempt.get(),
+                    "ended": p.ended.as_str(),
+                    "at": at(p.at),
+                    "instance": p.instance.as_ref().map(|i| i.as_str()),
+                    "error": p.error,
+                })).collect::<Vec<_>>(),
             })
         })
         .collect();
@@ -123,9 +159,13 @@ pub(crate) fn history_json(runs: &[RunRecord]) -> String {
 }
 
 fn state(r: &RunRecord) -> String {
-    match r.state {
-        RecordState::Running => "running".into(),
-        other => other.as_str().into(),
+    match (r.state, r.retry_at) {
+        (RecordState::Running, _) => "running".into(),
+        (_, Some(due)) => format!(
+            "failed, retry due {}",
+            due.to_datetime().to_rfc3339_opts(SecondsFormat::Secs, true)
+        ),
+        (other, None) => other.as_str().into(),
     }
 }
 
