@@ -3,6 +3,9 @@
 -- to a batch of runs in one statement, so a claim costs one round trip and
 -- one transaction. The arrays are the claims' fields, element i of each
 -- belonging to claim i. One row comes back per claim, r_idx telling which.
+-- A win comes back with the run's past attempts (`r_earlier`, the JSON
+-- array of the `earlier` column as the step left it; NULL for none), from
+-- which the caller tells the winner how its attempt came to run.
 --
 -- This file is not a migration: it is always the current function, and
 -- every migration run that brings a table to the current schema version
@@ -29,7 +32,8 @@ RETURNS TABLE (
     r_attempt     integer,
     r_fence       bigint,
     r_lease_until bigint,
-    r_store_now   bigint
+    r_store_now   bigint,
+    r_earlier     text
 )
 LANGUAGE plpgsql
 VOLATILE
@@ -44,6 +48,7 @@ DECLARE
     v_until bigint;
     v_run   record;
     v_window bigint;
+    v_earlier jsonb;
 BEGIN
     IF coalesce(array_length(p_slot, 1), 0) <> n
         OR coalesce(array_length(p_token, 1), 0) <> n
@@ -82,8 +87,10 @@ BEGIN
         r_attempt := NULL;
         r_fence := NULL;
         r_lease_until := NULL;
+        r_earlier := NULL;
 
-        SELECT t.state, t.attempt, t.token, t.fence, t.lease_until
+        SELECT t.state, t.attempt, t.token, t.fence, t.lease_until, t.retry_at,
+               t.finished_at, t.instance, t.error, t.earlier
           INTO v_run
           FROM "{{table}}" AS t
          WHERE t.job = v_job AND t.slot = v_slot
@@ -127,22 +134,34 @@ BEGIN
                     VALUES (v_job, v_slot, 'missed', v_now);
                 END IF;
                 r_outcome := 'late';
-            ELSIF p_skip[i] AND EXISTS (
-                SELECT 1
-                  FROM "{{table}}" AS o
-                 WHERE o.job = v_job
-                   AND o.state = 'running'
-                   AND o.lease_until >= v_now
-                   AND o.slot <> v_slot
+            ELSIF p_skip[i] AND (
+                EXISTS (
+                    SELECT 1
+                      FROM "{{table}}" AS o
+                     WHERE o.job = v_job
+                       AND o.state = 'running'
+                       AND o.lease_until >= v_now
+                       AND o.slot <> v_slot
+                ) OR EXISTS (
+                    SELECT 1
+                      FROM "{{table}}" AS o
+                     WHERE o.job = v_job
+                       AND o.state = 'failed'
+                       AND o.retry_at >= v_now
+                       AND o.slot <> v_slot
+                )
             ) THEN
-                -- Another run of the job holds a live lease: the slot is skipped,
-                -- and recorded so, for every instance that asks.
+                -- Another run of the job is still going — it holds a live
+                -- lease, or it failed and its retry is not due yet: the slot
+                -- is skipped, and recorded so, for every instance that asks.
+                -- (Each check reads a partial index of the job's few live
+                -- runs: `{{table}}_live`, `{{table}}_retries`.)
                 INSERT INTO "{{table}}" AS t (job, slot, state, finished_at)
                 VALUES (v_job, v_slot, 'skipped', v_now)
                 ON CONFLICT (job, slot) DO UPDATE
                    SET state = 'skipped', attempt = NULL, token = NULL, fence = NULL,
                        instance = NULL, started_at = NULL, finished_at = EXCLUDED.finished_at,
-                       lease_until = NULL, error = NULL;
+                       lease_until = NULL, error = NULL, retry_at = NULL, earlier = NULL;
                 r_outcome := 'overlap';
             ELSE
                 UPDATE "{{table}}_jobs" AS j SET last_fence = j.last_fence + 1
@@ -157,19 +176,58 @@ BEGIN
                    SET state = 'running', attempt = 1, token = EXCLUDED.token,
                        fence = EXCLUDED.fence, instance = EXCLUDED.instance,
                        started_at = EXCLUDED.started_at, finished_at = NULL,
-                       lease_until = EXCLUDED.lease_until, error = NULL;
+                       lease_until = EXCLUDED.lease_until, error = NULL,
+                       retry_at = NULL, earlier = NULL;
                 r_outcome := 'won';
                 r_attempt := 1;
                 r_fence := v_fence;
             END IF;
+        ELSIF v_run.state = 'failed' AND v_run.retry_at IS NOT NULL THEN
+            -- A failure whose retry is pending (step 1 of `decide::claim`).
+            -- Neither late nor paused: the retry belongs to a run that
+            -- started, and the runner that failed already decided that
+            -- attempts were left.
+            IF v_now < v_run.retry_at THEN
+                -- Not due yet: the run counts as going on until then.
+                r_outcome := 'running';
+                r_lease_until := v_run.retry_at;
+            ELSE
+                -- Due: the next attempt, under a new fence, and the failed
+                -- attempt joins the past ones.
+                UPDATE "{{table}}_jobs" AS j SET last_fence = j.last_fence + 1
+                 WHERE j.job = v_job
+                RETURNING j.last_fence INTO v_fence;
+                r_attempt := coalesce(v_run.attempt, 1) + 1;
+                v_earlier := coalesce(v_run.earlier, '[]'::jsonb);
+                IF v_run.attempt IS NOT NULL THEN
+                    v_earlier := v_earlier || jsonb_build_array(jsonb_strip_nulls(
+                        jsonb_build_object(
+                            'attempt', v_run.attempt,
+                            'ended', 'failed',
+                            'at', v_run.finished_at,
+                            'instance', v_run.instance,
+                            'error', v_run.error)));
+                END IF;
+                UPDATE "{{table}}" AS t
+                   SET state = 'running', attempt = r_attempt, token = p_token[i],
+                       fence = v_fence, instance = p_instance[i], lease_until = v_until,
+                       finished_at = NULL, error = NULL, retry_at = NULL,
+                       earlier = v_earlier
+                 WHERE t.job = v_job AND t.slot = v_slot;
+                r_outcome := 'won';
+                r_fence := v_fence;
+                r_earlier := v_earlier::text;
+            END IF;
         ELSIF v_run.state <> 'running' THEN
-            -- Finished: succeeded, failed, interrupted, skipped or paused.
+            -- Finished: succeeded, failed (with no retry pending),
+            -- interrupted, skipped or paused.
             r_outcome := v_run.state;
         ELSIF v_run.token = p_token[i] THEN
             -- Our own claim, sent again.
             r_outcome := 'won';
             r_attempt := coalesce(v_run.attempt, 1);
             r_fence := v_run.fence;
+            r_earlier := v_run.earlier::text;
         ELSIF coalesce(v_run.lease_until, v_now) >= v_now THEN
             -- Someone else's live lease.
             r_outcome := 'running';
@@ -177,18 +235,29 @@ BEGIN
         ELSIF v_run.token IS NULL OR coalesce(v_run.attempt, 1) < p_max_attempts[i] THEN
             -- The lease ran out and attempts are left: take the run over.
             -- A run given back before its handler started (no holder)
-            -- runs the same attempt again.
+            -- runs the same attempt again; otherwise the attempt whose
+            -- lease ran out joins the past ones.
             UPDATE "{{table}}_jobs" AS j SET last_fence = j.last_fence + 1
              WHERE j.job = v_job
             RETURNING j.last_fence INTO v_fence;
             r_attempt := coalesce(v_run.attempt, 1)
                          + CASE WHEN v_run.token IS NULL THEN 0 ELSE 1 END;
+            v_earlier := v_run.earlier;
+            IF v_run.token IS NOT NULL AND v_run.attempt IS NOT NULL THEN
+                v_earlier := coalesce(v_earlier, '[]'::jsonb) || jsonb_build_array(jsonb_strip_nulls(
+                    jsonb_build_object(
+                        'attempt', v_run.attempt,
+                        'ended', 'taken-over',
+                        'at', v_run.lease_until,
+                        'instance', v_run.instance)));
+            END IF;
             UPDATE "{{table}}" AS t
                SET attempt = r_attempt, token = p_token[i], fence = v_fence,
-                   instance = p_instance[i], lease_until = v_until
+                   instance = p_instance[i], lease_until = v_until, earlier = v_earlier
              WHERE t.job = v_job AND t.slot = v_slot;
             r_outcome := 'won';
             r_fence := v_fence;
+            r_earlier := v_earlier::text;
         ELSE
             -- The lease ran out and no attempts are left.
             UPDATE "{{table}}" AS t

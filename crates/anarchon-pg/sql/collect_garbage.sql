@@ -1,7 +1,9 @@
 -- Forgets runs whose slot is more than $1 ms, and more than the job's late
 -- window, before the server's now (a manual run's slot is its request time
 -- negated: its age is abs(slot), so the range is -cutoff < slot < cutoff); except running runs whose lease ended
--- less than $1 ms ago (a backup may still take them over).
+-- less than $1 ms ago (a backup may still take them over), and failed runs
+-- whose retry is due less than $1 ms ago, or later (any claim may still
+-- start it).
 --
 -- The join with the jobs table gives each job its cutoff and lets
 -- PostgreSQL walk each job's primary-key range around zero (every run's
@@ -33,3 +35,6 @@ DELETE FROM "{{table}}" AS t
    AND (t.state <> 'running'
         OR t.lease_until IS NULL
         OR t.lease_until < c.lease_at)
+   AND (t.state <> 'failed'
+        OR t.retry_at IS NULL
+        OR t.retry_at < c.lease_at)

@@ -24,7 +24,7 @@ use crate::options::TableName;
 use crate::sql::sql;
 
 /// The schema version this crate needs and migrates to.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 struct Migration {
     version: u32,
@@ -69,6 +69,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 7,
         description: "backfill requests",
         tables: Some(include_str!("../migrations/0007_backfills.sql")),
+    },
+    Migration {
+        version: 8,
+        description: "retries of failed runs, past attempts",
+        tables: Some(include_str!("../migrations/0008_retries.sql")),
     },
 ];
 

@@ -2,7 +2,7 @@
 //! core's types.
 
 use anarchon_core::stored;
-use anarchon_core::{ClaimOutcome, Pause, RecordState, Timestamp, Win};
+use anarchon_core::{ClaimOutcome, PastAttempts, Pause, RecordState, Timestamp};
 use sqlx::FromRow;
 
 /// One answer of the claim function.
@@ -20,18 +20,26 @@ pub(crate) struct ClaimRow {
     pub(crate) lease_until: Option<i64>,
     #[sqlx(rename = "r_store_now")]
     pub(crate) store_now: i64,
+    /// With a win: the run's past attempts as the claim left them (the
+    /// `earlier` column's JSON text; `None` for none).
+    #[sqlx(rename = "r_earlier")]
+    pub(crate) earlier: Option<String>,
 }
 
 impl ClaimRow {
     pub(crate) fn outcome(&self) -> Result<ClaimOutcome, String> {
         Ok(match self.outcome.as_str() {
-            "won" => ClaimOutcome::Won(Win {
-                attempt: stored::attempt(self.attempt.ok_or("a win without an attempt")?.into())
-                    .map_err(reason)?,
-                fence: Some(
-                    stored::fence(self.fence.ok_or("a win without a fence")?).map_err(reason)?,
-                ),
-            }),
+            "won" => {
+                let attempt =
+                    stored::attempt(self.attempt.ok_or("a win without an attempt")?.into())
+                        .map_err(reason)?;
+                let fence =
+                    stored::fence(self.fence.ok_or("a win without a fence")?).map_err(reason)?;
+                // The past attempts tell how this attempt came to run.
+                let past = PastAttempts::decode(self.earlier.as_deref().unwrap_or_default())
+                    .map_err(reason)?;
+                ClaimOutcome::Won(past.win(attempt, Some(fence)))
+            }
             "running" => ClaimOutcome::Running {
                 lease_until: Timestamp::from_millis(
                     self.lease_until.ok_or("a live lease without an end")?,
@@ -55,6 +63,7 @@ pub(crate) struct PeekRow {
     pub(crate) state: Option<String>,
     pub(crate) attempt: Option<i32>,
     pub(crate) lease_until: Option<i64>,
+    pub(crate) retry_at: Option<i64>,
 }
 
 /// A stored value the core's types cannot hold, as the reason of a

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anarchon_core::hand_over::{announced, news_of, run_in_news};
+use anarchon_core::retry::NOT_RETRIED;
 use anarchon_core::stored::{self, RunColumns};
 use anarchon_core::time::millis;
 use anarchon_core::{
@@ -255,6 +256,7 @@ impl LeaseStore for PgStore {
                     .transpose()
                     .map_err(protocol)?,
                 row.lease_until.map(Timestamp::from_millis),
+                row.retry_at.map(Timestamp::from_millis),
                 store_now,
             ),
         };
@@ -286,6 +288,16 @@ impl LeaseStore for PgStore {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
+        // A retry the runner asks for: the store turns the wait into a due
+        // time on its own clock, or finds it not before the next slot.
+        let plan = match &outcome {
+            RunOutcome::Failed {
+                retry: Some(plan), ..
+            } => Some(*plan),
+            _ => None,
+        };
+        let retry_after = plan.map(|p| millis(p.after));
+        let retry_before = plan.map(|p| p.before.as_millis());
         let (state, error) = outcome.into_record();
         Ok(self
             .update_held(
@@ -294,7 +306,13 @@ impl LeaseStore for PgStore {
                 run,
                 token,
                 Resend::Always,
-                |q| q.bind(state.as_str()).bind(error.clone()),
+                |q| {
+                    q.bind(state.as_str())
+                        .bind(error.clone())
+                        .bind(retry_after)
+                        .bind(retry_before)
+                        .bind(NOT_RETRIED)
+                },
             )
             .await?)
     }

@@ -21,9 +21,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anarchon_core::{
-    Attempt, CancelReason, ClaimOutcome, ClaimRequest, FinalState, InstanceId, JobName, LeaseClaim,
-    LeaseStore, MaxAttempts, Overlap, RecordState, Renewal, RunKey, RunOutcome, RunState, Schedule,
-    Scheduler, Slot, StoreError, StoreErrorKind, Token, Win,
+    Attempt, AttemptCause, AttemptEnd, CancelReason, ClaimOutcome, ClaimRequest, FinalState,
+    InstanceId, JobName, LeaseClaim, LeaseStore, MaxAttempts, Overlap, RecordState, Renewal,
+    RunKey, RunOutcome, RunState, Schedule, Scheduler, Slot, StoreError, StoreErrorKind, Token,
+    Win,
 };
 use anarchon_pg::migrate::{Migrated, migrate_to, schema_version};
 use anarchon_pg::{Error, PgOptions, PgStore, SCHEMA_VERSION, TableName};

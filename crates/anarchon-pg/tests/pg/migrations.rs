@@ -158,3 +158,82 @@ async fn a_table_name_taken_by_something_else_is_refused() {
     .expect("the foreign table is intact");
     assert_eq!(kept, 42);
 }
+
+/// A store left at schema version 7 — its claim function answering
+/// without past attempts, a failed run and a run whose lease ran out in
+/// it — is brought to the current version when a store opens: the old
+/// function (whose result type `CREATE OR REPLACE` could not change) is
+/// replaced, the old rows read back with no retry pending and no past
+/// attempts, and a takeover of the old running run records the attempt it
+/// ended.
+#[tokio::test]
+async fn a_schema_from_version_7_gets_retries_and_past_attempts() {
+    let factory = PgFactory::new().await;
+    let table = factory.table().clone();
+    let mut conn = admin(factory.url()).await;
+    migrate_to(&mut conn, &table, 7).await.expect("v7");
+    let base = future_base();
+    // A stand-in with version 7's arguments and result: enough for the
+    // migration to have to drop it.
+    exec(
+        &mut conn,
+        format!(
+            r#"CREATE FUNCTION "{table}_claim"(
+                   text[], bigint[], uuid[], text[], bigint[], bigint[], boolean[], integer[], boolean[])
+               RETURNS TABLE (r_idx integer, r_outcome text, r_attempt integer, r_fence bigint,
+                              r_lease_until bigint, r_store_now bigint)
+               LANGUAGE sql AS $$ SELECT 1, 'late', NULL::integer, NULL::bigint, NULL::bigint, 0::bigint $$;
+               INSERT INTO "{table}" (job, slot, state, attempt, token, fence, instance, started_at, finished_at, error)
+               VALUES ('legacy', {base}, 'failed', 1, gen_random_uuid(), 3, 'old-host', 900, 950, 'boom');
+               INSERT INTO "{table}" (job, slot, state, attempt, token, fence, instance, started_at, lease_until)
+               VALUES ('legacy', {base} + 1000, 'running', 1, gen_random_uuid(), 4, 'old-host', 900, 960);
+               INSERT INTO "{table}_jobs" (job, last_fence) VALUES ('legacy', 4);"#
+        ),
+    )
+    .await;
+    let store = factory.store_with(factory.options()).await;
+    assert_eq!(
+        store.schema_version().await.expect("version"),
+        SCHEMA_VERSION
+    );
+    let legacy = job("legacy");
+    let failed = RunKey::new(legacy.clone(), Slot::from_millis(base));
+    let running = RunKey::new(legacy.clone(), Slot::from_millis(base + 1000));
+    assert_eq!(
+        store.peek(&failed).await.expect("peek").state,
+        RunState::Finished(FinalState::Failed),
+        "no retry pending"
+    );
+    assert_eq!(
+        store
+            .claim_lease(&claim(failed, Token::generate(), "new", Overlap::Allow))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Done(FinalState::Failed)
+    );
+    let win = won(store
+        .claim_lease(&claim(running, Token::generate(), "new", Overlap::Allow))
+        .await
+        .expect("claim"));
+    assert_eq!((win.attempt.get(), win.cause), (2, AttemptCause::Takeover));
+    assert_eq!(win.fence.map(|f| f.get()), Some(5), "fences continue");
+    let history = store.history(&legacy, 10).await.expect("history");
+    assert!(history.iter().all(|r| r.retry_at.is_none()), "{history:?}");
+    let earlier: Vec<(u32, AttemptEnd, Option<i64>, Option<&str>)> = history[0]
+        .earlier
+        .iter()
+        .map(|p| {
+            (
+                p.attempt.get(),
+                p.ended,
+                p.at.map(|at| at.as_millis()),
+                p.instance.as_ref().map(|i| i.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        earlier,
+        vec![(1, AttemptEnd::TakenOver, Some(960), Some("old-host"))]
+    );
+    assert!(history[1].earlier.is_empty(), "{history:?}");
+}

@@ -4,8 +4,9 @@ use super::*;
 
 /// With 20,000 runs of one job stored (and statistics gathered), every
 /// lookup a claim, heartbeat, finish, release, peek or history makes is an
-/// index scan — the primary key, or the partial index of live runs for the
-/// overlap check — in its generic (prepared) plan. So a claim costs
+/// index scan — the primary key, or the partial indexes of live runs
+/// (leases, pending retries) for the overlap check — in its generic
+/// (prepared) plan. So a claim costs
 /// O(log n) in the stored runs, never a scan of the job's history.
 #[tokio::test]
 async fn lookups_use_the_primary_key_and_the_live_run_index() {
@@ -22,6 +23,9 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
                    FROM generate_series(1, 5) AS g;
                INSERT INTO "{t}" (job, slot, state, attempt, fence, finished_at)
                  SELECT 'other-' || (g % 50), g * 1000, 'succeeded', 1, g, 0 FROM generate_series(1, 5000) AS g;
+               INSERT INTO "{t}" (job, slot, state, attempt, token, fence, finished_at, error, retry_at)
+                 SELECT 'busy', 40000000 + g * 1000, 'failed', 1, gen_random_uuid(), 30000 + g, 0, 'flaky', 1
+                   FROM generate_series(1, 5) AS g;
                ANALYZE "{t}";
                SET plan_cache_mode = force_generic_plan;"#,
             finished = twenty_thousand_finished_runs(&t)
@@ -60,6 +64,15 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
             "text, bigint, bigint",
             "'busy', 0, 5000".into(),
         ),
+        (
+            "claim: overlap check of pending retries",
+            format!(
+                r#"SELECT 1 FROM "{t}" AS o WHERE o.job = $1 AND o.state = 'failed'
+                   AND o.retry_at >= $2 AND o.slot <> $3"#
+            ),
+            "text, bigint, bigint",
+            "'busy', 0, 5000".into(),
+        ),
         statement!("peek", "text, bigint", "'busy', 5000"),
         statement!("history", "text, bigint", "'busy', 10"),
         statement!(
@@ -69,8 +82,8 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
         ),
         statement!(
             "finish",
-            "text, bigint, uuid, text, text",
-            "'busy', 5000, gen_random_uuid(), 'succeeded', NULL"
+            "text, bigint, uuid, text, text, bigint, bigint, text",
+            "'busy', 5000, gen_random_uuid(), 'failed', 'x', 1000, 9000, ' (not retried)'"
         ),
         statement!(
             "release",
@@ -99,12 +112,15 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
             !plan.contains("Seq Scan"),
             "{what} scans the table:\n{plan}"
         );
-        // The overlap check must read the live-run index; the others find
-        // the run by its primary key, or (for statements that only touch
-        // running runs) through the job's few live runs.
+        // The overlap checks must read the live-run indexes; the others
+        // find the run by its primary key, or (for statements that only
+        // touch running runs) through the job's few live runs.
         let live = format!("using {t}_live ");
+        let retries = format!("using {t}_retries ");
         let pkey = format!("using {t}_pkey ");
-        let ok = if what.contains("overlap") {
+        let ok = if what.contains("pending retries") {
+            plan.contains(&retries)
+        } else if what.contains("overlap") {
             plan.contains(&live)
         } else {
             plan.contains(&pkey) || plan.contains(&live)
