@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anarchon_core::{
-    Attempt, BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, LeaseStore, Memory, RunKey,
-    StoreError, Token, Win,
+    BackendInfo, ClaimOutcome, ClaimRequest, ClaimStore, LeaseStore, Memory, RunKey, StoreError,
+    Token, Win,
 };
 use async_trait::async_trait;
 use lapin::options::{BasicPublishOptions, QueueDeclareOptions};

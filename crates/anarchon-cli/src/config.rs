@@ -255,6 +255,7 @@ impl Crontab {
 
 fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {
     let (line, column) = line_column(text, s.name.span().start);
+    let retry = retry_policy(&s);
     let name = s.name.into_inner();
     let fail = |message: String| Error::Job {
         path: path.to_path_buf(),
@@ -303,7 +304,7 @@ fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {
     options.max_attempts = s.max_attempts;
     options.catch_up = s.catch_up.map(|d| d.0);
     options.catch_up_limit = s.catch_up_limit;
-    options.retry = retry_policy(&s).map_err(fail)?;
+    options.retry = retry.map_err(fail)?;
     Ok(Job {
         name,
         line,
@@ -523,6 +524,54 @@ command = "echo ping | cat"
         ] {
             let err = parse(text).unwrap_err().to_string();
             assert!(err.contains(says), "{text:?}: {err}");
+            assert!(err.starts_with("test.toml:"), "{err}");
+        }
+    }
+
+    #[test]
+    fn retries_are_read_and_checked_by_name() {
+        let config = parse(
+            "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"x\"\nretries = 3\nretry_backoff = \"5s\"\nretry_backoff_max = \"1m\"\nretry_growth = 3.0\n",
+        )
+        .unwrap();
+        let policy = config.jobs[0].options.retry.expect("a retry policy");
+        assert_eq!(policy.retries(), 3);
+        assert_eq!(policy.first_backoff(), Duration::from_secs(5));
+        assert_eq!(policy.cap(), Duration::from_secs(60));
+        assert_eq!(policy.growth(), 3.0);
+        let plain =
+            parse("[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"x\"\nretries = 1\n").unwrap();
+        assert_eq!(
+            plain.jobs[0].options.retry.map(|p| p.first_backoff()),
+            Some(DEFAULT_RETRY_BACKOFF)
+        );
+        for (keys, says) in [
+            (
+                "retries = 0",
+                "retries is out of range: it must be at least 1",
+            ),
+            ("retries = -1", "invalid value"),
+            (
+                "retries = 2\nretry_backoff = \"0s\"",
+                "retry_backoff is out of range",
+            ),
+            ("retries = 2\nretry_backoff = \"-5s\"", "invalid duration"),
+            (
+                "retries = 2\nretry_backoff = \"1m\"\nretry_backoff_max = \"10s\"",
+                "retry_backoff_max is out of range: 10s must be at least the first backoff (60s)",
+            ),
+            (
+                "retries = 2\nretry_growth = 0.5",
+                "retry_growth is out of range",
+            ),
+            (
+                "retry_backoff = \"5s\"",
+                "`retry_backoff` shapes retries, but the job has none",
+            ),
+        ] {
+            let text = format!("[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"x\"\n{keys}\n");
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.contains(says), "{keys:?}: {err}");
             assert!(err.starts_with("test.toml:"), "{err}");
         }
     }

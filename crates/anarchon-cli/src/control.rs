@@ -378,6 +378,15 @@ async fn wait_for_run(
                     write_out(&format!("the manual run started (attempt {attempt})\n"))?;
                 }
             }
+            RunState::RetryPending { attempt, retry_at } => {
+                started = true;
+                write_out(&format!(
+                    "attempt {attempt} failed; its retry is due at {retry_at}\n"
+                ))?;
+                // Nothing to ask the store before the retry is due.
+                let wait = retry_at.since(view.store_now);
+                tokio::time::sleep(wait.saturating_sub(WAIT_POLL)).await;
+            }
             RunState::Absent => {
                 if view.store_now.since(request.requested_at)
                     > anarchon::scheduler::MANUAL_RUN_WINDOW

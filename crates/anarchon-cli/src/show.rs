@@ -248,6 +248,8 @@ mod tests {
             finished_at: None,
             lease_until: None,
             error: Some(error.into()),
+            retry_at: None,
+            earlier: anarchon::PastAttempts::NONE,
         }
     }
 
@@ -290,6 +292,8 @@ mod tests {
                 finished_at: Some(Timestamp::from_millis(1_800_000_000_000)),
                 lease_until: None,
                 error: None,
+                retry_at: None,
+                earlier: anarchon::PastAttempts::NONE,
             },
         ];
         let table = history_table(&runs);
@@ -301,6 +305,45 @@ mod tests {
         assert!(lines[1].contains("1s 500ms"), "{table}");
         assert!(lines[1].ends_with("exit status 3"), "{table}");
         assert!(lines[2].contains("missed"), "{table}");
+    }
+
+    #[test]
+    fn a_retried_run_shows_each_attempt_and_how_it_ended() {
+        let past: anarchon::PastAttempts = [anarchon::PastAttempt {
+            attempt: Attempt::FIRST,
+            ended: AttemptEnd::Failed,
+            at: Some(Timestamp::from_millis(1_800_000_000_500)),
+            instance: Some(InstanceId::new("host-2-def").unwrap()),
+            error: Some("exit status 1".into()),
+        }]
+        .into_iter()
+        .collect();
+        let run = RunRecord {
+            state: RecordState::Finished(FinalState::Succeeded),
+            attempt: Some(Attempt::FIRST.next()),
+            error: None,
+            earlier: past,
+            ..failed_backup("")
+        };
+        let table = history_table(std::slice::from_ref(&run));
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "the run, then its earlier attempt: {table}");
+        assert!(lines[1].contains("succeeded"), "{table}");
+        assert!(lines[2].contains("failed, retried"), "{table}");
+        assert!(lines[2].contains("host-2-def"), "{table}");
+        assert!(lines[2].ends_with("exit status 1"), "{table}");
+        let doc: serde_json::Value = serde_json::from_str(&history_json(&[run])).unwrap();
+        assert_eq!(doc[0]["cause"], "retry");
+        assert_eq!(doc[0]["earlier"][0]["ended"], "failed");
+        assert_eq!(doc[0]["earlier"][0]["error"], "exit status 1");
+        let pending = RunRecord {
+            retry_at: Some(Timestamp::from_millis(1_800_000_060_000)),
+            ..failed_backup("exit status 1")
+        };
+        assert!(
+            history_table(&[pending]).contains("failed, retry due 2027-01-15T08:01:00Z"),
+            "a pending retry says when it is due"
+        );
     }
 
     /// A record planted in the store with terminal escapes (a clipboard

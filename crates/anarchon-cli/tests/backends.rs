@@ -99,6 +99,7 @@ fn lease_only_options_are_refused_on_claim_only_urls() {
         ("overlap", "overlap = \"skip\"", ""),
         ("max_attempts", "max_attempts = 2", ""),
         ("catch_up", "catch_up = \"1h\"", ""),
+        ("retries", "retries = 3", ""),
         ("lease", "", "lease = \"10s\""),
         ("heartbeat", "", "heartbeat = \"1s\""),
     ] {

@@ -1786,3 +1786,148 @@ async fn a_fall_behind_catches_up_only_the_newest_slots() {
     );
     assert_eq!(after, expected, "the newest three minutes before the wake");
 }
+
+/// A handler that fails its first `failures` attempts of every slot (with
+/// the attempt's number in its error) and succeeds after; every attempt
+/// notes its slot, number, cause, retries and instance in `seen`.
+type Attempts = Arc<Mutex<Vec<(Slot, u32, anarchon_core::AttemptCause, u32, String)>>>;
+
+fn failing_first(
+    seen: &Attempts,
+    failures: u32,
+) -> impl Fn(RunContext) -> BoxFuture<'static, Result<(), String>> + Send + Sync + 'static {
+    let seen = seen.clone();
+    move |ctx| {
+        let seen = seen.clone();
+        Box::pin(async move {
+            let n = ctx.attempt().get();
+            seen.lock().unwrap().push((
+                ctx.slot(),
+                n,
+                ctx.cause(),
+                ctx.retries(),
+                ctx.instance().to_string(),
+            ));
+            if n <= failures {
+                Err(format!("attempt {n} failed"))
+            } else {
+                Ok(())
+            }
+        })
+    }
+}
+
+/// Three schedulers of a job that retries twice: a handler that fails
+/// twice is retried once per failure, by one instance each time, after the
+/// backoff; the third attempt succeeds, and the record keeps both failures.
+/// A single scheduler retries its own failure too (nobody else would).
+#[tokio::test(start_paused = true)]
+async fn a_failed_run_is_retried_once_per_retry_among_the_schedulers() {
+    use anarchon_core::{AttemptCause, RetryPolicy};
+    let (clock, store) = setup();
+    let seen = Attempts::default();
+    let policy = RetryPolicy::new(2, Duration::from_secs(5)).unwrap();
+    let mut schedulers = Vec::new();
+    for name in ["a", "b", "c"] {
+        let mut b = instance(store.clone(), clock.clone(), name);
+        b.job("flaky", every(60))
+            .unwrap()
+            .retry(policy)
+            .run(failing_first(&seen, 2))
+            .unwrap();
+        schedulers.push(b.start().unwrap());
+    }
+    sleep(40.0).await;
+    let metrics: u64 = schedulers.iter().map(|s| s.metrics().retries).sum();
+    shut_down_all(schedulers).await;
+    let seen = seen.lock().unwrap().clone();
+    let how: Vec<(u32, AttemptCause, u32)> = seen.iter().map(|s| (s.1, s.2, s.3)).collect();
+    assert_eq!(
+        how,
+        vec![
+            (1, AttemptCause::First, 0),
+            (2, AttemptCause::Retry, 1),
+            (3, AttemptCause::Retry, 2),
+        ],
+        "one slot, three attempts: {seen:?}"
+    );
+    assert_eq!(metrics, 2, "two retries won in all");
+    let record = history_of(&store, "flaky", 1).await.remove(0);
+    assert_eq!(record.state, SUCCEEDED);
+    assert_eq!(record.attempt, Attempt::new(3));
+    let errors: Vec<Option<&str>> = record.earlier.iter().map(|p| p.error.as_deref()).collect();
+    assert_eq!(errors, [Some("attempt 1 failed"), Some("attempt 2 failed")]);
+    let (first, second) = (
+        record.earlier.iter().next().unwrap().at.unwrap(),
+        record.earlier.iter().nth(1).unwrap().at.unwrap(),
+    );
+    assert!(
+        second.since(first) >= Duration::from_millis(4_500),
+        "the second failure came at least the backoff (less its jitter) after the first"
+    );
+
+    // Alone, an instance retries its own failures.
+    let (clock, store) = setup();
+    let alone = Attempts::default();
+    let mut b = instance(store.clone(), clock.clone(), "alone");
+    b.job("flaky", every(60))
+        .unwrap()
+        .retry(policy)
+        .run(failing_first(&alone, 1))
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    sleep(30.0).await;
+    scheduler.shutdown().await;
+    assert_eq!(
+        alone.lock().unwrap().len(),
+        2,
+        "{:?}",
+        alone.lock().unwrap()
+    );
+    assert_eq!(history_of(&store, "flaky", 1).await[0].state, SUCCEEDED);
+}
+
+/// A retry that would come after the job's next slot is not made: the run
+/// ends failed at once and its error says why; the next slot runs on time.
+#[tokio::test(start_paused = true)]
+async fn a_retry_is_never_made_past_the_next_slot() {
+    use anarchon_core::RetryPolicy;
+    let (clock, store) = setup();
+    let seen = Attempts::default();
+    let mut b = instance(store.clone(), clock.clone(), "a");
+    b.job("flaky", every(60))
+        .unwrap()
+        .retry(RetryPolicy::new(3, Duration::from_secs(120)).unwrap())
+        .run(failing_first(&seen, 1))
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    sleep(70.0).await;
+    scheduler.shutdown().await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "two slots, one attempt each: {seen:?}");
+    assert_ne!(seen[0].0, seen[1].0, "{seen:?}");
+    let records = history_of(&store, "flaky", 2).await;
+    let first = &records[1];
+    assert_eq!(first.state, RecordState::Finished(FinalState::Failed));
+    assert_eq!(first.retry_at, None);
+    assert_eq!(
+        first.error.as_deref(),
+        Some(format!("attempt 1 failed{}", anarchon_core::retry::NOT_RETRIED).as_str())
+    );
+}
+
+/// Retries are a lease-store option: a claim-only store refuses them by
+/// name.
+#[test]
+fn retries_are_refused_on_a_claim_only_store() {
+    let mut b = Scheduler::builder(Arc::new(ClaimOnlyStore::default()));
+    let err = job_refused(&mut b, |j| {
+        j.options(&job_options(|o| {
+            o.retry = Some(anarchon_core::RetryPolicy::new(1, Duration::from_secs(1)).unwrap());
+        }))
+    });
+    assert!(
+        err.to_string().contains("retries"),
+        "the refusal names the option: {err}"
+    );
+}
