@@ -502,7 +502,9 @@ impl<S: LeaseStore + ?Sized> Control<S> {
                     continue;
                 };
                 let pending_now = match self.store.peek(&run).await?.state {
-                    RunState::Running { .. } | RunState::RetryPending { .. } => true,
+                    RunState::Running { .. }
+                    | RunState::RetryPending { .. }
+                    | RunState::Waiting { .. } => true,
                     RunState::Absent => request.requested_at >= oldest,
                     RunState::Missed | RunState::Finished(_) => false,
                 };

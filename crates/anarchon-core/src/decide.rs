@@ -77,6 +77,11 @@ pub enum Needs {
     /// The slot could start: read the pauses of the job and of the
     /// namespace and decide again with them.
     Pauses,
+    /// The claim's job buffers one slot ([`Overlap::BufferOne`]): find out
+    /// whether a slot of the job other than this one is waiting at `now`
+    /// (recorded `waiting`, its wait not over: `lease_until >= now`) and
+    /// decide again with the answer.
+    WaitingCheck,
 }
 
 /// What a store knows when it asks [`claim`]; `None` where it has not
@@ -90,6 +95,9 @@ pub struct Facts {
     pub another_run_live: Option<bool>,
     /// The pauses of the job and of the namespace.
     pub paused: Option<Paused>,
+    /// Whether a slot of the job other than this one is waiting at `now`
+    /// ([`Needs::WaitingCheck`]).
+    pub another_waiting: Option<bool>,
 }
 
 impl Facts {
@@ -98,14 +106,30 @@ impl Facts {
         now: None,
         another_run_live: None,
         paused: None,
+        another_waiting: None,
     };
 
     /// Every fact known.
-    pub fn all(now: Timestamp, another_run_live: bool, paused: Paused) -> Self {
+    pub fn all(
+        now: Timestamp,
+        another_run_live: bool,
+        paused: Paused,
+        another_waiting: bool,
+    ) -> Self {
         Facts {
             now: Some(now),
             another_run_live: Some(another_run_live),
             paused: Some(paused),
+            another_waiting: Some(another_waiting),
+        }
+    }
+
+    /// The clock and the pauses known, the rest not yet.
+    pub fn at(now: Timestamp, paused: Paused) -> Self {
+        Facts {
+            now: Some(now),
+            paused: Some(paused),
+            ..Facts::NONE
         }
     }
 }
@@ -121,10 +145,28 @@ pub enum ClaimDecision {
     /// Write a record in state `skipped` (finished now, nobody's) in place
     /// of whatever was there; answer [`ClaimOutcome::Overlap`].
     RecordSkipped,
-    /// No record and the job is paused: write one in state `paused`
-    /// (finished now, nobody's); answer
-    /// [`ClaimOutcome::Done`]`(Paused)`.
+    /// No record (or a `waiting` one) and the job is paused: write one in
+    /// state `paused` (finished now, nobody's) in place of whatever was
+    /// there; answer [`ClaimOutcome::Done`]`(Paused)`.
     RecordPaused,
+    /// [`Overlap::BufferOne`]: another run of the job is live and no other
+    /// slot waits. Write a record in state `waiting` (nobody's) whose
+    /// `lease_until` is `until`, the end of its wait; answer
+    /// [`ClaimOutcome::Running`] with `look_again` as the lease's end, so
+    /// the claimant watches it as a backup.
+    RecordWaiting {
+        /// The end of the wait: the slot plus the claim's `max_late`.
+        until: Timestamp,
+        /// When to ask again: the store's `now` plus the claim's lease.
+        look_again: Timestamp,
+        /// The store's `now`.
+        store_now: Timestamp,
+    },
+    /// [`Overlap::Replace`]: as [`Self::Start`], and every other run of the
+    /// job still going — running (whatever its lease), or failed and
+    /// waiting for its retry — ends `replaced`, finished now (its retry
+    /// cleared, its holder kept, so its runner is fenced).
+    StartReplacing,
     /// Start the run: a new record in state `running`, attempt 1, held by
     /// the claim's token and instance, a new fence from the job's counter,
     /// started now, its lease ending the claim's lease after now. Answer
@@ -174,7 +216,17 @@ impl ClaimDecision {
             ClaimDecision::RecordMissed => ClaimOutcome::Late,
             ClaimDecision::RecordSkipped => ClaimOutcome::Overlap,
             ClaimDecision::RecordPaused => ClaimOutcome::Done(FinalState::Paused),
-            ClaimDecision::Start => ClaimOutcome::Won(Win::first(fence)),
+            ClaimDecision::RecordWaiting {
+                look_again,
+                store_now,
+                ..
+            } => ClaimOutcome::Running {
+                lease_until: look_again,
+                store_now,
+            },
+            ClaimDecision::Start | ClaimDecision::StartReplacing => {
+                ClaimOutcome::Won(Win::first(fence))
+            }
             ClaimDecision::TakeOver { attempt } | ClaimDecision::Retry { attempt } => {
                 ClaimOutcome::Won(past.win(attempt, fence))
             }
@@ -187,7 +239,10 @@ impl ClaimDecision {
     pub fn needs_fence(&self) -> bool {
         matches!(
             self,
-            ClaimDecision::Start | ClaimDecision::TakeOver { .. } | ClaimDecision::Retry { .. }
+            ClaimDecision::Start
+                | ClaimDecision::StartReplacing
+                | ClaimDecision::TakeOver { .. }
+                | ClaimDecision::Retry { .. }
         )
     }
 
@@ -295,12 +350,15 @@ pub fn claim(
                 ClaimDecision::Interrupt
             })
         }
-        None | Some((_, RecordState::Missed)) => not_yet_run(record, false, facts, req),
+        None | Some((_, RecordState::Missed | RecordState::Waiting)) => {
+            not_yet_run(record, false, facts, req)
+        }
     }
 }
 
 /// Steps 5 and 6 of [`claim`]: a run with no record, or one recorded
-/// `missed` — or `paused` (`was_paused`) for a claim that may re-run it.
+/// `missed` or `waiting` — or `paused` (`was_paused`) for a claim that may
+/// re-run it.
 fn not_yet_run(
     record: Option<&LeaseRecord>,
     was_paused: bool,
@@ -308,53 +366,70 @@ fn not_yet_run(
     req: &LeaseClaim,
 ) -> Result<ClaimDecision, Needs> {
     let now = facts.now.ok_or(Needs::Now)?;
+    let waiting = record.is_some_and(|r| r.state == RecordState::Waiting);
     if facts.paused.ok_or(Needs::Pauses)?.holds_at(now) {
         return Ok(match record {
             None => ClaimDecision::RecordPaused,
+            Some(_) if waiting => ClaimDecision::RecordPaused,
             Some(_) if was_paused => ClaimDecision::Answer(ClaimOutcome::Done(FinalState::Paused)),
             Some(_) => ClaimDecision::Answer(ClaimOutcome::Late),
         });
     }
     if now.since(req.run().slot.at()) > req.claim.max_late {
-        return Ok(if record.is_none() {
+        return Ok(if record.is_none() || waiting {
             ClaimDecision::RecordMissed
         } else {
             ClaimDecision::Answer(ClaimOutcome::Late)
         });
     }
-    if req.overlap == Overlap::Skip && facts.another_run_live.ok_or(Needs::OverlapCheck)? {
-        return Ok(ClaimDecision::RecordSkipped);
-    }
-    Ok(ClaimDecision::Start)
+    let live = || facts.another_run_live.ok_or(Needs::OverlapCheck);
+    Ok(match req.overlap {
+        Overlap::Allow => ClaimDecision::Start,
+        Overlap::Skip if live()? => ClaimDecision::RecordSkipped,
+        Overlap::Skip => ClaimDecision::Start,
+        Overlap::Replace => ClaimDecision::StartReplacing,
+        // The waiting slot itself starts once the live run has ended.
+        Overlap::BufferOne if waiting && live()? => ClaimDecision::Answer(ClaimOutcome::Running {
+            lease_until: now.saturating_add(req.lease),
+            store_now: now,
+        }),
+        Overlap::BufferOne if waiting => ClaimDecision::Start,
+        // One slot waits at most: a later one is skipped, even when the
+        // live run has just ended and the waiting slot not started yet.
+        Overlap::BufferOne if facts.another_waiting.ok_or(Needs::WaitingCheck)? => {
+            ClaimDecision::RecordSkipped
+        }
+        Overlap::BufferOne if live()? => ClaimDecision::RecordWaiting {
+            until: req.run().slot.at().saturating_add(req.claim.max_late),
+            look_again: now.saturating_add(req.lease),
+            store_now: now,
+        },
+        Overlap::BufferOne => ClaimDecision::Start,
+    })
 }
 
 /// [`claim`] for a store that has its clock and the job's pauses, and can
-/// tell at once whether another run of the job is live (asked only when the
-/// answer depends on it).
+/// tell at once whether another run of the job is live and whether another
+/// slot of it is waiting (each asked only when the answer depends on it).
 pub fn claim_at(
     record: Option<&LeaseRecord>,
     now: Timestamp,
     paused: Paused,
     req: &LeaseClaim,
-    another_run_live: impl FnOnce() -> bool,
+    another_run_live: impl Fn() -> bool,
+    another_waiting: impl Fn() -> bool,
 ) -> ClaimDecision {
-    let facts = Facts {
-        now: Some(now),
-        another_run_live: None,
-        paused: Some(paused),
-    };
-    match claim(record, facts, req) {
-        Ok(decision) => decision,
-        Err(_) => claim(
-            record,
-            Facts {
-                another_run_live: Some(another_run_live()),
-                ..facts
-            },
-            req,
-        )
-        .unwrap_or(ClaimDecision::Answer(ClaimOutcome::Unknown)),
+    let mut facts = Facts::at(now, paused);
+    // Each round learns one more fact; there are two to learn.
+    for _ in 0..3 {
+        match claim(record, facts, req) {
+            Ok(decision) => return decision,
+            Err(Needs::OverlapCheck) => facts.another_run_live = Some(another_run_live()),
+            Err(Needs::WaitingCheck) => facts.another_waiting = Some(another_waiting()),
+            Err(Needs::Now | Needs::Pauses) => break,
+        }
     }
+    ClaimDecision::Answer(ClaimOutcome::Unknown)
 }
 
 /// A heartbeat by `token`: `Renewed` (the store sets the lease to end the
@@ -466,6 +541,7 @@ mod tests {
             now,
             another_run_live,
             paused: Some(Paused::NONE),
+            another_waiting: None,
         }
     }
 
@@ -560,13 +636,20 @@ mod tests {
         );
         let now = Timestamp::from_millis(NOW);
         assert_eq!(
-            claim_at(None, now, Paused::NONE, &skip, || true),
+            claim_at(None, now, Paused::NONE, &skip, || true, || panic!("asked")),
             ClaimDecision::RecordSkipped
         );
         // Overlap::Allow never asks.
         let allow = req(Token::generate(), 0, Overlap::Allow, 3);
         assert_eq!(
-            claim_at(None, now, Paused::NONE, &allow, || panic!("asked")),
+            claim_at(
+                None,
+                now,
+                Paused::NONE,
+                &allow,
+                || panic!("asked"),
+                || panic!("asked")
+            ),
             ClaimDecision::Start
         );
         // A late claim is late before it is an overlap.
@@ -588,6 +671,7 @@ mod tests {
             now: NOW_TS,
             another_run_live: None,
             paused: Some(paused),
+            another_waiting: None,
         };
         let fresh = req(Token::generate(), 1_000, Overlap::Skip, 3);
         assert_eq!(
@@ -634,6 +718,7 @@ mod tests {
                 Timestamp::from_millis(NOW),
                 paused,
                 &fresh,
+                || panic!("asked"),
                 || panic!("asked")
             ),
             ClaimDecision::RecordPaused
@@ -698,6 +783,110 @@ mod tests {
     }
 
     #[test]
+    fn replace_starts_and_ends_the_others_without_asking() {
+        let replace = req(Token::generate(), 0, Overlap::Replace, 3);
+        let now = Timestamp::from_millis(NOW);
+        assert_eq!(
+            claim_at(
+                None,
+                now,
+                Paused::NONE,
+                &replace,
+                || panic!("asked"),
+                || panic!("asked")
+            ),
+            ClaimDecision::StartReplacing
+        );
+        let d = ClaimDecision::StartReplacing;
+        assert!(d.needs_fence());
+        assert_eq!(
+            d.outcome(Some(Fence::new(3)), &PastAttempts::NONE),
+            ClaimOutcome::Won(Win::first(Some(Fence::new(3))))
+        );
+        // Late is still late, paused still paused.
+        let late = req(Token::generate(), 61_000, Overlap::Replace, 3);
+        assert_eq!(
+            claim(None, f(NOW_TS, None), &late),
+            Ok(ClaimDecision::RecordMissed)
+        );
+    }
+
+    #[test]
+    fn buffer_one_waits_one_slot_and_skips_the_next() {
+        let now = Timestamp::from_millis(NOW);
+        let buffer = req(Token::generate(), 1_000, Overlap::BufferOne, 3);
+        let facts = |live, waiting| Facts {
+            another_waiting: waiting,
+            ..f(NOW_TS, live)
+        };
+        assert_eq!(
+            claim(None, facts(None, None), &buffer),
+            Err(Needs::WaitingCheck),
+            "a later slot asks first whether one waits"
+        );
+        assert_eq!(
+            claim(None, facts(None, Some(true)), &buffer),
+            Ok(ClaimDecision::RecordSkipped)
+        );
+        assert_eq!(
+            claim(None, facts(None, Some(false)), &buffer),
+            Err(Needs::OverlapCheck)
+        );
+        let waits = claim(None, facts(Some(true), Some(false)), &buffer).unwrap();
+        assert_eq!(
+            waits,
+            ClaimDecision::RecordWaiting {
+                until: Timestamp::from_millis(NOW - 1_000 + 60_000),
+                look_again: now.saturating_add(Duration::from_secs(30)),
+                store_now: now,
+            }
+        );
+        assert_eq!(
+            waits.outcome(None, &PastAttempts::NONE),
+            ClaimOutcome::Running {
+                lease_until: now.saturating_add(Duration::from_secs(30)),
+                store_now: now,
+            }
+        );
+        assert_eq!(
+            claim(None, facts(Some(false), Some(false)), &buffer),
+            Ok(ClaimDecision::Start)
+        );
+        // The waiting slot: still waiting while the run is live, starts
+        // after, and is missed past its max_late.
+        let waiting = LeaseRecord {
+            lease_until: Some(Timestamp::from_millis(NOW + 59_000)),
+            ..ended(RecordState::Waiting, None)
+        };
+        assert!(matches!(
+            claim(Some(&waiting), facts(Some(true), None), &buffer),
+            Ok(ClaimDecision::Answer(ClaimOutcome::Running { .. }))
+        ));
+        assert_eq!(
+            claim(Some(&waiting), facts(Some(false), None), &buffer),
+            Ok(ClaimDecision::Start)
+        );
+        let too_late = req(Token::generate(), 61_000, Overlap::BufferOne, 3);
+        assert_eq!(
+            claim(Some(&waiting), facts(Some(true), None), &too_late),
+            Ok(ClaimDecision::RecordMissed),
+            "a slot that waited past its window is missed"
+        );
+        let paused = Facts {
+            paused: Some(Paused {
+                job: Some(crate::control::PauseEnd::OnResume),
+                all: None,
+            }),
+            ..facts(Some(true), None)
+        };
+        assert_eq!(
+            claim(Some(&waiting), paused, &buffer),
+            Ok(ClaimDecision::RecordPaused),
+            "a pause turns a waiting slot into a paused one"
+        );
+    }
+
+    #[test]
     fn finished_runs_and_own_claims_need_no_clock() {
         let t = Token::generate();
         let r = req(t, 0, Overlap::Allow, 3);
@@ -707,6 +896,7 @@ mod tests {
             FinalState::Interrupted,
             FinalState::Skipped,
             FinalState::Paused,
+            FinalState::Replaced,
         ] {
             let rec = ended(RecordState::Finished(state), Some(t));
             assert_eq!(
@@ -893,6 +1083,7 @@ mod tests {
                 job: Some(crate::control::PauseEnd::OnResume),
                 all: None,
             }),
+            another_waiting: None,
         };
         assert_eq!(
             claim(Some(&pending), paused, &late),

@@ -74,6 +74,8 @@ struct JobRuns {
     /// pending: the overlap check reads only these, never the whole
     /// history.
     live: BTreeSet<Slot>,
+    /// The slots recorded `waiting` (an `Overlap::BufferOne` job's).
+    waiting: BTreeSet<Slot>,
     last_fence: u64,
     /// The longest late window any claim of the job carried: collection
     /// keeps the job's runs at least this long.
@@ -221,9 +223,14 @@ fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcom
     let job = state.jobs.entry(run.job.clone()).or_default();
     job.window = job.window.max(req.claim.max_late);
     let record = job.runs.get(&run.slot).map(Record::lease_record);
-    let decision = decide::claim_at(record.as_ref(), now, paused, req, || {
-        another_run_is_live(job, run.slot, now)
-    });
+    let decision = decide::claim_at(
+        record.as_ref(),
+        now,
+        paused,
+        req,
+        || another_run_is_live(job, run.slot, now),
+        || another_is_waiting(job, run.slot, now),
+    );
     let fence = decision.needs_fence().then(|| {
         job.last_fence += 1;
         Fence::new(job.last_fence)
@@ -236,8 +243,40 @@ fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcom
     {
         rec.earlier.push(past);
     }
+    if !matches!(
+        decision,
+        ClaimDecision::Answer(_)
+            | ClaimDecision::Resent { .. }
+            | ClaimDecision::RecordWaiting { .. }
+    ) {
+        // Whatever the slot becomes, it no longer waits.
+        job.waiting.remove(&run.slot);
+    }
+    if decision == ClaimDecision::StartReplacing {
+        let others: Vec<Slot> = job
+            .live
+            .iter()
+            .filter(|s| **s != run.slot)
+            .copied()
+            .collect();
+        for slot in others {
+            if let Some(rec) = job.runs.get_mut(&slot) {
+                rec.state = RecordState::Finished(FinalState::Replaced);
+                rec.finished_at = Some(now);
+                rec.retry_at = None;
+            }
+            job.live.remove(&slot);
+        }
+    }
     match &decision {
         ClaimDecision::Answer(_) | ClaimDecision::Resent { .. } => {}
+        ClaimDecision::RecordWaiting { until, .. } => {
+            let mut waiting = Record::ended(RecordState::Waiting, now);
+            waiting.finished_at = None;
+            waiting.lease_until = Some(*until);
+            job.runs.insert(run.slot, waiting);
+            job.waiting.insert(run.slot);
+        }
         ClaimDecision::RecordMissed => {
             job.runs
                 .insert(run.slot, Record::ended(RecordState::Missed, now));
@@ -250,7 +289,7 @@ fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcom
             let paused = RecordState::Finished(FinalState::Paused);
             job.runs.insert(run.slot, Record::ended(paused, now));
         }
-        ClaimDecision::Start => {
+        ClaimDecision::Start | ClaimDecision::StartReplacing => {
             job.runs.insert(
                 run.slot,
                 Record {
@@ -293,6 +332,18 @@ fn claim_one(state: &mut State, now: Timestamp, req: &LeaseClaim) -> ClaimOutcom
     }
     let past = job.runs.get(&run.slot).map(|r| &r.earlier);
     decision.outcome(fence, past.unwrap_or(&PastAttempts::NONE))
+}
+
+fn another_is_waiting(job: &JobRuns, slot: Slot, now: Timestamp) -> bool {
+    job.waiting.iter().any(|s| {
+        *s != slot
+            && job
+                .runs
+                .get(s)
+                .filter(|r| r.state == RecordState::Waiting)
+                .and_then(|r| r.lease_until)
+                .is_some_and(|until| until >= now)
+    })
 }
 
 fn another_run_is_live(job: &JobRuns, slot: Slot, now: Timestamp) -> bool {
@@ -492,6 +543,7 @@ impl LeaseStore for MemoryStore {
                 for slot in old {
                     job.runs.remove(&slot);
                     job.live.remove(&slot);
+                    job.waiting.remove(&slot);
                     deleted += 1;
                 }
             }

@@ -81,9 +81,31 @@ pub enum Overlap {
     /// Run anyway: runs of the job may overlap.
     #[default]
     Allow,
-    /// Skip the new slot while another run of the job holds a live lease;
-    /// the slot is recorded as skipped.
+    /// Skip the new slot while another run of the job is live (holds a
+    /// live lease, or waits for a retry); the slot is recorded as skipped.
     Skip,
+    /// Run the new slot and end every other run of the job still going
+    /// (running, or waiting for a retry): they are recorded `replaced`,
+    /// and their runners are fenced at their next heartbeat and cancel
+    /// their handlers.
+    Replace,
+    /// While another run of the job is live, the new slot waits (recorded
+    /// `waiting`) and runs when that run ends, if that is within the
+    /// slot's `max_late`; at most one slot waits, later ones are skipped.
+    BufferOne,
+}
+
+impl Overlap {
+    /// The rule's name as the crontab writes it: `allow`, `skip`,
+    /// `replace`, `buffer-one`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Overlap::Allow => "allow",
+            Overlap::Skip => "skip",
+            Overlap::Replace => "replace",
+            Overlap::BufferOne => "buffer-one",
+        }
+    }
 }
 
 /// A claim on a lease store: the plain claim plus the lease's terms.
@@ -165,6 +187,9 @@ pub enum FinalState {
     /// Not run because the job (or every job) was paused when the slot was
     /// claimed.
     Paused,
+    /// Ended by a later slot of a job with [`Overlap::Replace`]: its runner
+    /// was fenced, and its handler cancelled at its next heartbeat.
+    Replaced,
 }
 
 impl FinalState {
@@ -176,6 +201,7 @@ impl FinalState {
             FinalState::Interrupted => "interrupted",
             FinalState::Skipped => "skipped",
             FinalState::Paused => "paused",
+            FinalState::Replaced => "replaced",
         }
     }
 }
@@ -334,6 +360,12 @@ pub enum RunState {
     },
     /// The run has ended.
     Finished(FinalState),
+    /// A slot of an [`Overlap::BufferOne`] job waiting for the job's live
+    /// run to end; it starts then, if that is before `until`.
+    Waiting {
+        /// The end of its wait: the slot plus its `max_late`.
+        until: Timestamp,
+    },
 }
 
 impl RunState {
@@ -356,6 +388,9 @@ impl RunState {
                 }
             }
             RecordState::Missed => RunState::Missed,
+            RecordState::Waiting => RunState::Waiting {
+                until: lease_until.unwrap_or(store_now),
+            },
             RecordState::Finished(done) => RunState::Finished(done),
             RecordState::Running => RunState::Running {
                 attempt: attempt.unwrap_or(Attempt::FIRST),
@@ -372,6 +407,10 @@ pub enum RecordState {
     Running,
     /// A late claim found no record: nobody ran it in time.
     Missed,
+    /// A slot of an [`Overlap::BufferOne`] job that came while another run
+    /// of the job was live: it starts when that run ends, if that is within
+    /// its `max_late`. Its record's `lease_until` is the end of its wait.
+    Waiting,
     /// Ended.
     Finished(FinalState),
 }
@@ -382,6 +421,7 @@ impl RecordState {
         match self {
             RecordState::Running => "running",
             RecordState::Missed => "missed",
+            RecordState::Waiting => "waiting",
             RecordState::Finished(f) => f.as_str(),
         }
     }
@@ -391,11 +431,13 @@ impl RecordState {
         Some(match text {
             "running" => RecordState::Running,
             "missed" => RecordState::Missed,
+            "waiting" => RecordState::Waiting,
             "succeeded" => RecordState::Finished(FinalState::Succeeded),
             "failed" => RecordState::Finished(FinalState::Failed),
             "interrupted" => RecordState::Finished(FinalState::Interrupted),
             "skipped" => RecordState::Finished(FinalState::Skipped),
             "paused" => RecordState::Finished(FinalState::Paused),
+            "replaced" => RecordState::Finished(FinalState::Replaced),
             _ => return None,
         })
     }

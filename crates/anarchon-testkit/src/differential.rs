@@ -3,11 +3,12 @@
 //! `anarchon_core::decide` says, for a run's record, the store's clock and
 //! a request, what a lease store must answer and write. These checks build
 //! every record a run can reach through the store's own calls — none,
-//! missed, each ended state, failed with a retry pending or due, running
-//! in attempt 1, 2 or 3 with its lease alive, released or given back —
-//! beside another run of the job that is absent, live, run out or waiting
-//! for its retry, and send every kind of request to it: fresh or
-//! late, overlap allowed or skipped, one to three attempts, from the holder
+//! missed, waiting (a buffered slot), each ended state, failed with a
+//! retry pending or due, running in attempt 1, 2 or 3 with its lease
+//! alive, released or given back — beside another run of the job that is
+//! absent, live, run out, waiting for its retry or a waiting slot, and send
+//! every kind of request to it: fresh or late, each overlap rule
+//! (allowed, skipped, replacing, buffering one), one to three attempts, from the holder
 //! or a stranger. Each answer, and the record it leaves, must be exactly
 //! what the core's functions say. A store whose script or SQL drifts from
 //! the core fails here with the case printed.
@@ -58,6 +59,8 @@ enum Prior {
     RetryPending {
         due: bool,
     },
+    /// A buffered slot waiting for a run of the job that has since ended.
+    Waiting,
     Running {
         attempt: u32,
         lease: Lease,
@@ -80,7 +83,7 @@ pub(crate) fn failed_with_retry(after: Duration) -> RunOutcome {
     }
 }
 
-const PRIORS: [Prior; 18] = [
+const PRIORS: [Prior; 20] = [
     Prior::None,
     Prior::Missed,
     Prior::Ended(FinalState::Succeeded),
@@ -88,8 +91,10 @@ const PRIORS: [Prior; 18] = [
     Prior::Ended(FinalState::Interrupted),
     Prior::Ended(FinalState::Skipped),
     Prior::Ended(FinalState::Paused),
+    Prior::Ended(FinalState::Replaced),
     Prior::RetryPending { due: false },
     Prior::RetryPending { due: true },
+    Prior::Waiting,
     Prior::Running {
         attempt: 1,
         lease: Lease::Alive,
@@ -136,6 +141,8 @@ enum Other {
     RunOut,
     /// Failed, with its retry due in an hour: still going, for overlap.
     RetryPending,
+    /// A buffered slot waiting (for a run that has since ended).
+    Waiting,
 }
 
 /// One claim case.
@@ -154,16 +161,41 @@ struct ClaimCase {
     rerun_paused: bool,
 }
 
-/// Every claim case: 18 records × 4 other runs × fresh or late × 2 overlap
-/// rules × 1–3 attempts × holder or stranger, with the job not paused; and
-/// the same records, other runs, lateness and overlap rules from a stranger
-/// allowed 3 attempts while the job is paused; and both of those from a
-/// stranger whose claim may re-run a paused slot (a backfill's).
+/// Every claim case: 20 records × 5 other runs (but two waiting slots) ×
+/// fresh or late × `Allow` or `Skip` × 1–3 attempts × holder or stranger,
+/// with the job not paused; and the same records, other runs, lateness and
+/// overlap rules from a stranger allowed 3 attempts while the job is
+/// paused; and both of those from a stranger whose claim may re-run a
+/// paused slot (a backfill's). With `Replace`, a stranger's claim; with
+/// `BufferOne`, a stranger's claim, paused or not.
 fn claim_cases() -> Vec<ClaimCase> {
     let mut cases = Vec::new();
+    let others = [
+        Other::None,
+        Other::Live,
+        Other::RunOut,
+        Other::RetryPending,
+        Other::Waiting,
+    ];
     for prior in PRIORS {
-        for other in [Other::None, Other::Live, Other::RunOut, Other::RetryPending] {
+        for other in others {
+            if prior == Prior::Waiting && other == Other::Waiting {
+                continue;
+            }
             for late in [false, true] {
+                let case = |overlap, paused| ClaimCase {
+                    prior,
+                    other,
+                    late,
+                    overlap,
+                    max_attempts: 3,
+                    from_holder: false,
+                    paused,
+                    rerun_paused: false,
+                };
+                cases.push(case(Overlap::Replace, false));
+                cases.push(case(Overlap::BufferOne, false));
+                cases.push(case(Overlap::BufferOne, true));
                 for overlap in [Overlap::Allow, Overlap::Skip] {
                     let case = |max_attempts, from_holder, paused, rerun_paused| ClaimCase {
                         prior,
@@ -303,26 +335,24 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
             None
         }
         Prior::Ended(FinalState::Skipped) => {
-            // Another run of the job live for a moment, then released.
-            let blocker = RunKey::new(
+            plant_blocked(store, run, Overlap::Skip).await;
+            None
+        }
+        Prior::Ended(FinalState::Replaced) => {
+            // Running, then replaced by a later slot.
+            let holder = Token::generate();
+            expect_won(store, &planting(run, holder, PLANTING_LATE, 3), "to run").await;
+            let later = RunKey::new(
                 run.job.clone(),
-                Slot::from_millis(run.slot.as_millis() - 7_000),
+                Slot::from_millis(run.slot.as_millis() + 7_000),
             );
-            let token = Token::generate();
-            expect_won(
-                store,
-                &planting(&blocker, token, PLANTING_LATE, 3),
-                "to block",
-            )
-            .await;
-            let mut skip = planting(run, Token::generate(), PLANTING_LATE, 3);
-            skip.overlap = Overlap::Skip;
-            assert_eq!(
-                store.claim_lease(&skip).await.expect("claim"),
-                ClaimOutcome::Overlap,
-                "building a skipped record"
-            );
-            renewed(store.release(&blocker, token).await, "release");
+            let mut replacing = planting(&later, Token::generate(), PLANTING_LATE, 3);
+            replacing.overlap = Overlap::Replace;
+            expect_won(store, &replacing, "to replace").await;
+            Some(holder)
+        }
+        Prior::Waiting => {
+            plant_blocked(store, run, Overlap::BufferOne).await;
             None
         }
         Prior::Running { attempt, lease } => {
@@ -351,6 +381,34 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
             }
         }
     }
+}
+
+/// Records `run` skipped (`Overlap::Skip`) or waiting
+/// (`Overlap::BufferOne`): another run of the job 7 s before it is live
+/// while it is claimed, then released.
+async fn plant_blocked<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, overlap: Overlap) {
+    let blocker = RunKey::new(
+        run.job.clone(),
+        Slot::from_millis(run.slot.as_millis() - 7_000),
+    );
+    let token = Token::generate();
+    expect_won(
+        store,
+        &planting(&blocker, token, PLANTING_LATE, 3),
+        "to block",
+    )
+    .await;
+    let mut claim = planting(run, Token::generate(), PLANTING_LATE, 3);
+    claim.overlap = overlap;
+    let answer = store.claim_lease(&claim).await.expect("claim");
+    match overlap {
+        Overlap::Skip => assert_eq!(answer, ClaimOutcome::Overlap, "building a skipped record"),
+        _ => assert!(
+            matches!(answer, ClaimOutcome::Running { .. }),
+            "building a waiting record: expected Running, got {answer:?}"
+        ),
+    }
+    renewed(store.release(&blocker, token).await, "release");
 }
 
 /// Waits until the store's clock has passed the retry of `run`.
@@ -455,6 +513,7 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
     let other = RunKey::new(job.clone(), Slot::from_millis(slot.as_millis() + 3_000));
     match case.other {
         Other::None => {}
+        Other::Waiting => plant_blocked(store, &other, Overlap::BufferOne).await,
         Other::Live | Other::RunOut | Other::RetryPending => {
             let token = Token::generate();
             expect_won(store, &planting(&other, token, PLANTING_LATE, 3), "other").await;
@@ -501,11 +560,16 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
     let now = store_now(store, &job).await;
     let other_live = match case.other {
         Other::Live | Other::RetryPending => true,
-        Other::None | Other::RunOut => false,
+        Other::None | Other::RunOut | Other::Waiting => false,
     };
+    let other_waiting = case.other == Other::Waiting;
     let record = lease_record(before.as_ref(), case.prior, holder);
-    let decision = decide::claim(record.as_ref(), Facts::all(now, other_live, paused), &claim)
-        .expect("every fact given");
+    let decision = decide::claim(
+        record.as_ref(),
+        Facts::all(now, other_live, paused, other_waiting),
+        &claim,
+    )
+    .expect("every fact given");
     let answer = store.claim_lease(&claim).await.expect("claim");
     let after = record_of(store, &run).await;
     let context = format!(
@@ -514,7 +578,10 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
     let past = past_after(&decision, record.as_ref(), before.as_ref());
     match (&decision, &answer) {
         (
-            ClaimDecision::Start | ClaimDecision::TakeOver { .. } | ClaimDecision::Retry { .. },
+            ClaimDecision::Start
+            | ClaimDecision::StartReplacing
+            | ClaimDecision::TakeOver { .. }
+            | ClaimDecision::Retry { .. },
             ClaimOutcome::Won(win),
         ) => {
             let want = decision.clone().outcome(win.fence, &past);
@@ -523,6 +590,17 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
                 win.fence.is_some() && win.fence > highest_fence,
                 "a new fence above the job's highest: {context}"
             );
+        }
+        // A waiting slot is told to look again one lease after the
+        // store's now at the claim, which the check can only bound.
+        (ClaimDecision::RecordWaiting { .. }, ClaimOutcome::Running { lease_until, .. }) => {
+            assert_looks_again_a_lease_later(*lease_until, now, store, &job, &context).await
+        }
+        (
+            ClaimDecision::Answer(ClaimOutcome::Running { .. }),
+            ClaimOutcome::Running { lease_until, .. },
+        ) if case.prior == Prior::Waiting => {
+            assert_looks_again_a_lease_later(*lease_until, now, store, &job, &context).await
         }
         (_, ClaimOutcome::Running { lease_until, .. }) => {
             match decision.clone().outcome(None, &past) {
@@ -533,6 +611,10 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
             }
         }
         _ => assert_eq!(answer, decision.clone().outcome(None, &past), "{context}"),
+    }
+    if decision == ClaimDecision::StartReplacing {
+        let all_after = store.history(&job, 20).await.expect("history");
+        assert_the_others_replaced(&runs, &all_after, &run, &context);
     }
     let after_record = after.as_ref();
     match decision {
@@ -556,7 +638,15 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
             Some(RecordState::Finished(FinalState::Paused)),
             "{context}"
         ),
-        ClaimDecision::Start | ClaimDecision::TakeOver { .. } | ClaimDecision::Retry { .. } => {
+        ClaimDecision::RecordWaiting { until, .. } => {
+            let r = after_record.unwrap_or_else(|| panic!("no record: {context}"));
+            assert_eq!(r.state, RecordState::Waiting, "{context}");
+            assert_eq!(r.lease_until, Some(until), "the end of its wait: {context}");
+        }
+        ClaimDecision::Start
+        | ClaimDecision::StartReplacing
+        | ClaimDecision::TakeOver { .. }
+        | ClaimDecision::Retry { .. } => {
             let r = after_record.unwrap_or_else(|| panic!("no record: {context}"));
             assert_eq!(r.earlier, past, "the past attempts: {context}");
             assert_eq!(
@@ -585,6 +675,51 @@ async fn check_claim<S: LeaseStore + ?Sized>(store: &S, i: usize, case: ClaimCas
             Some(RecordState::Finished(FinalState::Interrupted)),
             "{context}"
         ),
+    }
+}
+
+/// Checks that `lease_until` is one [`LONG_LEASE`] after the store's clock
+/// at the claim: between `before` (read before it) and the clock read now.
+async fn assert_looks_again_a_lease_later<S: LeaseStore + ?Sized>(
+    lease_until: Timestamp,
+    before: Timestamp,
+    store: &S,
+    job: &JobName,
+    context: &str,
+) {
+    let after = store_now(store, job).await;
+    assert!(
+        lease_until >= before.saturating_add(LONG_LEASE)
+            && lease_until <= after.saturating_add(LONG_LEASE),
+        "look again one lease after the claim: {context}"
+    );
+}
+
+/// Checks what a `Replace` claim that started did to the job's other
+/// runs: each one still going before it (running, or waiting for a
+/// retry) ended `replaced`; the others are as they were.
+fn assert_the_others_replaced(
+    before: &[RunRecord],
+    after: &[RunRecord],
+    run: &RunKey,
+    context: &str,
+) {
+    for old in before.iter().filter(|r| &r.run != run) {
+        let new = after
+            .iter()
+            .find(|r| r.run == old.run)
+            .unwrap_or_else(|| panic!("{} vanished: {context}", old.run));
+        if old.state == RecordState::Running || old.retry_at.is_some() {
+            assert_eq!(
+                (new.state, new.retry_at),
+                (RecordState::Finished(FinalState::Replaced), None),
+                "{} was going and must end replaced: {context}",
+                old.run
+            );
+            assert!(new.finished_at.is_some(), "{context}");
+        } else {
+            assert_eq!(new, old, "{} must be left alone: {context}", old.run);
+        }
     }
 }
 
@@ -774,7 +909,7 @@ async fn check_renewal<S: LeaseStore + ?Sized>(
             let next = planting(&run, Token::generate(), PLANTING_LATE, 3);
             let decision = decide::claim(
                 handed.as_ref(),
-                Facts::all(view.store_now, false, Paused::NONE),
+                Facts::all(view.store_now, false, Paused::NONE, false),
                 &next,
             )
             .expect("every fact given");

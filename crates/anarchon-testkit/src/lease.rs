@@ -9,6 +9,7 @@ mod claims;
 mod clocks;
 mod gc;
 mod holder;
+mod overlap;
 mod pauses;
 mod requests;
 mod retries;
@@ -42,6 +43,11 @@ pub use self::holder::{
     a_run_given_back_keeps_its_attempt, failed_run_keeps_its_error, finished_run_is_done,
     heartbeat_extends_the_lease, release_hands_over_at_once,
     tokens_that_hold_nothing_are_fenced_and_change_nothing,
+};
+pub use self::overlap::{
+    a_waiting_slot_past_its_max_late_is_missed,
+    overlap_buffer_one_runs_one_waiting_slot_after_the_live_run,
+    overlap_replace_ends_the_runs_still_going,
 };
 pub use self::pauses::{
     a_pause_ends_on_the_store_clock, a_pause_leaves_running_runs_and_missed_slots_alone,
@@ -207,6 +213,9 @@ macro_rules! __lease_checks {
             a_retry_due_after_the_next_slot_is_not_made,
             overlap_skip_sees_a_pending_retry_as_the_run_still_going,
             garbage_collection_keeps_a_pending_retry,
+            overlap_replace_ends_the_runs_still_going,
+            overlap_buffer_one_runs_one_waiting_slot_after_the_live_run,
+            a_waiting_slot_past_its_max_late_is_missed,
         );
         $crate::__suite_tests!(
             $factory,

@@ -504,7 +504,10 @@ pub(crate) async fn backup(
                 store_now = view.store_now;
                 continue;
             }
-            RunState::Running { .. } | RunState::RetryPending { .. } => {}
+            // A lease ran out, a retry is due, or a waiting slot may start:
+            // the claim decides which.
+            RunState::Running { .. } | RunState::RetryPending { .. } | RunState::Waiting { .. } => {
+            }
             RunState::Absent | RunState::Missed | RunState::Finished(_) => return,
         }
         // The lease ran out: try to take over, under the store's lock.
