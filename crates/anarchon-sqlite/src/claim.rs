@@ -2,7 +2,7 @@
 //! [`LeaseStore::claim_many`](anarchon_core::LeaseStore::claim_many),
 //! decided by [`anarchon_core::decide::claim`].
 
-use anarchon_core::decide::{self, ClaimDecision, Facts};
+use anarchon_core::decide::{self, ClaimDecision, Facts, Needs};
 use anarchon_core::stored;
 use anarchon_core::time::millis;
 use anarchon_core::{
@@ -44,22 +44,25 @@ impl SqliteStore {
             .map_err(|e| self.err("reading the run", e))?;
         let now = *batch_now.get_or_insert(Timestamp::from_millis(row.now));
         let record = row.lease_record()?;
-        let facts = Facts {
-            now: Some(now),
-            another_run_live: None,
-            paused: Some(row.paused()),
-        };
-        let decision = match decide::claim(record.as_ref(), facts, req) {
-            Ok(decision) => decision,
-            Err(_) => {
-                let live = self.another_run_is_live(conn, run, now).await?;
-                let facts = Facts {
-                    another_run_live: Some(live),
-                    ..facts
-                };
-                decide::claim(record.as_ref(), facts, req).map_err(|needs| {
-                    StoreError::protocol(BACKEND, format!("the claim still needs {needs:?}"))
-                })?
+        let mut facts = Facts::at(now, row.paused());
+        // Each round reads one more fact the decision asked for.
+        let decision = loop {
+            match decide::claim(record.as_ref(), facts, req) {
+                Ok(decision) => break decision,
+                Err(Needs::OverlapCheck) if facts.another_run_live.is_none() => {
+                    let live = self.another_run_is_live(conn, run, now).await?;
+                    facts.another_run_live = Some(live);
+                }
+                Err(Needs::WaitingCheck) if facts.another_waiting.is_none() => {
+                    let waiting = self.another_slot_waits(conn, run, now).await?;
+                    facts.another_waiting = Some(waiting);
+                }
+                Err(needs) => {
+                    return Err(StoreError::protocol(
+                        BACKEND,
+                        format!("the claim still needs {needs:?}"),
+                    ));
+                }
             }
         };
         let fence = if decision.needs_fence() {
@@ -85,7 +88,24 @@ impl SqliteStore {
                 self.write_run(conn, run, Written::ended(paused, now))
                     .await?;
             }
-            ClaimDecision::Start => {
+            ClaimDecision::RecordWaiting { until, .. } => {
+                let waiting = Written {
+                    finished_at: None,
+                    lease_until: Some(*until),
+                    ..Written::ended(RecordState::Waiting, now)
+                };
+                self.write_run(conn, run, waiting).await?;
+            }
+            ClaimDecision::Start | ClaimDecision::StartReplacing => {
+                if decision == ClaimDecision::StartReplacing {
+                    sqlx::query(self.sql.replace_others.clone())
+                        .bind(job)
+                        .bind(slot)
+                        .bind(now.as_millis())
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(|e| self.err("replacing the job's runs still going", e))?;
+                }
                 let written = Written {
                     state: RecordState::Running,
                     attempt: Some(Attempt::FIRST),
@@ -155,6 +175,21 @@ impl SqliteStore {
             .fetch_one(&mut *conn)
             .await
             .map_err(|e| self.err("checking for a live run of the job", e))
+    }
+
+    async fn another_slot_waits(
+        &self,
+        conn: &mut SqliteConnection,
+        run: &RunKey,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar::<_, bool>(self.sql.waiting_slot_exists.clone())
+            .bind(run.job.as_str())
+            .bind(run.slot.as_millis())
+            .bind(now.as_millis())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| self.err("checking for a waiting slot of the job", e))
     }
 
     async fn next_fence(

@@ -24,6 +24,7 @@ pub(crate) const MIGRATIONS: &[(i64, &str)] = &[
     (4, include_str!("../sql/migrations/0004_requests.sql")),
     (5, include_str!("../sql/migrations/0005_backfills.sql")),
     (6, include_str!("../sql/migrations/0006_retries.sql")),
+    (7, include_str!("../sql/migrations/0007_overlap_states.sql")),
 ];
 
 /// Declares [`Sql`]: the migrations and one field per statement, each
@@ -72,7 +73,7 @@ macro_rules! statements {
 
 statements! {
     schema_table, schema_exists, schema_version, set_schema_version,
-    read_run, live_run_exists, next_fence, note_window, write_run, run_again,
+    read_run, live_run_exists, next_fence, note_window, write_run, run_again, waiting_slot_exists, replace_others,
     interrupt, peek, heartbeat, finish, release, give_back, history,
     collect_garbage, jobs, now, pause, resume, pauses, find_request,
     write_request, requests, requests_since, collect_requests,

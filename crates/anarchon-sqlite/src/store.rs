@@ -467,6 +467,27 @@ mod tests {
             !plan.iter().any(|d| d.contains("SCAN plan_runs")),
             "the overlap check must not scan the runs: {plan:?}"
         );
+        let explain = format!(
+            "EXPLAIN QUERY PLAN {}",
+            store.sql.waiting_slot_exists.as_str()
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(explain).into_sql_str())
+            .bind(job.as_str())
+            .bind(now)
+            .bind(now)
+            .fetch_all(&store.pool)
+            .await
+            .unwrap();
+        let plan: Vec<String> = rows
+            .iter()
+            .map(|r| r.try_get::<String, _>("detail").unwrap())
+            .collect();
+        assert!(
+            plan.iter()
+                .any(|d| d.contains("INDEX plan_runs_waiting (job=? AND lease_until>?)"))
+                && !plan.iter().any(|d| d.contains("SCAN plan_runs")),
+            "the check for a waiting slot must search the partial index of waiting slots: {plan:?}"
+        );
     }
 
     fn chrono_free_now_ms() -> i64 {

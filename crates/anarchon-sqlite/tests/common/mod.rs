@@ -29,9 +29,12 @@ impl SqliteFactory {
         self.dir.path().join("anarchon.db")
     }
 
-    /// Default options for the test's file.
+    /// Default options for the test's file, with a long busy timeout:
+    /// the checks judge what the store answers, not how fast, and on a
+    /// shared two-core machine running a whole test suite a writer can be
+    /// kept off the CPU for seconds while it holds the lock.
     pub fn options(&self) -> SqliteOptions {
-        SqliteOptions::new(self.path())
+        SqliteOptions::new(self.path()).with_busy_timeout(std::time::Duration::from_secs(30))
     }
 }
 
