@@ -130,7 +130,7 @@ impl NatsLeaseStore {
             // Ended runs move to their run keys before the swap that drops
             // them from the document; only a call that may write does it.
             let flush: Vec<(i64, &RunDoc)> = if timed {
-                doc.ended.iter().map(|(s, r)| (*s, r)).collect()
+                doc.movable().collect()
             } else {
                 Vec::new()
             };

@@ -134,7 +134,7 @@ impl NatsLeaseStore {
             for (slot, record) in &read.doc.ended {
                 if slot.saturating_abs() < cutoff {
                     dropped.push(*slot);
-                } else {
+                } else if !record.is_waiting() {
                     keep.push((*slot, record));
                 }
             }

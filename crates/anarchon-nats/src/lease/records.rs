@@ -190,6 +190,12 @@ impl RunDoc {
         }
     }
 
+    /// Whether this is a buffered slot waiting in its job's document (it
+    /// stays there, never moved to its run key, until it starts or ends).
+    pub(crate) fn is_waiting(&self) -> bool {
+        self.state == RecordState::Waiting.as_str()
+    }
+
     /// Whether `token` ended the run in `state`: a finish it sends again
     /// was already recorded.
     pub(crate) fn finished_by(&self, token: Token, state: FinalState) -> bool {
@@ -200,7 +206,7 @@ impl RunDoc {
     pub(crate) fn record_state(&self) -> Result<RecordState, String> {
         match RecordState::parse(&self.state) {
             Some(RecordState::Running) | None => Err(format!(
-                "a run record has the state {:?}, which is not one of missed, succeeded, failed, interrupted, skipped, paused",
+                "a run record has the state {:?}, which is not one of missed, waiting, succeeded, failed, interrupted, skipped, paused, replaced",
                 self.state
             )),
             Some(state) => Ok(state),
@@ -335,6 +341,22 @@ impl JobDoc {
         Ok(self.fence)
     }
 
+    /// Whether a slot of the job other than `slot` waits at `now`: recorded
+    /// `waiting`, its wait (kept as its lease end) not over.
+    fn another_is_waiting(&self, slot: i64, now: i64) -> bool {
+        self.ended.iter().any(|(s, r)| {
+            *s != slot && r.is_waiting() && r.lease_until.is_some_and(|u| u.at_or(now) >= now)
+        })
+    }
+
+    /// The ended runs that move to their run keys: all but waiting slots.
+    pub(crate) fn movable(&self) -> impl Iterator<Item = (i64, &RunDoc)> {
+        self.ended
+            .iter()
+            .filter(|(_, r)| !r.is_waiting())
+            .map(|(s, r)| (*s, r))
+    }
+
     /// Whether a run of the job other than `slot` is live at `now`: holds
     /// a live lease, or failed with its retry not due yet.
     fn another_run_is_live(&self, slot: i64, now: i64) -> bool {
@@ -394,18 +416,16 @@ impl JobDoc {
     ) -> Result<Option<LeaseRecord>, String> {
         if let Some(ended) = self.ended.get(&slot) {
             let state = ended.record_state()?;
-            if !matches!(state, RecordState::Finished(_)) {
-                return Err(format!(
-                    "an ended run of the job document has the state {}",
-                    state.as_str()
-                ));
-            }
             return Ok(Some(LeaseRecord {
                 state,
                 attempt: ended.attempt.map(attempt).transpose()?,
                 holder: ended.token.as_deref().and_then(Token::parse),
                 fence: ended.fence.map(Fence::new),
-                lease_until: None,
+                // A waiting slot's lease end is the end of its wait.
+                lease_until: ended
+                    .lease_until
+                    .filter(|_| ended.is_waiting())
+                    .map(|u| Timestamp::from_millis(u.at_or(now.unwrap_or_default()))),
                 retry_at: None,
             }));
         }
@@ -493,19 +513,21 @@ pub(crate) fn decide(
     let record = doc.lease_record(slot, outside, now)?;
     let facts = Facts {
         now: now.map(Timestamp::from_millis),
-        another_run_live: None,
         paused,
+        ..Facts::NONE
     };
     let decision = match decide::claim(record.as_ref(), facts, req) {
         Ok(decision) => decision,
         Err(decide::Needs::Now) => return Ok(Decided::Needs(Missing::Time)),
         Err(decide::Needs::Pauses) => return Ok(Decided::Needs(Missing::Pauses)),
-        Err(decide::Needs::OverlapCheck) => {
+        Err(decide::Needs::OverlapCheck | decide::Needs::WaitingCheck) => {
             let Some(now) = now else {
                 return Ok(Decided::Needs(Missing::Time));
             };
+            // Both overlap facts are in the document.
             let facts = Facts {
                 another_run_live: Some(doc.another_run_is_live(slot, now)),
+                another_waiting: Some(doc.another_is_waiting(slot, now)),
                 ..facts
             };
             decide::claim(record.as_ref(), facts, req).map_err(|needs| {
@@ -528,9 +550,36 @@ pub(crate) fn decide(
         Some(live) => attempts::past(live.earlier.as_deref())?,
         None => PastAttempts::NONE,
     };
+    let was_waiting = doc.ended.get(&slot).is_some_and(RunDoc::is_waiting);
+    if decision == ClaimDecision::StartReplacing {
+        let now_or_zero = now.unwrap_or_default();
+        let others: Vec<i64> = doc.live.keys().filter(|s| **s != slot).copied().collect();
+        for other in others {
+            if let Some(live) = doc.live.remove(&other) {
+                let error = live.failed.as_ref().map(|f| f.error.clone());
+                let mut replaced = RunDoc::from_live(&live, FinalState::Replaced, error);
+                replaced.lease_until = Some(Stamp::At(live.lease_until.at_or(now_or_zero)));
+                doc.ended.insert(other, replaced);
+            }
+        }
+    }
     let effect = match &decision {
         ClaimDecision::Answer(_) | ClaimDecision::Resent { .. } => Effect::None,
+        // A waiting slot is in the document: it ends missed there, and
+        // moves to its run key like any ended run.
+        ClaimDecision::RecordMissed if was_waiting => {
+            doc.ended.insert(slot, RunDoc::nobody(RecordState::Missed));
+            Effect::Job
+        }
         ClaimDecision::RecordMissed => Effect::CreateMissed,
+        ClaimDecision::RecordWaiting { until, .. } => {
+            let mut waiting = RunDoc::nobody(RecordState::Waiting);
+            waiting.finished = None;
+            waiting.lease_until = Some(Stamp::At(until.as_millis()));
+            doc.ended.insert(slot, waiting);
+            doc.raise_high(slot);
+            Effect::Job
+        }
         ClaimDecision::RecordSkipped => {
             let skipped = RunDoc::nobody(RecordState::Finished(FinalState::Skipped));
             doc.ended.insert(slot, skipped);
@@ -545,9 +594,10 @@ pub(crate) fn decide(
             doc.raise_high(slot);
             Effect::Job
         }
-        ClaimDecision::Start => {
+        ClaimDecision::Start | ClaimDecision::StartReplacing => {
             // A backfill may start a slot recorded `paused` in the
-            // document: the live run replaces that record.
+            // document, and a waiting slot starts where it waited: the
+            // live run replaces that record.
             doc.ended.remove(&slot);
             doc.live.insert(
                 slot,

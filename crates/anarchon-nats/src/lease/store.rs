@@ -95,6 +95,10 @@ impl LeaseStore for NatsLeaseStore {
         } else if let Some(ended) = read.doc.ended.get(&slot) {
             match ended.record_state().map_err(|m| self.protocol(m))? {
                 RecordState::Finished(state) => RunState::Finished(state),
+                RecordState::Missed => RunState::Missed,
+                RecordState::Waiting => RunState::Waiting {
+                    until: Timestamp::from_millis(ended.lease_until.map_or(now, |u| u.at_or(now))),
+                },
                 other => {
                     return Err(self.protocol(format!(
                         "an ended run in the document of {} has the state {}",
