@@ -2,21 +2,29 @@
 -- on Redis's own clock (TIME).
 -- Mirrors: anarchon_core::decide::claim, steps 1-6 (TIME is read up front
 -- and the pauses are read in the same script, so as decide::claim_at; the
--- live runs only for `overlap = skip`).
+-- live runs only for `overlap = skip` and `buffer-one`, the waiting slot
+-- only for `buffer-one`), and what anarchon_core::MemoryStore's claim_one
+-- writes for each decision.
 --
 -- KEYS[1] runs   hash: slot -> run record (JSON)
 -- KEYS[2] slots  sorted set: every recorded slot, scored by its instant
 -- KEYS[3] live   sorted set: the live slots, scored by when they stop being
 --         live: running ones by their lease end, failed ones whose retry is
---         pending by the retry's due time
+--         pending by the retry's due time. A running run stays in it until
+--         it ends (finished, interrupted, replaced or collected), whatever
+--         its lease, so `replace` finds every run still going here.
 -- KEYS[4] fence  counter: the job's last fence (never deleted)
 -- KEYS[5] window string: the longest max_late (ms) of the job's claims,
 --         which garbage collection keeps the job's runs for (never deleted)
 -- KEYS[6] the job's pause        hash: since, until (absent: until resumed), reason, by
 -- KEYS[7] the namespace's pause  hash, the same fields ({p}:pause: in Redis
 --         Cluster it would lie in another hash slot than the job's keys)
+-- KEYS[8] waiting sorted set: the slots recorded `waiting` (buffer-one),
+--         scored by the end of their wait (the record's lease); at most
+--         one whose wait has not ended, by construction
 -- ARGV[1] slot (ms)  ARGV[2] token  ARGV[3] instance  ARGV[4] max_late (ms)
--- ARGV[5] lease (ms) ARGV[6] 'skip' or 'allow'  ARGV[7] max_attempts
+-- ARGV[5] lease (ms) ARGV[6] the overlap rule: 'allow', 'skip', 'replace'
+-- or 'buffer-one' (anarchon_core::Overlap::as_str)  ARGV[7] max_attempts
 -- ARGV[8] '1' if the claim may start a slot recorded `paused` (a backfill)
 --
 -- Returns {kind, attempt, fence, lease_until, now, state, earlier}; kind is
@@ -25,10 +33,11 @@
 -- attempt came to run), '' otherwise and for none.
 --
 -- A record's fields (all text but earlier): state, attempt, token, fence,
--- instance, started, finished, lease (its end), error, retry_at (a failed
--- run's pending retry is due then) and earlier (an array of the attempts
--- that ended: attempt, ended 'failed' or 'taken-over', at, instance, error;
--- absent while there are none).
+-- instance, started, finished, lease (its end; for a `waiting` slot the
+-- end of its wait), error, retry_at (a failed run's pending retry is due
+-- then) and earlier (an array of the attempts that ended: attempt, ended
+-- 'failed' or 'taken-over', at, instance, error; absent while there are
+-- none).
 -- Runs after lease_prelude.lua (check, int, now).
 
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
@@ -38,10 +47,8 @@ if bad then return redis.error_reply(bad) end
 
 local slot, token, instance = ARGV[1], ARGV[2], ARGV[3]
 local max_late, lease = tonumber(ARGV[4]), tonumber(ARGV[5])
+local rule = ARGV[6]
 local max_attempts = tonumber(ARGV[7])
-
-local window = tonumber(redis.call('GET', KEYS[5]) or '0') or 0
-if max_late > window then redis.call('SET', KEYS[5], int(max_late)) end
 
 local rec = nil
 local raw = redis.call('HGET', KEYS[1], slot)
@@ -53,6 +60,20 @@ if raw then
   rec = decoded
 end
 local state = rec and rec.state or nil
+
+-- A slot that has not run yet: no record, a `missed` one, a `waiting` one,
+-- or (for a backfill) a `paused` one. Only such a claim reads or writes the
+-- waiting set, so only it checks that key's type (before anything is
+-- written): a claim that finds a running run costs what it did.
+local rerun_paused = state == 'paused' and ARGV[8] == '1'
+local not_yet_run = state == nil or state == 'missed' or state == 'waiting' or rerun_paused
+if not_yet_run then
+  bad = check(KEYS[8], 'zset')
+  if bad then return redis.error_reply(bad) end
+end
+
+local window = tonumber(redis.call('GET', KEYS[5]) or '0') or 0
+if max_late > window then redis.call('SET', KEYS[5], int(max_late)) end
 
 local function write(r)
   redis.call('HSET', KEYS[1], slot, cjson.encode(r))
@@ -69,36 +90,107 @@ local function holds(key)
   return not pause[2] or now < tonumber(pause[2])
 end
 
--- 5 and 6. No record, or only a `missed` one (or, for a backfill, a
--- `paused` one).
-local rerun_paused = state == 'paused' and ARGV[8] == '1'
-if state == nil or state == 'missed' or rerun_paused then
-  -- 5. The job or every job is paused: a fresh slot is recorded `paused`
-  -- (nobody's, like a skipped one); a missed or paused slot stays so.
+-- Whether another run of the job is live: a lease end or a pending
+-- retry's due time >= now. At most two entries, one may be this slot.
+local function another_live()
+  local live = redis.call('ZRANGEBYSCORE', KEYS[3], int(now), '+inf', 'LIMIT', 0, 2)
+  for _, other in ipairs(live) do
+    if other ~= slot then return true end
+  end
+  return false
+end
+
+-- 5 and 6. A slot that has not run yet.
+if not_yet_run then
+  local waiting = state == 'waiting'
+  -- Whatever a waiting slot becomes but waiting (paused, missed, skipped
+  -- or running), it no longer waits.
+  local function stop_waiting()
+    if waiting then redis.call('ZREM', KEYS[8], slot) end
+  end
+  -- 5. The job or every job is paused: a fresh or waiting slot is recorded
+  -- `paused` (nobody's, like a skipped one); a missed or paused slot stays
+  -- so.
   if holds(KEYS[6]) or holds(KEYS[7]) then
-    if state == nil then
+    if state == nil or waiting then
+      stop_waiting()
       write({state = 'paused', finished = int(now)})
       return {'done', 0, 0, 0, now, 'paused', ''}
     end
     if rerun_paused then return {'done', 0, 0, 0, now, 'paused', ''} end
     return {'late', 0, 0, 0, now, '', ''}
   end
-  -- 6. Late, overlapping, or it starts.
+  -- 6. Late, overlapping, waiting, or it starts. A slot that waited past
+  -- its max_late is missed like one never claimed.
   if now - math.abs(tonumber(slot)) > max_late then
-    if state == nil then write({state = 'missed', finished = int(now)}) end
+    if state == nil or waiting then
+      stop_waiting()
+      write({state = 'missed', finished = int(now)})
+    end
     return {'late', 0, 0, 0, now, '', ''}
   end
-  if ARGV[6] == 'skip' then
-    -- Live runs only: a lease end or a pending retry's due time >= now. At
-    -- most two, one may be this slot.
-    local live = redis.call('ZRANGEBYSCORE', KEYS[3], int(now), '+inf', 'LIMIT', 0, 2)
-    for _, other in ipairs(live) do
-      if other ~= slot then
-        write({state = 'skipped', finished = int(now)})
-        return {'overlap', 0, 0, 0, now, '', ''}
+  if rule == 'skip' and another_live() then
+    stop_waiting()
+    write({state = 'skipped', finished = int(now)})
+    return {'overlap', 0, 0, 0, now, '', ''}
+  end
+  if rule == 'buffer-one' then
+    if waiting then
+      -- The waiting slot starts once the live run has ended; until then
+      -- the caller looks again a lease later.
+      if another_live() then return {'running', 0, 0, now + lease, now, 'waiting', ''} end
+    else
+      -- One slot waits at most: while another's wait lasts, this one is
+      -- skipped, even if the live run has just ended.
+      local waits = redis.call('ZRANGEBYSCORE', KEYS[8], int(now), '+inf', 'LIMIT', 0, 2)
+      for _, other in ipairs(waits) do
+        if other ~= slot then
+          write({state = 'skipped', finished = int(now)})
+          return {'overlap', 0, 0, 0, now, '', ''}
+        end
+      end
+      if another_live() then
+        -- Nobody's, until the end of its wait: the slot plus max_late.
+        local wait_until = math.abs(tonumber(slot)) + max_late
+        write({state = 'waiting', lease = int(wait_until)})
+        redis.call('ZADD', KEYS[8], int(wait_until), slot)
+        return {'running', 0, 0, now + lease, now, 'waiting', ''}
       end
     end
   end
+  if rule == 'replace' then
+    -- Every other run still going ends `replaced`: those running (whatever
+    -- their lease) and those failed with a retry pending or due. Each
+    -- keeps its holder, so its heartbeat and finish are fenced. All are
+    -- read before anything is written, so a corrupt record stops the claim
+    -- with nothing changed.
+    local ended = {}
+    for _, other in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '+inf')) do
+      if other ~= slot then
+        local other_raw = redis.call('HGET', KEYS[1], other)
+        local r = nil
+        if other_raw then
+          local ok, decoded = pcall(cjson.decode, other_raw)
+          if not ok or type(decoded) ~= 'table' then
+            return redis.error_reply('ERR anarchon: the record of slot ' .. other .. ' in ' .. KEYS[1] .. ' is not valid JSON')
+          end
+          r = decoded
+        end
+        ended[#ended + 1] = {other, r}
+      end
+    end
+    for _, pair in ipairs(ended) do
+      local other, r = pair[1], pair[2]
+      if r and (r.state == 'running' or (r.state == 'failed' and r.retry_at ~= nil)) then
+        r.state = 'replaced'
+        r.finished = int(now)
+        r.retry_at = nil
+        redis.call('HSET', KEYS[1], other, cjson.encode(r))
+      end
+      redis.call('ZREM', KEYS[3], other)
+    end
+  end
+  stop_waiting()
   local fence = redis.call('INCR', KEYS[4])
   local lease_until = now + lease
   write({state = 'running', attempt = '1', token = token, fence = int(fence),
@@ -107,8 +199,8 @@ if state == nil or state == 'missed' or rerun_paused then
   return {'won', 1, fence, lease_until, now, 'running', ''}
 end
 
--- 1. Finished (succeeded, failed, interrupted, skipped, paused): done,
--- except a failed run whose retry is pending. That one counts as still
+-- 1. Finished (succeeded, failed, interrupted, skipped, paused, replaced):
+-- done, except a failed run whose retry is pending. That one counts as still
 -- going until the retry is due; from then on any claim starts the retry
 -- with the next attempt, neither late nor paused (it belongs to a run that
 -- started). Checked here, off the path of a running record. The failed

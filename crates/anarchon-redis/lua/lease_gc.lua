@@ -3,18 +3,20 @@
 -- the job's late window, before now; except live runs that stopped being
 -- live less than `keep` ago: running runs whose lease ended then (a backup
 -- may still take them over), and failed runs whose retry was due then (a
--- claim may still start it). The fence counter and the window are never
--- touched.
+-- claim may still start it). A `waiting` slot is collected by age like a
+-- missed one, and leaves the waiting set with its record. The fence
+-- counter and the window are never touched.
 --
 -- KEYS[1] runs (hash)  KEYS[2] slots (sorted set)  KEYS[3] live (sorted set)
 -- KEYS[4] window (string: the job's longest max_late, ms)
+-- KEYS[5] waiting (sorted set: the slots recorded `waiting`)
 -- ARGV[1] keep (ms)  ARGV[2] the most records to delete in this call
 --
 -- Returns {deleted, more}: more is 1 when the limit stopped the collection.
 -- Runs after lease_prelude.lua (check, int, now).
 
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
-  or check(KEYS[4], 'string')
+  or check(KEYS[4], 'string') or check(KEYS[5], 'zset')
 if bad then return redis.error_reply(bad) end
 
 local window = tonumber(redis.call('GET', KEYS[4]) or '0') or 0
@@ -47,6 +49,7 @@ while deleted < limit do
       redis.call('HDEL', KEYS[1], slot)
       redis.call('ZREM', KEYS[2], slot)
       redis.call('ZREM', KEYS[3], slot)
+      redis.call('ZREM', KEYS[5], slot)
       deleted = deleted + 1
     end
   end

@@ -19,6 +19,7 @@
 //! | lease     | `{p:job}:runs`               | hash       | slot → run record (JSON) |
 //! | lease     | `{p:job}:slots`              | sorted set | recorded slots, by instant (`Slot::at`) |
 //! | lease     | `{p:job}:live`               | sorted set | live slots: running ones by lease end, pending retries by due time |
+//! | lease     | `{p:job}:waiting`            | sorted set | slots waiting for the live run (`buffer-one`), by the end of their wait |
 //! | lease     | `{p:job}:fence`              | string     | the job's fence counter |
 //! | lease     | `{p:job}:window`             | string     | the job's longest `max_late` (ms) |
 //! | lease     | `{p:job}:pause`              | hash       | the job's pause: since, until, reason, by |
@@ -50,6 +51,7 @@ pub(crate) struct LeaseKeys {
     pub(crate) runs: String,
     pub(crate) slots: String,
     pub(crate) live: String,
+    pub(crate) waiting: String,
     pub(crate) fence: String,
     pub(crate) window: String,
     pub(crate) pause: String,
@@ -61,6 +63,7 @@ impl LeaseKeys {
             runs: job_key(prefix, job, "runs"),
             slots: job_key(prefix, job, "slots"),
             live: job_key(prefix, job, "live"),
+            waiting: job_key(prefix, job, "waiting"),
             fence: job_key(prefix, job, "fence"),
             window: job_key(prefix, job, "window"),
             pause: job_key(prefix, job, "pause"),
@@ -115,6 +118,7 @@ mod tests {
             &keys.runs,
             &keys.slots,
             &keys.live,
+            &keys.waiting,
             &keys.fence,
             &keys.window,
             &keys.pause,

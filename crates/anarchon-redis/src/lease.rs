@@ -10,9 +10,9 @@ use anarchon_core::retry::NOT_RETRIED;
 use anarchon_core::time::millis;
 use anarchon_core::{
     Attempt, ClaimAnswers, ClaimOutcome, Fence, HandOvers, InstanceId, JobName, LeaseClaim,
-    LeaseStore, Listener, Overlap, PastAttempts, Pause, PauseRequest, PauseScope, Pauses,
-    RecordState, Renewal, RunKey, RunOutcome, RunRecord, RunRequest, RunRequests, RunState,
-    RunView, Slot, StoreError, Timestamp, Token, TriggerRequest,
+    LeaseStore, Listener, PastAttempts, Pause, PauseRequest, PauseScope, Pauses, RecordState,
+    Renewal, RunKey, RunOutcome, RunRecord, RunRequest, RunRequests, RunState, RunView, Slot,
+    StoreError, Timestamp, Token, TriggerRequest,
 };
 use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
@@ -65,8 +65,10 @@ static SCRIPTS: [&Lua; 6] = [&CLAIM, &STEP, &READ, &GC, &PAUSE, &REQUEST];
 /// `{p:j}:runs` (hash: slot → run record), `{p:j}:slots` (sorted set of
 /// recorded slots), `{p:j}:live` (sorted set of live slots: running ones
 /// by lease end, failed ones whose retry is pending by its due time; the
-/// overlap check reads only live runs), `{p:j}:fence` (the fence
-/// counter, never deleted), `{p:j}:pause` (the job's pause). `{p}:jobs`
+/// overlap check reads only live runs), `{p:j}:waiting` (sorted set of
+/// the slots recorded `waiting` by `Overlap::BufferOne`, by the end of
+/// their wait), `{p:j}:fence` (the fence counter, never deleted),
+/// `{p:j}:pause` (the job's pause). `{p}:jobs`
 /// lists the jobs for [`collect_garbage`](LeaseStore::collect_garbage);
 /// `{p}:pause` holds the pause of every job and `{p}:pauses` lists the
 /// scopes that have a pause.
@@ -227,6 +229,7 @@ impl RedisLeaseStore {
                 keys.window,
                 keys.pause,
                 pause_key(&self.prefix, &PauseScope::All),
+                keys.waiting,
             ],
             args: vec![
                 run.slot.as_millis().to_string(),
@@ -234,11 +237,7 @@ impl RedisLeaseStore {
                 req.claim.instance.as_str().to_owned(),
                 millis(req.claim.max_late).to_string(),
                 millis(req.lease).to_string(),
-                match req.overlap {
-                    Overlap::Skip => "skip",
-                    Overlap::Allow => "allow",
-                }
-                .to_owned(),
+                req.overlap.as_str().to_owned(),
                 req.max_attempts.get().to_string(),
                 if req.rerun_paused { "1" } else { "0" }.to_owned(),
             ],

@@ -401,6 +401,16 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
     let written: bool = conn.exists(format!("{{{p}:lists}}:runs")).await.unwrap();
     assert!(!written, "a refused claim writes nothing");
 
+    // The waiting set (`buffer-one`), read by a claim of a slot that has
+    // not run yet: refused by name, nothing written.
+    let waiting = format!("{{{p}:hashes}}:waiting");
+    let _: () = conn.hset(&waiting, "x", "y").await.unwrap();
+    let run = RunKey::new(job("hashes"), slot);
+    let err = lease_claim_refused(&*store, &run).await;
+    wrong_type("claim", err, &waiting);
+    let written: bool = conn.exists(format!("{{{p}:hashes}}:runs")).await.unwrap();
+    assert!(!written, "a refused claim writes nothing");
+
     // The job's pause and the namespace's, read by every claim that could
     // start a slot: refused by name before anything is written.
     let pause = format!("{{{p}:paused}}:pause");

@@ -33,7 +33,7 @@ impl RedisLeaseStore {
                         let keys = LeaseKeys::new(&self.prefix, job);
                         Call {
                             lua: &GC,
-                            keys: vec![keys.runs, keys.slots, keys.live, keys.window],
+                            keys: vec![keys.runs, keys.slots, keys.live, keys.window, keys.waiting],
                             args: vec![millis(keep).to_string(), GC_BATCH.to_string()],
                         }
                     })
