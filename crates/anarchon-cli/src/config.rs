@@ -77,6 +77,9 @@ struct JobSection {
 enum OverlapSetting {
     Allow,
     Skip,
+    Replace,
+    #[serde(rename = "buffer-one")]
+    BufferOne,
 }
 
 /// A duration written the human way: `"30s"`, `"5m"`, `"1h 30m"`.
@@ -300,6 +303,8 @@ fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {
     options.overlap = s.overlap.map(|o| match o {
         OverlapSetting::Allow => Overlap::Allow,
         OverlapSetting::Skip => Overlap::Skip,
+        OverlapSetting::Replace => Overlap::Replace,
+        OverlapSetting::BufferOne => Overlap::BufferOne,
     });
     options.max_attempts = s.max_attempts;
     options.catch_up = s.catch_up.map(|d| d.0);

@@ -378,6 +378,14 @@ async fn wait_for_run(
                     write_out(&format!("the manual run started (attempt {attempt})\n"))?;
                 }
             }
+            RunState::Waiting { until } => {
+                if !started {
+                    started = true;
+                    write_out(&format!(
+                        "the manual run waits for the job's run still going (until {until} at the latest)\n"
+                    ))?;
+                }
+            }
             RunState::RetryPending { attempt, retry_at } => {
                 started = true;
                 write_out(&format!(

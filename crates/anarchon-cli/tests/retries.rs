@@ -27,7 +27,10 @@ use nix::sys::signal::Signal;
 /// `attempts.log`, then fails if it is the first to run for its slot.
 fn crontab(dir: &Path, store: &str) -> String {
     let path = dir.join("anarchon.toml");
-    let head = crontab_head(store, ["1s", "300ms", "1s", "500ms"]);
+    // A lease of a few seconds: a daemon kept off the CPU for a moment on
+    // a busy machine must not lose its lease to a takeover, which would
+    // be an attempt of its own.
+    let head = crontab_head(store, ["3s", "1s", "1s", "500ms"]);
     let job = format!(
         r#"
 [[job]]

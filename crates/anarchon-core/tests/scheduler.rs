@@ -1931,3 +1931,101 @@ fn retries_are_refused_on_a_claim_only_store() {
         "the refusal names the option: {err}"
     );
 }
+
+/// `Overlap::Replace`: a run still going when the next slot comes is
+/// replaced — its handler is cancelled as fenced at its next heartbeat,
+/// its record says `replaced` — and the new slot runs.
+#[tokio::test(start_paused = true)]
+async fn replace_cancels_the_run_still_going_and_runs_the_new_slot() {
+    let (clock, store) = setup();
+    let seen: Arc<Mutex<Vec<(Slot, Option<CancelReason>)>>> = Arc::default();
+    let mut b = instance(store.clone(), clock.clone(), "a");
+    let noted = seen.clone();
+    b.job("long", every(60))
+        .unwrap()
+        .overlap(Overlap::Replace)
+        .run(move |ctx: RunContext| {
+            let noted = noted.clone();
+            async move {
+                ctx.cancelled().await;
+                noted
+                    .lock()
+                    .unwrap()
+                    .push((ctx.slot(), ctx.cancel_reason()));
+                Err::<(), _>("stopped")
+            }
+        })
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    sleep(100.0).await;
+    scheduler.shutdown().await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.first().map(|s| s.1),
+        Some(Some(CancelReason::Fenced)),
+        "the first run is fenced when the second slot replaces it: {seen:?}"
+    );
+    let records = history_of(&store, "long", 5).await;
+    let first = records.last().unwrap();
+    assert_eq!(
+        first.state,
+        RecordState::Finished(FinalState::Replaced),
+        "{records:?}"
+    );
+    assert!(
+        records.len() >= 2 && records.iter().rev().nth(1).unwrap().attempt.is_some(),
+        "the second slot ran: {records:?}"
+    );
+}
+
+/// `Overlap::BufferOne`: a slot that comes while the previous run is live
+/// waits and runs when that run ends; with one slot waiting, the next one
+/// is skipped.
+#[tokio::test(start_paused = true)]
+async fn buffer_one_runs_the_waiting_slot_when_the_live_run_ends() {
+    let (clock, store) = setup();
+    let started: Arc<Mutex<Vec<(Slot, Timestamp)>>> = Arc::default();
+    let mut b = instance(store.clone(), clock.clone(), "a");
+    let noted = started.clone();
+    let test_clock = clock.clone();
+    b.job("slow", every(60))
+        .unwrap()
+        .overlap(Overlap::BufferOne)
+        .max_late(Duration::from_secs(90))
+        .run(move |ctx: RunContext| {
+            let noted = noted.clone();
+            let clock = test_clock.clone();
+            async move {
+                let first = noted.lock().unwrap().is_empty();
+                noted.lock().unwrap().push((ctx.slot(), clock.now()));
+                if first {
+                    // Through the next slot and the one after.
+                    tokio::time::sleep(Duration::from_secs(130)).await;
+                }
+                Ok::<(), String>(())
+            }
+        })
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    sleep(200.0).await;
+    scheduler.shutdown().await;
+    let started = started.lock().unwrap().clone();
+    assert!(started.len() >= 2, "{started:?}");
+    let (first, first_at) = started[0];
+    let (second, second_at) = started[1];
+    assert_eq!(second.at().since(first.at()), Duration::from_secs(60));
+    assert!(
+        second_at.since(first_at) >= Duration::from_secs(130),
+        "the waiting slot started only after the live run ended: {started:?}"
+    );
+    let records = history_of(&store, "slow", 10).await;
+    let third = records
+        .iter()
+        .find(|r| r.run.slot.at() == first.at().saturating_add(Duration::from_secs(120)))
+        .expect("the third slot's record");
+    assert_eq!(
+        third.state,
+        RecordState::Finished(FinalState::Skipped),
+        "one slot waits; the next is skipped: {records:?}"
+    );
+}
