@@ -1938,7 +1938,8 @@ fn retries_are_refused_on_a_claim_only_store() {
 #[tokio::test(start_paused = true)]
 async fn replace_cancels_the_run_still_going_and_runs_the_new_slot() {
     let (clock, store) = setup();
-    let seen: Arc<Mutex<Vec<(Slot, Option<CancelReason>)>>> = Arc::default();
+    type Stops = Arc<Mutex<Vec<(Slot, Option<CancelReason>)>>>;
+    let seen = Stops::default();
     let mut b = instance(store.clone(), clock.clone(), "a");
     let noted = seen.clone();
     b.job("long", every(60))
