@@ -2,7 +2,9 @@
 -- `decide::claim` (anarchon-core), which it mirrors step for step, applied
 -- to a batch of runs in one statement, so a claim costs one round trip and
 -- one transaction. The arrays are the claims' fields, element i of each
--- belonging to claim i. One row comes back per claim, r_idx telling which.
+-- belonging to claim i; `p_overlap` holds each claim's overlap rule by name
+-- (`allow`, `skip`, `replace`, `buffer-one`). One row comes back per claim,
+-- r_idx telling which.
 -- A win comes back with the run's past attempts (`r_earlier`, the JSON
 -- array of the `earlier` column as the step left it; NULL for none), from
 -- which the caller tells the winner how its attempt came to run.
@@ -22,7 +24,7 @@ CREATE OR REPLACE FUNCTION "{{table}}_claim"(
     p_instance     text[],
     p_max_late     bigint[],
     p_lease        bigint[],
-    p_skip         boolean[],
+    p_overlap      text[],
     p_max_attempts integer[],
     p_rerun_paused boolean[]
 )
@@ -49,17 +51,29 @@ DECLARE
     v_run   record;
     v_window bigint;
     v_earlier jsonb;
+    v_waiting boolean;
+    v_step  text;
 BEGIN
     IF coalesce(array_length(p_slot, 1), 0) <> n
         OR coalesce(array_length(p_token, 1), 0) <> n
         OR coalesce(array_length(p_instance, 1), 0) <> n
         OR coalesce(array_length(p_max_late, 1), 0) <> n
         OR coalesce(array_length(p_lease, 1), 0) <> n
-        OR coalesce(array_length(p_skip, 1), 0) <> n
+        OR coalesce(array_length(p_overlap, 1), 0) <> n
         OR coalesce(array_length(p_max_attempts, 1), 0) <> n
         OR coalesce(array_length(p_rerun_paused, 1), 0) <> n
     THEN
         RAISE EXCEPTION 'anarchon: the claim arrays differ in length' USING ERRCODE = '22023';
+    END IF;
+    -- Each claim's overlap rule, by the name `Overlap::as_str` (anarchon-core)
+    -- gives it. A name this function does not know fails the whole batch
+    -- before anything is written.
+    IF EXISTS (
+        SELECT 1
+          FROM unnest(p_overlap) AS u(rule)
+         WHERE u.rule IS NULL OR u.rule NOT IN ('allow', 'skip', 'replace', 'buffer-one')
+    ) THEN
+        RAISE EXCEPTION 'anarchon: unknown overlap rule' USING ERRCODE = '22023';
     END IF;
 
     -- 1. Lock the row of every job in the batch, in byte order of the names.
@@ -103,22 +117,28 @@ BEGIN
         r_store_now := v_now;
         v_until := least(v_now::numeric + p_lease[i], 9223372036854775807)::bigint;
 
-        -- A slot nobody ran, or one recorded missed (or, for a backfill's
-        -- claim, paused): steps 5 and 6 of `decide::claim`.
-        IF NOT v_found OR v_run.state = 'missed'
+        -- A slot nobody ran, or one recorded missed or waiting (or, for a
+        -- backfill's claim, paused): steps 5 and 6 of `decide::claim`
+        -- (`not_yet_run`).
+        IF NOT v_found OR v_run.state IN ('missed', 'waiting')
            OR (v_run.state = 'paused' AND p_rerun_paused[i]) THEN
+            v_waiting := v_found AND v_run.state = 'waiting';
             IF EXISTS (
                 SELECT 1
                   FROM "{{table}}_pauses" AS p
                  WHERE p.scope IN (v_job, '*')
                    AND (p.until IS NULL OR v_now < p.until)
             ) THEN
-                -- The job, or every job, is paused: a slot nobody ran is
-                -- recorded so and runs nowhere; a missed or paused one
-                -- stays so.
-                IF NOT v_found THEN
-                    INSERT INTO "{{table}}" (job, slot, state, finished_at)
-                    VALUES (v_job, v_slot, 'paused', v_now);
+                -- The job, or every job, is paused: a slot nobody ran, or
+                -- one that was waiting, is recorded so and runs nowhere; a
+                -- missed or paused one stays so.
+                IF NOT v_found OR v_waiting THEN
+                    INSERT INTO "{{table}}" AS t (job, slot, state, finished_at)
+                    VALUES (v_job, v_slot, 'paused', v_now)
+                    ON CONFLICT (job, slot) DO UPDATE
+                       SET state = 'paused', attempt = NULL, token = NULL, fence = NULL,
+                           instance = NULL, started_at = NULL, finished_at = EXCLUDED.finished_at,
+                           lease_until = NULL, error = NULL, retry_at = NULL, earlier = NULL;
                     r_outcome := 'paused';
                 ELSIF v_run.state = 'paused' THEN
                     r_outcome := 'paused';
@@ -128,59 +148,132 @@ BEGIN
             ELSIF v_now::numeric - abs(v_slot::numeric) > p_max_late[i] THEN
                 -- (A manual run's slot is its request time negated: it is
                 -- late by its request time.)
-                -- Too late. The first late claim of a slot nobody ran says so.
-                IF NOT v_found THEN
-                    INSERT INTO "{{table}}" (job, slot, state, finished_at)
-                    VALUES (v_job, v_slot, 'missed', v_now);
+                -- Too late. The first late claim of a slot nobody ran says
+                -- so; a slot that waited past its max_late is missed too.
+                IF NOT v_found OR v_waiting THEN
+                    INSERT INTO "{{table}}" AS t (job, slot, state, finished_at)
+                    VALUES (v_job, v_slot, 'missed', v_now)
+                    ON CONFLICT (job, slot) DO UPDATE
+                       SET state = 'missed', attempt = NULL, token = NULL, fence = NULL,
+                           instance = NULL, started_at = NULL, finished_at = EXCLUDED.finished_at,
+                           lease_until = NULL, error = NULL, retry_at = NULL, earlier = NULL;
                 END IF;
                 r_outcome := 'late';
-            ELSIF p_skip[i] AND (
-                EXISTS (
+            ELSE
+                -- The overlap rule decides (v_step). With `buffer-one`, one
+                -- slot of the job waits at most: while another one's wait
+                -- is not over, a later slot is skipped — even once the live
+                -- run has ended and the waiting slot has not started yet.
+                -- (It reads the partial index of the job's waiting slots,
+                -- `{{table}}_waiting`.)
+                IF p_overlap[i] = 'buffer-one' AND NOT v_waiting AND EXISTS (
                     SELECT 1
                       FROM "{{table}}" AS o
                      WHERE o.job = v_job
-                       AND o.state = 'running'
+                       AND o.state = 'waiting'
                        AND o.lease_until >= v_now
                        AND o.slot <> v_slot
-                ) OR EXISTS (
-                    SELECT 1
-                      FROM "{{table}}" AS o
-                     WHERE o.job = v_job
-                       AND o.state = 'failed'
-                       AND o.retry_at >= v_now
-                       AND o.slot <> v_slot
-                )
-            ) THEN
-                -- Another run of the job is still going — it holds a live
-                -- lease, or it failed and its retry is not due yet: the slot
-                -- is skipped, and recorded so, for every instance that asks.
-                -- (Each check reads a partial index of the job's few live
-                -- runs: `{{table}}_live`, `{{table}}_retries`.)
-                INSERT INTO "{{table}}" AS t (job, slot, state, finished_at)
-                VALUES (v_job, v_slot, 'skipped', v_now)
-                ON CONFLICT (job, slot) DO UPDATE
-                   SET state = 'skipped', attempt = NULL, token = NULL, fence = NULL,
-                       instance = NULL, started_at = NULL, finished_at = EXCLUDED.finished_at,
-                       lease_until = NULL, error = NULL, retry_at = NULL, earlier = NULL;
-                r_outcome := 'overlap';
-            ELSE
-                UPDATE "{{table}}_jobs" AS j SET last_fence = j.last_fence + 1
-                 WHERE j.job = v_job
-                RETURNING j.last_fence INTO v_fence;
-                INSERT INTO "{{table}}" AS t
-                       (job, slot, state, attempt, token, fence, instance,
-                        started_at, finished_at, lease_until, error)
-                VALUES (v_job, v_slot, 'running', 1, p_token[i], v_fence, p_instance[i],
-                        v_now, NULL, v_until, NULL)
-                ON CONFLICT (job, slot) DO UPDATE
-                   SET state = 'running', attempt = 1, token = EXCLUDED.token,
-                       fence = EXCLUDED.fence, instance = EXCLUDED.instance,
-                       started_at = EXCLUDED.started_at, finished_at = NULL,
-                       lease_until = EXCLUDED.lease_until, error = NULL,
-                       retry_at = NULL, earlier = NULL;
-                r_outcome := 'won';
-                r_attempt := 1;
-                r_fence := v_fence;
+                ) THEN
+                    v_step := 'skip';
+                ELSIF p_overlap[i] IN ('skip', 'buffer-one') AND (
+                    EXISTS (
+                        SELECT 1
+                          FROM "{{table}}" AS o
+                         WHERE o.job = v_job
+                           AND o.state = 'running'
+                           AND o.lease_until >= v_now
+                           AND o.slot <> v_slot
+                    ) OR EXISTS (
+                        SELECT 1
+                          FROM "{{table}}" AS o
+                         WHERE o.job = v_job
+                           AND o.state = 'failed'
+                           AND o.retry_at >= v_now
+                           AND o.slot <> v_slot
+                    )
+                ) THEN
+                    -- Another run of the job is still going — it holds a
+                    -- live lease, or it failed and its retry is not due yet
+                    -- (each check reads a partial index of the job's few
+                    -- live runs: `{{table}}_live`, `{{table}}_retries`).
+                    -- `skip` skips the slot; `buffer-one` makes it wait, or
+                    -- keeps it waiting.
+                    v_step := CASE
+                        WHEN p_overlap[i] = 'skip' THEN 'skip'
+                        WHEN v_waiting THEN 'keep waiting'
+                        ELSE 'wait'
+                    END;
+                ELSE
+                    v_step := 'start';
+                END IF;
+
+                IF v_step = 'skip' THEN
+                    -- Recorded skipped, for every instance that asks.
+                    INSERT INTO "{{table}}" AS t (job, slot, state, finished_at)
+                    VALUES (v_job, v_slot, 'skipped', v_now)
+                    ON CONFLICT (job, slot) DO UPDATE
+                       SET state = 'skipped', attempt = NULL, token = NULL, fence = NULL,
+                           instance = NULL, started_at = NULL, finished_at = EXCLUDED.finished_at,
+                           lease_until = NULL, error = NULL, retry_at = NULL, earlier = NULL;
+                    r_outcome := 'overlap';
+                ELSIF v_step IN ('wait', 'keep waiting') THEN
+                    -- The slot waits, nobody's, until its slot plus its
+                    -- max_late (`lease_until`); every claimant is told to
+                    -- look again one lease from now, as a backup would.
+                    IF v_step = 'wait' THEN
+                        INSERT INTO "{{table}}" AS t (job, slot, state, lease_until)
+                        VALUES (v_job, v_slot, 'waiting',
+                                least(abs(v_slot::numeric) + p_max_late[i],
+                                      9223372036854775807)::bigint)
+                        ON CONFLICT (job, slot) DO UPDATE
+                           SET state = 'waiting', attempt = NULL, token = NULL, fence = NULL,
+                               instance = NULL, started_at = NULL, finished_at = NULL,
+                               lease_until = EXCLUDED.lease_until, error = NULL,
+                               retry_at = NULL, earlier = NULL;
+                    END IF;
+                    r_outcome := 'running';
+                    r_lease_until := v_until;
+                ELSE
+                    IF p_overlap[i] = 'replace' THEN
+                        -- `replace`: every other run of the job still going
+                        -- ends now, replaced by this one — running (whatever
+                        -- its lease), or failed and waiting for its retry.
+                        -- Each keeps its holder, so its runner's next
+                        -- heartbeat or finish is fenced. (Each update reads
+                        -- a partial index: `{{table}}_live`,
+                        -- `{{table}}_retries`.)
+                        UPDATE "{{table}}" AS o
+                           SET state = 'replaced', finished_at = v_now, retry_at = NULL
+                         WHERE o.job = v_job
+                           AND o.state = 'running'
+                           AND o.slot <> v_slot;
+                        UPDATE "{{table}}" AS o
+                           SET state = 'replaced', finished_at = v_now, retry_at = NULL
+                         WHERE o.job = v_job
+                           AND o.state = 'failed'
+                           AND o.retry_at IS NOT NULL
+                           AND o.slot <> v_slot;
+                    END IF;
+                    -- Start: attempt 1 under a new fence (a waiting slot
+                    -- becomes a run like any other).
+                    UPDATE "{{table}}_jobs" AS j SET last_fence = j.last_fence + 1
+                     WHERE j.job = v_job
+                    RETURNING j.last_fence INTO v_fence;
+                    INSERT INTO "{{table}}" AS t
+                           (job, slot, state, attempt, token, fence, instance,
+                            started_at, finished_at, lease_until, error)
+                    VALUES (v_job, v_slot, 'running', 1, p_token[i], v_fence, p_instance[i],
+                            v_now, NULL, v_until, NULL)
+                    ON CONFLICT (job, slot) DO UPDATE
+                       SET state = 'running', attempt = 1, token = EXCLUDED.token,
+                           fence = EXCLUDED.fence, instance = EXCLUDED.instance,
+                           started_at = EXCLUDED.started_at, finished_at = NULL,
+                           lease_until = EXCLUDED.lease_until, error = NULL,
+                           retry_at = NULL, earlier = NULL;
+                    r_outcome := 'won';
+                    r_attempt := 1;
+                    r_fence := v_fence;
+                END IF;
             END IF;
         ELSIF v_run.state = 'failed' AND v_run.retry_at IS NOT NULL THEN
             -- A failure whose retry is pending (step 1 of `decide::claim`).
@@ -220,7 +313,7 @@ BEGIN
             END IF;
         ELSIF v_run.state <> 'running' THEN
             -- Finished: succeeded, failed (with no retry pending),
-            -- interrupted, skipped or paused.
+            -- interrupted, skipped, paused or replaced.
             r_outcome := v_run.state;
         ELSIF v_run.token = p_token[i] THEN
             -- Our own claim, sent again.

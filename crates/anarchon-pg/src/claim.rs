@@ -2,7 +2,7 @@
 //! (which mirrors [`anarchon_core::decide::claim`]) in one statement.
 
 use anarchon_core::time::millis;
-use anarchon_core::{ClaimOutcome, LeaseClaim, Overlap};
+use anarchon_core::{ClaimOutcome, LeaseClaim};
 
 use crate::connection::{Resend, send};
 use crate::error::Error;
@@ -27,7 +27,7 @@ impl PgStore {
         let mut instances = Vec::with_capacity(n);
         let mut max_late = Vec::with_capacity(n);
         let mut leases = Vec::with_capacity(n);
-        let mut skip = Vec::with_capacity(n);
+        let mut overlap = Vec::with_capacity(n);
         let mut max_attempts = Vec::with_capacity(n);
         let mut rerun_paused = Vec::with_capacity(n);
         for req in reqs {
@@ -37,7 +37,8 @@ impl PgStore {
             instances.push(req.claim.instance.as_str().to_owned());
             max_late.push(millis(req.claim.max_late));
             leases.push(millis(req.lease));
-            skip.push(req.overlap == Overlap::Skip);
+            // The rule by name: the function decides every rule itself.
+            overlap.push(req.overlap.as_str());
             max_attempts.push(i32::try_from(req.max_attempts.get()).unwrap_or(i32::MAX));
             rerun_paused.push(req.rerun_paused);
         }
@@ -53,7 +54,7 @@ impl PgStore {
                 .bind(&instances[..])
                 .bind(&max_late[..])
                 .bind(&leases[..])
-                .bind(&skip[..])
+                .bind(&overlap[..])
                 .bind(&max_attempts[..])
                 .bind(&rerun_paused[..])
                 .fetch_all(conn)

@@ -24,7 +24,7 @@ use crate::options::TableName;
 use crate::sql::sql;
 
 /// The schema version this crate needs and migrates to.
-pub const SCHEMA_VERSION: u32 = 8;
+pub const SCHEMA_VERSION: u32 = 9;
 
 struct Migration {
     version: u32,
@@ -74,6 +74,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 8,
         description: "retries of failed runs, past attempts",
         tables: Some(include_str!("../migrations/0008_retries.sql")),
+    },
+    Migration {
+        version: 9,
+        description: "overlap rules replace and buffer-one, waiting-slot index",
+        tables: Some(include_str!("../migrations/0009_overlap_rules.sql")),
     },
 ];
 

@@ -237,3 +237,105 @@ async fn a_schema_from_version_7_gets_retries_and_past_attempts() {
     );
     assert!(history[1].earlier.is_empty(), "{history:?}");
 }
+
+/// A store left at schema version 8 — its claim function taking a "skip"
+/// flag per claim, a run holding its lease in it — is brought to the
+/// current version when a store opens: the old function (whose argument
+/// types changed, so `CREATE OR REPLACE` would have added a second one
+/// beside it) is gone, and the states `waiting` and `replaced` are
+/// accepted: a `buffer-one` slot waits for the old run, and a `replace`
+/// slot ends it, fencing its runner.
+#[tokio::test]
+async fn a_schema_from_version_8_gets_the_overlap_rules_replace_and_buffer_one() {
+    let factory = PgFactory::new().await;
+    let table = factory.table().clone();
+    let mut conn = admin(factory.url()).await;
+    migrate_to(&mut conn, &table, 8).await.expect("v8");
+    let base = future_base();
+    let holder = Token::generate();
+    // A stand-in with version 8's arguments and result: enough for the
+    // migration to have to drop it.
+    exec(
+        &mut conn,
+        format!(
+            r#"CREATE FUNCTION "{table}_claim"(
+                   text[], bigint[], uuid[], text[], bigint[], bigint[], boolean[], integer[], boolean[])
+               RETURNS TABLE (r_idx integer, r_outcome text, r_attempt integer, r_fence bigint,
+                              r_lease_until bigint, r_store_now bigint, r_earlier text)
+               LANGUAGE sql AS $$ SELECT 1, 'late', NULL::integer, NULL::bigint, NULL::bigint, 0::bigint, NULL::text $$;
+               INSERT INTO "{table}" (job, slot, state, attempt, token, fence, instance, started_at, lease_until)
+               VALUES ('legacy', {base}, 'running', 1, '{holder}', 4, 'old-host', 900, {base} + 3600000);
+               INSERT INTO "{table}_jobs" (job, last_fence) VALUES ('legacy', 4);"#,
+            holder = holder.as_uuid()
+        ),
+    )
+    .await;
+    let store = factory.store_with(factory.options()).await;
+    assert_eq!(
+        store.schema_version().await.expect("version"),
+        SCHEMA_VERSION
+    );
+    let functions: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_proc WHERE proname = $1")
+        .bind(format!("{table}_claim"))
+        .fetch_one(&mut conn)
+        .await
+        .expect("functions");
+    assert_eq!(functions, 1, "the old claim function is dropped");
+
+    let legacy = job("legacy");
+    let old = RunKey::new(legacy.clone(), Slot::from_millis(base));
+    let buffered = RunKey::new(legacy.clone(), Slot::from_millis(base + 1000));
+    let replacing = RunKey::new(legacy.clone(), Slot::from_millis(base + 2000));
+    assert!(matches!(
+        store
+            .claim_lease(&claim(
+                buffered.clone(),
+                Token::generate(),
+                "new",
+                Overlap::BufferOne
+            ))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Running { .. }
+    ));
+    assert!(matches!(
+        store.peek(&buffered).await.expect("peek").state,
+        RunState::Waiting { .. }
+    ));
+    let win = won(store
+        .claim_lease(&claim(
+            replacing,
+            Token::generate(),
+            "new",
+            Overlap::Replace,
+        ))
+        .await
+        .expect("claim"));
+    assert_eq!(win.fence.map(|f| f.get()), Some(5), "fences continue");
+    assert_eq!(
+        store.peek(&old).await.expect("peek").state,
+        RunState::Finished(FinalState::Replaced)
+    );
+    assert_eq!(
+        store
+            .heartbeat(&old, holder, Duration::from_secs(30))
+            .await
+            .expect("heartbeat"),
+        Renewal::Fenced
+    );
+    let states: Vec<RecordState> = store
+        .history(&legacy, 10)
+        .await
+        .expect("history")
+        .iter()
+        .map(|r| r.state)
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            RecordState::Running,
+            RecordState::Waiting,
+            RecordState::Finished(FinalState::Replaced)
+        ]
+    );
+}

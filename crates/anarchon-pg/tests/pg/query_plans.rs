@@ -5,8 +5,9 @@ use super::*;
 /// With 20,000 runs of one job stored (and statistics gathered), every
 /// lookup a claim, heartbeat, finish, release, peek or history makes is an
 /// index scan — the primary key, or the partial indexes of live runs
-/// (leases, pending retries) for the overlap check — in its generic
-/// (prepared) plan. So a claim costs
+/// (leases, pending retries) for the overlap check and for the runs a
+/// `replace` start ends, or that of waiting slots for `buffer-one` — in its
+/// generic (prepared) plan. So a claim costs
 /// O(log n) in the stored runs, never a scan of the job's history.
 #[tokio::test]
 async fn lookups_use_the_primary_key_and_the_live_run_index() {
@@ -25,6 +26,9 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
                  SELECT 'other-' || (g % 50), g * 1000, 'succeeded', 1, g, 0 FROM generate_series(1, 5000) AS g;
                INSERT INTO "{t}" (job, slot, state, attempt, token, fence, finished_at, error, retry_at)
                  SELECT 'busy', 40000000 + g * 1000, 'failed', 1, gen_random_uuid(), 30000 + g, 0, 'flaky', 1
+                   FROM generate_series(1, 5) AS g;
+               INSERT INTO "{t}" (job, slot, state, lease_until)
+                 SELECT 'busy', 50000000 + g * 1000, 'waiting', 50060000 + g * 1000
                    FROM generate_series(1, 5) AS g;
                ANALYZE "{t}";
                SET plan_cache_mode = force_generic_plan;"#,
@@ -73,6 +77,33 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
             "text, bigint, bigint",
             "'busy', 0, 5000".into(),
         ),
+        (
+            "claim: buffer-one, another slot waiting",
+            format!(
+                r#"SELECT 1 FROM "{t}" AS o WHERE o.job = $1 AND o.state = 'waiting'
+                   AND o.lease_until >= $2 AND o.slot <> $3"#
+            ),
+            "text, bigint, bigint",
+            "'busy', 0, 5000".into(),
+        ),
+        (
+            "claim: replace ends the overlapping leases",
+            format!(
+                r#"SELECT 1 FROM "{t}" AS o WHERE o.job = $1 AND o.state = 'running'
+                   AND o.slot <> $2"#
+            ),
+            "text, bigint",
+            "'busy', 5000".into(),
+        ),
+        (
+            "claim: replace ends the pending retries",
+            format!(
+                r#"SELECT 1 FROM "{t}" AS o WHERE o.job = $1 AND o.state = 'failed'
+                   AND o.retry_at IS NOT NULL AND o.slot <> $2"#
+            ),
+            "text, bigint",
+            "'busy', 5000".into(),
+        ),
         statement!("peek", "text, bigint", "'busy', 5000"),
         statement!("history", "text, bigint", "'busy', 10"),
         statement!(
@@ -112,28 +143,31 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
             !plan.contains("Seq Scan"),
             "{what} scans the table:\n{plan}"
         );
-        // The overlap checks must read the live-run indexes; the others
-        // find the run by its primary key, or (for statements that only
-        // touch running runs) through the job's few live runs.
+        // The overlap checks must read the live-run indexes, the
+        // buffer-one check that of waiting slots; the others find the run
+        // by its primary key, or (for statements that only touch running
+        // runs) through the job's few live runs.
         let live = format!("using {t}_live ");
         let retries = format!("using {t}_retries ");
+        let waiting = format!("using {t}_waiting ");
         let pkey = format!("using {t}_pkey ");
-        let ok = if what.contains("pending retries") {
+        let ok = if what.contains("waiting") {
+            plan.contains(&waiting)
+        } else if what.contains("pending retries") {
             plan.contains(&retries)
         } else if what.contains("overlap") {
             plan.contains(&live)
         } else {
             plan.contains(&pkey) || plan.contains(&live)
         };
-        assert!(
-            ok,
-            "{what} must use the primary key or the live-run index:\n{plan}"
-        );
+        assert!(ok, "{what} must use the index it is meant to:\n{plan}");
     }
 }
 
 /// The claim function itself, run 200 times (first attempts, own retries,
-/// live leases and overlap checks) on a job with 20,000 stored runs, never
+/// live leases and overlap checks, under `skip`, `buffer-one` and
+/// `replace`: slots that wait, runs replaced) on a job with 20,000 stored
+/// runs, never
 /// scans the runs table sequentially: the statistics collector's own count
 /// of sequential scans stays put while its index-scan count grows.
 #[tokio::test]
@@ -194,15 +228,19 @@ async fn the_claim_function_never_scans_the_runs_table() {
     for i in 0..50 {
         let run = RunKey::new(busy.clone(), Slot::from_millis(base + i * 1000));
         let token = Token::generate();
-        let first = claim(run.clone(), token, "a", Overlap::Skip);
+        let rule = [Overlap::Skip, Overlap::BufferOne, Overlap::Replace][i as usize % 3];
+        let first = claim(run.clone(), token, "a", rule);
         let outcome = store.claim_lease(&first).await.expect("claim");
         assert!(
-            matches!(outcome, ClaimOutcome::Won(_) | ClaimOutcome::Overlap),
+            matches!(
+                outcome,
+                ClaimOutcome::Won(_) | ClaimOutcome::Overlap | ClaimOutcome::Running { .. }
+            ),
             "{outcome:?}"
         );
         store.claim_lease(&first).await.expect("retry");
         store
-            .claim_lease(&claim(run.clone(), Token::generate(), "b", Overlap::Skip))
+            .claim_lease(&claim(run.clone(), Token::generate(), "b", rule))
             .await
             .expect("other");
         if matches!(outcome, ClaimOutcome::Won(_)) && i % 2 == 1 {
