@@ -48,9 +48,27 @@ where
     }
 }
 
+/// `call`, timed: its time in the store-call histogram, and a failure
+/// (a timeout included) in the store-error counter, both labelled with
+/// `operation` (see [`super::metrics::names`]).
+pub(crate) async fn timed<T, Fut>(operation: &'static str, call: Fut) -> Result<T, StoreError>
+where
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    use super::metrics::names;
+    let started = Instant::now();
+    let answer = call.await;
+    ::metrics::histogram!(names::STORE_CALL, "operation" => operation)
+        .record(started.elapsed().as_secs_f64());
+    if answer.is_err() {
+        ::metrics::counter!(names::STORE_ERRORS, "operation" => operation).increment(1);
+    }
+    answer
+}
+
 /// Sends `op` until it succeeds, fails for good, or [`STORE_TRIES`] runs out.
 /// Every try sends the same request, so a lost reply is answered on the retry.
-pub(crate) async fn with_retries<T, F, Fut>(what: &str, op: F) -> Result<T, StoreError>
+pub(crate) async fn with_retries<T, F, Fut>(what: &'static str, op: F) -> Result<T, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -62,7 +80,7 @@ where
 /// `deadline`: for claims a store only remembers for a while, every try
 /// must reach it while it still remembers the run.
 pub(crate) async fn with_retries_until<T, F, Fut>(
-    what: &str,
+    what: &'static str,
     deadline: Option<Instant>,
     mut op: F,
 ) -> Result<T, StoreError>
@@ -86,7 +104,7 @@ where
                 left.min(CALL_TIMEOUT)
             }
         };
-        match within(limit, op()).await {
+        match timed(what, within(limit, op())).await {
             Ok(v) => return Ok(v),
             Err(e) if e.is_temporary() && tries < STORE_TRIES => {
                 tracing::debug!(error = %e, tries, "{what} failed; trying again with the same token");

@@ -9,10 +9,10 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use super::calls::{
-    CALL_TIMEOUT, FIRST_BACKOFF, MAX_CLAIM_AHEAD, MIN_CLAIM_AHEAD, STORE_TRIES, lease_claim,
+    CALL_TIMEOUT, FIRST_BACKOFF, MAX_CLAIM_AHEAD, MIN_CLAIM_AHEAD, STORE_TRIES, lease_claim, timed,
     with_retries_until, within,
 };
-use super::metrics::Metrics;
+use super::metrics::{Event, Metrics};
 use super::run::handle_outcome;
 use super::{Inner, JobSpec, StoreHandle};
 use crate::ids::Token;
@@ -270,7 +270,7 @@ fn take_due(
                 permit: None,
             });
         } else {
-            Metrics::add(&metrics.late);
+            metrics.count(&job.name, Event::Late);
             tracing::warn!(job = %job.name, %slot, late_by = ?now.since(slot.at()), "slot skipped: the timer woke too late to claim it");
         }
         let mut next = job.schedule.next_after(slot.at());
@@ -297,7 +297,7 @@ fn take_due(
                 walk = job.schedule.next_after(old.at());
             }
             tracing::warn!(job = %job.name, from = ?next, to = ?resume, asked, "the timer fell behind: slots older than the late window are passed over; the store records those asked about as missed");
-            Metrics::add(&metrics.late);
+            metrics.count(&job.name, Event::Late);
             next = resume;
             limited = false;
         }
@@ -331,7 +331,7 @@ async fn claim_lease_batch(
     for tries in 1..=STORE_TRIES {
         let batch: Vec<LeaseClaim> = pending.iter().map(|(_, c)| c.clone()).collect();
         let last = tries == STORE_TRIES;
-        let answers = match within(CALL_TIMEOUT, store.claim_many(&batch)).await {
+        let answers = match timed("claim", within(CALL_TIMEOUT, store.claim_many(&batch))).await {
             Ok(answers) if answers.len() == batch.len() => answers,
             Ok(answers) => {
                 Metrics::add(&inner.metrics.store_errors);
@@ -398,7 +398,7 @@ fn give_up(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, claims: Vec<(Due, Le
         let store = store.clone();
         inner.tasks.spawn(async move {
             let run = claim.run();
-            match within(CALL_TIMEOUT, store.give_back(run, claim.claim.token)).await {
+            match timed("give back", within(CALL_TIMEOUT, store.give_back(run, claim.claim.token))).await {
                 Ok(Renewal::Renewed) => {
                     tracing::warn!(job = %run.job, slot = %run.slot, "a claim whose answer was lost had been won: given back for a backup");
                 }

@@ -1,11 +1,58 @@
-//! Counters a scheduler keeps about its own claims and runs.
+//! What a scheduler counts about its own claims and runs.
+//!
+//! Two readers. [`MetricsSnapshot`] is the scheduler's own tally, for a
+//! program that wants numbers without any exporter. And every event is also
+//! recorded through the `metrics` facade, labelled by job, under the names
+//! in [`names`]: a program that installs a recorder (a Prometheus exporter,
+//! for one) gets them; one that installs none pays a no-op call. The
+//! library never installs a recorder itself.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
 
+use crate::name::JobName;
 use crate::time::Timestamp;
 
 /// Skew beyond which a warning is logged.
 const SKEW_WARNING_MS: i64 = 5_000;
+
+/// The names of the metrics the scheduler records through the `metrics`
+/// facade, following Prometheus conventions (`_total` for counters, base
+/// units in the name). `docs/observability.md` lists them with their labels.
+pub mod names {
+    /// Counter, labels `job`, `result`: the answers to this instance's
+    /// claims — `won`, `lost` (another instance holds or held the run),
+    /// `late`, `skipped`, `paused`, `unknown` (no answer).
+    pub const CLAIMS: &str = "anarchon_claims_total";
+    /// Counter, labels `job`, `outcome`: the runs this instance ran, by how
+    /// they ended here — `succeeded`, `failed`, `fenced` (replaced or taken
+    /// over by another instance), `handed_over` (released at shutdown or
+    /// after losing contact).
+    pub const RUNS: &str = "anarchon_runs_total";
+    /// Counter, label `job`: wins that took over a run whose runner lost
+    /// its lease.
+    pub const TAKEOVERS: &str = "anarchon_takeovers_total";
+    /// Counter, label `job`: wins that retried a failed attempt.
+    pub const RETRIES: &str = "anarchon_retries_total";
+    /// Histogram in seconds, label `job`: how late a handler started after
+    /// its slot (a manual run's slot is its request time).
+    pub const LATENESS: &str = "anarchon_run_lateness_seconds";
+    /// Histogram in seconds, label `job`: how long a handler ran.
+    pub const DURATION: &str = "anarchon_run_duration_seconds";
+    /// Gauge in seconds since the Unix epoch, label `job`: when a run of the
+    /// job last succeeded on this instance — the dead-man's switch: alert
+    /// when the newest value over all instances is too old.
+    pub const LAST_SUCCESS: &str = "anarchon_last_success_timestamp_seconds";
+    /// Histogram in seconds, label `operation` (`claim`, `heartbeat`,
+    /// `finish`, `peek`, `release`, `give back`): one store call's time,
+    /// each try on its own.
+    pub const STORE_CALL: &str = "anarchon_store_call_duration_seconds";
+    /// Counter, label `operation`: store calls that failed (each try).
+    pub const STORE_ERRORS: &str = "anarchon_store_call_errors_total";
+    /// Gauge in seconds: how far the store's clock was ahead of this
+    /// instance's (negative: behind) at the last answer that carried it.
+    pub const CLOCK_OFFSET: &str = "anarchon_store_clock_offset_seconds";
+}
 
 macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
@@ -74,9 +121,111 @@ counters! {
     handed_over,
 }
 
+/// An event of a job, as the scheduler counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A claim won; how the attempt came to run.
+    Won(crate::retry::AttemptCause),
+    /// A claim another instance won, or of a run already over.
+    Lost,
+    /// A claim whose answer never came.
+    Unknown,
+    /// A slot too late to run.
+    Late,
+    /// A slot skipped for overlap.
+    Skipped,
+    /// A slot recorded paused.
+    Paused,
+    /// A run of this instance fenced.
+    Fenced,
+    /// A run of this instance handed over.
+    HandedOver,
+    /// A run of this instance whose handler succeeded.
+    Succeeded,
+    /// A run of this instance whose handler failed.
+    Failed,
+    /// A store call that failed after its retries.
+    StoreError,
+}
+
 impl Metrics {
     pub(crate) fn add(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts `event` of `job`: in the snapshot's tally and through the
+    /// `metrics` facade.
+    pub(crate) fn count(&self, job: &JobName, event: Event) {
+        use crate::retry::AttemptCause;
+        let tally = match event {
+            Event::Won(_) => &self.wins,
+            Event::Lost | Event::Paused => &self.losses,
+            Event::Unknown => &self.unknown,
+            Event::Late => &self.late,
+            Event::Skipped => &self.skipped,
+            Event::Fenced => &self.fenced,
+            Event::HandedOver => &self.handed_over,
+            Event::Succeeded => &self.succeeded,
+            Event::Failed => &self.failed,
+            Event::StoreError => &self.store_errors,
+        };
+        Self::add(tally);
+        let job = job.as_str().to_owned();
+        let claim = |result: &'static str| {
+            ::metrics::counter!(names::CLAIMS, "job" => job.clone(), "result" => result)
+                .increment(1);
+        };
+        let run = |outcome: &'static str| {
+            ::metrics::counter!(names::RUNS, "job" => job.clone(), "outcome" => outcome)
+                .increment(1);
+        };
+        match event {
+            Event::Won(cause) => {
+                claim("won");
+                match cause {
+                    AttemptCause::First => {}
+                    AttemptCause::Takeover => {
+                        Self::add(&self.takeovers);
+                        ::metrics::counter!(names::TAKEOVERS, "job" => job.clone()).increment(1);
+                    }
+                    AttemptCause::Retry => {
+                        Self::add(&self.retries);
+                        ::metrics::counter!(names::RETRIES, "job" => job.clone()).increment(1);
+                    }
+                }
+            }
+            Event::Lost => claim("lost"),
+            Event::Unknown => claim("unknown"),
+            Event::Late => claim("late"),
+            Event::Skipped => claim("skipped"),
+            Event::Paused => claim("paused"),
+            Event::Fenced => run("fenced"),
+            Event::HandedOver => run("handed_over"),
+            Event::Succeeded => run("succeeded"),
+            Event::Failed => run("failed"),
+            // Store errors are counted per call, by operation (see
+            // `calls::timed`); the tally counts those given up on.
+            Event::StoreError => {}
+        }
+    }
+
+    /// Records when a handler of `job` started, against its slot's time.
+    pub(crate) fn started(job: &JobName, slot_at: Timestamp, now: Timestamp) {
+        let late = now.as_millis().saturating_sub(slot_at.as_millis()).max(0);
+        ::metrics::histogram!(names::LATENESS, "job" => job.as_str().to_owned())
+            .record(late as f64 / 1000.0);
+    }
+
+    /// Records how long a handler of `job` ran.
+    pub(crate) fn ended(job: &JobName, took: Duration) {
+        ::metrics::histogram!(names::DURATION, "job" => job.as_str().to_owned())
+            .record(took.as_secs_f64());
+    }
+
+    /// Records that a run of `job` succeeded, and the store took it, at `at`.
+    pub(crate) fn succeeded(job: &JobName, at: Timestamp) {
+        ::metrics::gauge!(names::LAST_SUCCESS, "job" => job.as_str().to_owned())
+            .set(at.as_millis() as f64 / 1000.0);
     }
 
     /// Notes the store's clock against the local one; warns when they are
@@ -84,6 +233,7 @@ impl Metrics {
     pub(crate) fn observe_store_clock(&self, store_now: Timestamp, local_now: Timestamp) {
         let skew = store_now.as_millis() - local_now.as_millis();
         self.skew_ms.store(skew, Ordering::Relaxed);
+        ::metrics::gauge!(names::CLOCK_OFFSET).set(skew as f64 / 1000.0);
         let first = !self.skew_seen.swap(true, Ordering::Relaxed);
         if skew.abs() > SKEW_WARNING_MS {
             tracing::warn!(

@@ -26,7 +26,7 @@ mod context;
 mod driver;
 mod job;
 mod lease_clock;
-mod metrics;
+pub mod metrics;
 mod requests;
 mod run;
 

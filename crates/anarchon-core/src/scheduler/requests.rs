@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
-use super::calls::{CALL_TIMEOUT, lease_claim, within};
+use super::calls::{CALL_TIMEOUT, lease_claim, timed, within};
 use super::driver::{Due, claim_batch};
 use super::run::handle_outcome;
 use super::{Inner, MANUAL_RUN_WINDOW, StoreHandle};
@@ -157,7 +157,9 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
             // a slot recorded `paused` may run too.
             claim.claim.max_late = inner.clock.now().since(slot.at()) + MANUAL_RUN_WINDOW;
             claim.rerun_paused = true;
-            let outcome = match within(CALL_TIMEOUT, store.claim_lease(&claim)).await {
+            let outcome = match timed("claim", within(CALL_TIMEOUT, store.claim_lease(&claim)))
+                .await
+            {
                 Ok(outcome) => outcome,
                 Err(error) => {
                     tracing::warn!(%error, job = %job.name, %slot, "backfill claim failed; trying again");
@@ -205,7 +207,7 @@ async fn wait_until_ended(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, run: 
             return true;
         }
         tokio::time::sleep(BACKFILL_POLL).await;
-        match within(CALL_TIMEOUT, store.peek(run)).await {
+        match timed("peek", within(CALL_TIMEOUT, store.peek(run))).await {
             Ok(view) => match view.state {
                 RunState::Running { lease_until, .. } if lease_until < view.store_now => {
                     return false;

@@ -8,13 +8,15 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::calls::{CALL_TIMEOUT, MAX_CLAIM_AHEAD, STORE_TRIES, lease_claim, with_retries, within};
+use super::calls::{
+    CALL_TIMEOUT, MAX_CLAIM_AHEAD, STORE_TRIES, lease_claim, timed, with_retries, within,
+};
 use super::context::{CancelReason, RunContext};
 use super::lease_clock::{Holding, LeaseClock, Renew};
-use super::metrics::Metrics;
+use super::metrics::{Event, Metrics};
 use super::{Inner, JobSpec, StoreHandle};
 use crate::ids::Token;
-use crate::retry::{AttemptCause, RetryPlan};
+use crate::retry::RetryPlan;
 use crate::store::{
     ClaimOutcome, FinalState, LeaseClaim, LeaseStore, Renewal, RunKey, RunOutcome, RunState, Win,
 };
@@ -43,12 +45,7 @@ pub(crate) fn handle_outcome(
     let m = &inner.metrics;
     match outcome {
         ClaimOutcome::Won(win) => {
-            Metrics::add(&m.wins);
-            match win.cause {
-                AttemptCause::First => {}
-                AttemptCause::Takeover => Metrics::add(&m.takeovers),
-                AttemptCause::Retry => Metrics::add(&m.retries),
-            }
+            m.count(&run.job, Event::Won(win.cause));
             tracing::info!(job = %run.job, slot = %run.slot, attempt = win.attempt.get(), cause = %win.cause, fence = ?win.fence.map(|f| f.get()), "claim won");
             let token = claim.claim.token;
             let running = run_won(inner.clone(), job, run, token, win, sent_at, fire_at);
@@ -61,7 +58,7 @@ pub(crate) fn handle_outcome(
             lease_until,
             store_now,
         } => {
-            Metrics::add(&m.losses);
+            m.count(&run.job, Event::Lost);
             m.observe_store_clock(store_now, inner.clock.now());
             tracing::debug!(job = %run.job, slot = %run.slot, %lease_until, "running elsewhere; watching as a backup");
             inner
@@ -72,23 +69,27 @@ pub(crate) fn handle_outcome(
         // first one `Overlap`, the others (and its own retry, if the first
         // answer was lost) `Done(Skipped)`. Either way the slot was skipped.
         ClaimOutcome::Done(FinalState::Skipped) => {
-            Metrics::add(&m.skipped);
+            m.count(&run.job, Event::Skipped);
             tracing::info!(job = %run.job, slot = %run.slot, "skipped: the previous run of the job was still going");
         }
+        ClaimOutcome::Done(FinalState::Paused) => {
+            m.count(&run.job, Event::Paused);
+            tracing::debug!(job = %run.job, slot = %run.slot, "not run: the job is paused");
+        }
         ClaimOutcome::Lost | ClaimOutcome::Done(_) => {
-            Metrics::add(&m.losses);
+            m.count(&run.job, Event::Lost);
             tracing::debug!(job = %run.job, slot = %run.slot, ?outcome, "claim lost");
         }
         ClaimOutcome::Unknown => {
-            Metrics::add(&m.unknown);
+            m.count(&run.job, Event::Unknown);
             tracing::warn!(job = %run.job, slot = %run.slot, "no answer to the claim; treated as lost, the slot is not run here");
         }
         ClaimOutcome::Late => {
-            Metrics::add(&m.late);
+            m.count(&run.job, Event::Late);
             tracing::warn!(job = %run.job, slot = %run.slot, "the store says the claim is too late; recorded as missed");
         }
         ClaimOutcome::Overlap => {
-            Metrics::add(&m.skipped);
+            m.count(&run.job, Event::Skipped);
             tracing::info!(job = %run.job, slot = %run.slot, "skipped: the previous run of the job is still going");
         }
     }
@@ -158,6 +159,8 @@ pub(crate) async fn run_won(
         token,
         inner.instance.clone(),
     );
+    Metrics::started(&run.job, run.slot.at(), inner.clock.now());
+    let handler_started = Instant::now();
     let mut handler = tokio::spawn(job.handler.call(ctx.clone()).instrument(span.clone()));
 
     let mut holding = Holding::start(lease_store.is_some());
@@ -172,7 +175,7 @@ pub(crate) async fn run_won(
                 let left = lease_clock.left(Instant::now());
                 let renewal = renew(store.as_ref(), &run, token, &mut lease_clock, &span, left).await;
                 if let Some(reason) = holding.after(renewal) {
-                    Metrics::add(&inner.metrics.fenced);
+                    inner.metrics.count(&run.job, Event::Fenced);
                     if holding == Holding::Fenced {
                         span.in_scope(|| tracing::warn!("fenced: another instance holds this run now; cancelling the handler"));
                     } else {
@@ -199,6 +202,7 @@ pub(crate) async fn run_won(
         }
     };
 
+    Metrics::ended(&run.job, handler_started.elapsed());
     let retry = lease_store
         .as_ref()
         .and_then(|_| retry_plan(&inner, &job, &run, &win));
@@ -233,13 +237,17 @@ pub(crate) async fn run_won(
         // if no backup has taken the run over meanwhile.
         span.in_scope(|| tracing::warn!("the run was given up after losing contact; handing it over instead of recording {outcome:?}"));
         if let Ok(Renewal::Renewed) = store.release(&run, token).await {
-            Metrics::add(&inner.metrics.handed_over);
+            inner.metrics.count(&run.job, Event::HandedOver);
         }
         return;
     }
     match &outcome {
-        RunOutcome::Succeeded => Metrics::add(&inner.metrics.succeeded),
-        RunOutcome::Failed { .. } => Metrics::add(&inner.metrics.failed),
+        RunOutcome::Succeeded => inner.metrics.count(&run.job, Event::Succeeded),
+        RunOutcome::Failed { .. } => inner.metrics.count(&run.job, Event::Failed),
+    }
+    if lease_store.is_none() && outcome == RunOutcome::Succeeded {
+        // A claim-only store keeps no outcome: the handler's is the news.
+        Metrics::succeeded(&run.job, inner.clock.now());
     }
     if let (Some(store), false) = (&lease_store, holding == Holding::Fenced) {
         let tries = std::sync::atomic::AtomicU32::new(0);
@@ -258,6 +266,9 @@ pub(crate) async fn run_won(
                     .instrument(span.clone())
                     .await;
             }
+            Ok(Renewal::Renewed) if outcome == RunOutcome::Succeeded => {
+                Metrics::succeeded(&run.job, inner.clock.now());
+            }
             Ok(Renewal::Renewed) => {}
             // A try whose reply was lost may have recorded the outcome: the
             // retry then finds the run finished, by this very attempt.
@@ -270,11 +281,11 @@ pub(crate) async fn run_won(
                 });
             }
             Ok(Renewal::Fenced) => {
-                Metrics::add(&inner.metrics.fenced);
+                inner.metrics.count(&run.job, Event::Fenced);
                 span.in_scope(|| tracing::warn!("finished after another instance took the run over; the outcome was not recorded"));
             }
             Err(error) => {
-                Metrics::add(&inner.metrics.store_errors);
+                inner.metrics.count(&run.job, Event::StoreError);
                 span.in_scope(|| tracing::error!(%error, "could not record the outcome; the lease will run out and a backup may run the slot again"));
             }
         }
@@ -359,9 +370,12 @@ async fn renew(
 ) -> Renew {
     let sent = Instant::now();
     let left = limit.max(Duration::from_millis(1));
-    let answer = within(left, store.heartbeat(run, token, clock.lease()))
-        .instrument(span.clone())
-        .await;
+    let answer = timed(
+        "heartbeat",
+        within(left, store.heartbeat(run, token, clock.lease())),
+    )
+    .instrument(span.clone())
+    .await;
     if let Err(error) = &answer {
         span.in_scope(|| tracing::warn!(%error, "heartbeat failed"));
     }
@@ -387,7 +401,7 @@ async fn renew_before_start(
         match renew(store, run, token, clock, span, CALL_TIMEOUT).await {
             Renew::Held | Renew::Failed if !clock.expired(Instant::now()) => return true,
             Renew::Fenced => {
-                Metrics::add(&inner.metrics.fenced);
+                inner.metrics.count(&run.job, Event::Fenced);
                 span.in_scope(|| {
                     tracing::warn!(
                         "fenced before the handler started: another instance holds this run now"
@@ -398,7 +412,7 @@ async fn renew_before_start(
             Renew::Held | Renew::Failed | Renew::Expired => {}
         }
     }
-    Metrics::add(&inner.metrics.fenced);
+    inner.metrics.count(&run.job, Event::Fenced);
     span.in_scope(|| {
         tracing::error!(
             "no lease left before the handler started; not starting it, handing the run over"
@@ -450,7 +464,7 @@ async fn hand_over(
     };
     match answer {
         Ok(Renewal::Renewed) => {
-            Metrics::add(&inner.metrics.handed_over);
+            inner.metrics.count(&run.job, Event::HandedOver);
             tracing::info!(job = %run.job, slot = %run.slot, ?started, "run handed over for a backup to take over");
         }
         Ok(Renewal::Fenced) => {}
@@ -529,7 +543,7 @@ pub(crate) async fn backup(
                 return;
             }
             Err(error) => {
-                Metrics::add(&inner.metrics.store_errors);
+                inner.metrics.count(&run.job, Event::StoreError);
                 tracing::warn!(%error, job = %run.job, slot = %run.slot, "takeover claim failed; still watching");
                 lease_until = view.store_now.saturating_add(inner.heartbeat);
                 store_now = view.store_now;
