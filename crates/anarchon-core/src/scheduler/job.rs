@@ -267,7 +267,9 @@ impl<S: LeaseStore + ?Sized> JobBuilder<'_, S> {
 
     /// How many attempts a run may have in all, counting the first (default
     /// 3). With 1, a runner that dies leaves its run interrupted. Retries
-    /// ([`Self::retry`]) come on top: each retry adds one attempt.
+    /// ([`Self::retry`]) come on top: each retry adds one attempt, and
+    /// takeovers and retries draw on the same count — a run never retried
+    /// may be taken over up to `max_attempts + retries − 1` times.
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.options.max_attempts = Some(n);
         self

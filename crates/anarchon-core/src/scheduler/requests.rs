@@ -199,8 +199,10 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
     }
 }
 
-/// Waits until `run` is no longer running: `true` when it ended, `false`
-/// when its lease ran out on the store's clock (a takeover is due).
+/// Waits until `run` is no longer going: `true` when it ended, `false`
+/// when a claim is due — its lease ran out on the store's clock (a
+/// takeover), its retry is due, or it waits for another run of the job
+/// (a `buffer-one` slot: the claim starts it once that run ended).
 async fn wait_until_ended(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, run: &RunKey) -> bool {
     loop {
         if inner.stop.is_cancelled() {
@@ -212,8 +214,12 @@ async fn wait_until_ended(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, run: 
                 RunState::Running { lease_until, .. } if lease_until < view.store_now => {
                     return false;
                 }
-                RunState::Running { .. } => {}
-                _ => return true,
+                RunState::RetryPending { retry_at, .. } if retry_at < view.store_now => {
+                    return false;
+                }
+                RunState::Waiting { .. } => return false,
+                RunState::Running { .. } | RunState::RetryPending { .. } => {}
+                RunState::Absent | RunState::Missed | RunState::Finished(_) => return true,
             },
             Err(error) => {
                 tracing::debug!(%error, %run, "could not read a backfilled run; reading again");

@@ -18,7 +18,8 @@ use super::{Inner, JobSpec, StoreHandle};
 use crate::ids::Token;
 use crate::retry::RetryPlan;
 use crate::store::{
-    ClaimOutcome, FinalState, LeaseClaim, LeaseStore, Renewal, RunKey, RunOutcome, RunState, Win,
+    ClaimOutcome, FinalState, LeaseClaim, LeaseStore, Overlap, Renewal, RunKey, RunOutcome,
+    RunState, Win,
 };
 use crate::time::Timestamp;
 
@@ -260,9 +261,11 @@ pub(crate) async fn run_won(
         let retried = tries.load(std::sync::atomic::Ordering::Relaxed) > 1;
         match answer {
             Ok(Renewal::Renewed)
-                if matches!(outcome, RunOutcome::Failed { retry: Some(_), .. }) =>
+                if let RunOutcome::Failed {
+                    retry: Some(plan), ..
+                } = &outcome =>
             {
-                watch_for_retry(&inner, job, run)
+                watch_for_retry(&inner, job, run, plan.after)
                     .instrument(span.clone())
                     .await;
             }
@@ -274,7 +277,14 @@ pub(crate) async fn run_won(
             // retry then finds the run finished, by this very attempt.
             Ok(Renewal::Fenced)
                 if retried
-                    && finished_by(store.as_ref(), &run, win.attempt, &inner.instance).await =>
+                    && finished_by(
+                        store.as_ref(),
+                        &run,
+                        win.attempt,
+                        &inner.instance,
+                        outcome.clone().into_record().0,
+                    )
+                    .await =>
             {
                 span.in_scope(|| {
                     tracing::info!("outcome recorded (by a try whose reply was lost)")
@@ -313,7 +323,7 @@ fn retry_plan(inner: &Inner, job: &JobSpec, run: &RunKey, win: &Win) -> Option<R
 /// After a failure recorded with a retry: this instance watches the run as
 /// any backup does, and claims the retry when it is due (it has no
 /// privilege over the others: whoever claims first runs it).
-async fn watch_for_retry(inner: &Arc<Inner>, job: Arc<JobSpec>, run: RunKey) {
+async fn watch_for_retry(inner: &Arc<Inner>, job: Arc<JobSpec>, run: RunKey, after: Duration) {
     let StoreHandle::Lease(store) = &inner.store else {
         return;
     };
@@ -325,22 +335,34 @@ async fn watch_for_retry(inner: &Arc<Inner>, job: Arc<JobSpec>, run: RunKey) {
                     .tasks
                     .spawn(backup(inner.clone(), job, run, retry_at, view.store_now));
             }
-            _ => tracing::info!("failed; no retry: it would be due after the job's next slot"),
+            RunState::Finished(FinalState::Failed) => {
+                tracing::info!("failed; no retry: it would be due after the job's next slot");
+            }
+            _ => tracing::info!("failed; another instance has taken the run on since"),
         },
         Err(error) => {
-            tracing::warn!(%error, "could not read the run after its failure; another instance may still retry it");
+            // Watch anyway, from this instance's clock: the backup reads
+            // the run again before it claims, so an early look costs a
+            // read, never a run. Alone, this instance is the only one that
+            // would ever retry it.
+            tracing::warn!(%error, "could not read the run after its failure; watching it for its retry anyway");
+            let now = inner.clock.now();
+            let due = now.saturating_add(after);
+            inner.tasks.spawn(backup(inner.clone(), job, run, due, now));
         }
     }
 }
 
-/// Whether the store's record of `run` says it was finished by `attempt`
-/// of `instance`: what a retried `finish` told `Fenced` checks before it
+/// Whether the store's record of `run` says it ended `ended` by `attempt`
+/// of `instance` (not, say, `replaced` meanwhile): what a retried `finish`
+/// told `Fenced` checks before it
 /// reports the outcome as not recorded.
 async fn finished_by(
     store: &dyn LeaseStore,
     run: &RunKey,
     attempt: crate::ids::Attempt,
     instance: &crate::ids::InstanceId,
+    ended: FinalState,
 ) -> bool {
     /// The run just finished is among a job's newest records; past this
     /// many the answer stays "not recorded".
@@ -350,7 +372,7 @@ async fn finished_by(
     };
     records.iter().any(|r| {
         r.run == *run
-            && matches!(r.state, crate::store::RecordState::Finished(_))
+            && r.state == crate::store::RecordState::Finished(ended)
             && r.attempt == Some(attempt)
             && r.instance.as_ref() == Some(instance)
     })
@@ -489,7 +511,12 @@ pub(crate) async fn backup(
     loop {
         // Until the holder's lease ends, or news that it handed the run
         // over; either way the run is read again.
-        let wait = lease_until.since(store_now) + BACKUP_MARGIN;
+        let mut wait = lease_until.since(store_now) + BACKUP_MARGIN;
+        if job.overlap == Overlap::BufferOne {
+            // A waiting slot starts as soon as the run before it ends, which
+            // no news announces: its watchers look once a heartbeat.
+            wait = wait.min(inner.heartbeat);
+        }
         tokio::select! {
             _ = store.wait_for_hand_over(&run, wait) => {}
             () = inner.stop.cancelled() => return,
