@@ -98,13 +98,15 @@ impl SqliteStore {
             }
             ClaimDecision::Start | ClaimDecision::StartReplacing => {
                 if decision == ClaimDecision::StartReplacing {
-                    sqlx::query(self.sql.replace_others.clone())
-                        .bind(job)
-                        .bind(slot)
-                        .bind(now.as_millis())
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(|e| self.err("replacing the job's runs still going", e))?;
+                    for statement in [&self.sql.replace_running, &self.sql.replace_retrying] {
+                        sqlx::query(statement.clone())
+                            .bind(job)
+                            .bind(slot)
+                            .bind(now.as_millis())
+                            .execute(&mut *conn)
+                            .await
+                            .map_err(|e| self.err("replacing the job's runs still going", e))?;
+                    }
                 }
                 let written = Written {
                     state: RecordState::Running,

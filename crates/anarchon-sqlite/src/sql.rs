@@ -73,7 +73,7 @@ macro_rules! statements {
 
 statements! {
     schema_table, schema_exists, schema_version, set_schema_version,
-    read_run, live_run_exists, next_fence, note_window, write_run, run_again, waiting_slot_exists, replace_others,
+    read_run, live_run_exists, next_fence, note_window, write_run, run_again, waiting_slot_exists, replace_running, replace_retrying,
     interrupt, peek, heartbeat, finish, release, give_back, history,
     collect_garbage, jobs, now, pause, resume, pauses, find_request,
     write_request, requests, requests_since, collect_requests,

@@ -488,6 +488,31 @@ mod tests {
                 && !plan.iter().any(|d| d.contains("SCAN plan_runs")),
             "the check for a waiting slot must search the partial index of waiting slots: {plan:?}"
         );
+        for (statement, index) in [
+            (&store.sql.replace_running, "INDEX plan_runs_live (job=?)"),
+            (
+                &store.sql.replace_retrying,
+                "INDEX plan_runs_retrying (job=?",
+            ),
+        ] {
+            let explain = format!("EXPLAIN QUERY PLAN {}", statement.as_str());
+            let rows = sqlx::query(sqlx::AssertSqlSafe(explain).into_sql_str())
+                .bind(job.as_str())
+                .bind(now)
+                .bind(now)
+                .fetch_all(&store.pool)
+                .await
+                .unwrap();
+            let plan: Vec<String> = rows
+                .iter()
+                .map(|r| r.try_get::<String, _>("detail").unwrap())
+                .collect();
+            assert!(
+                plan.iter().any(|d| d.contains(index))
+                    && !plan.iter().any(|d| d.contains("SCAN plan_runs")),
+                "a replacing start must search {index}: {plan:?}"
+            );
+        }
     }
 
     fn chrono_free_now_ms() -> i64 {
