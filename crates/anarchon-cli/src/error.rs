@@ -70,6 +70,13 @@ pub(crate) enum Error {
     #[error(transparent)]
     Store(#[from] anarchon::StoreError),
 
+    /// `anarchon audit` found slots that did not run or ended badly.
+    #[error("{problems} slot(s) missing or failed (listed above)")]
+    AuditFound {
+        /// How many.
+        problems: usize,
+    },
+
     /// `anarchon history` on a SQLite file or PostgreSQL table that does
     /// not exist.
     #[error("{what}: nothing has run with this store yet (or pass --store / --config)")]
@@ -193,6 +200,7 @@ impl Error {
                 e => !e.is_temporary(),
             },
             Error::Store(_)
+            | Error::AuditFound { .. }
             | Error::NoDatabase { .. }
             | Error::SchemaOutdated { .. }
             | Error::RunEnded { .. }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod app;
+mod audit;
 mod backend;
 mod config;
 mod control;
@@ -163,6 +164,24 @@ enum Cmd {
         #[command(flatten)]
         place: Place,
     },
+    /// Compare the slots each job of the crontab should have had in the
+    /// window with what the store recorded; list the slots that have no
+    /// record (no instance was up) or ended failed, interrupted or missed.
+    /// Exit status 1 when it lists any.
+    Audit {
+        /// How far back to look (e.g. `24h`, `7d`).
+        #[arg(long, value_name = "DURATION", default_value = "24h")]
+        since: humantime::Duration,
+        /// The crontab: the jobs and their schedules.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// The store URL (default: the crontab's, or $ANARCHON_STORE).
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the next slots of a cron expression, to check it before
     /// deploying it.
     Next {
@@ -280,6 +299,12 @@ async fn dispatch(command: Cmd) -> anyhow::Result<()> {
             write_out(&show::next_slots(&schedule, now(), count))
         }
         Cmd::Check { config, store } => check(&config, store),
+        Cmd::Audit {
+            since,
+            config,
+            store,
+            json,
+        } => audit(&config, store, since.into(), json).await,
         Cmd::Pause {
             job,
             all,
@@ -423,6 +448,45 @@ async fn shutdown_signal() -> anyhow::Result<&'static str> {
         _ = int.recv() => "SIGINT",
         _ = hup.recv() => "SIGHUP",
     })
+}
+
+async fn audit(
+    path: &Path,
+    store: Option<String>,
+    since: std::time::Duration,
+    json: bool,
+) -> anyhow::Result<()> {
+    let crontab = Crontab::load(path)?;
+    let url = store_url(store, Some(&crontab));
+    let parsed = StoreUrl::parse(&url).map_err(Error::from)?;
+    if !parsed.is_lease() {
+        return Err(Error::NoHistory {
+            backend: parsed.backend(),
+        }
+        .into());
+    }
+    let opened = backend::open_for_history(&parsed)
+        .await
+        .with_context(|| format!("cannot read the store {}", redact(&url)))?;
+    let Some(lease) = opened.lease_store() else {
+        opened.close().await;
+        return Err(Error::NoHistory {
+            backend: parsed.backend(),
+        }
+        .into());
+    };
+    let result = audit::audit(lease.as_ref(), &crontab, since).await;
+    opened.close().await;
+    let (now, audits) = result?;
+    write_out(&if json {
+        audit::report_json(&audits, now)
+    } else {
+        audit::report(&audits, since)
+    })?;
+    match audit::problems(&audits) {
+        0 => Ok(()),
+        problems => Err(Error::AuditFound { problems }.into()),
+    }
 }
 
 async fn history(
