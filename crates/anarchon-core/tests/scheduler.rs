@@ -2030,3 +2030,48 @@ async fn buffer_one_runs_the_waiting_slot_when_the_live_run_ends() {
         "one slot waits; the next is skipped: {records:?}"
     );
 }
+
+/// A backfill of a job that skips overlapping runs and retries failures
+/// runs its slots one at a time through their retries: each slot's first
+/// attempt fails, its retry succeeds, and the next slot is not skipped for
+/// the retry still pending.
+#[tokio::test(start_paused = true)]
+async fn a_backfill_waits_for_each_slots_retry_before_the_next() {
+    use anarchon_core::{Backfill, Control, RequestId, RetryPolicy, TriggerRequest};
+    let (clock, store) = setup();
+    let seen = Attempts::default();
+    let mut b = instance(store.clone(), clock.clone(), "a");
+    b.job("bf", every(3600))
+        .unwrap()
+        .overlap(Overlap::Skip)
+        .retry(RetryPolicy::new(1, Duration::from_secs(5)).unwrap())
+        .run(failing_first(&seen, 1))
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    let now = clock.now();
+    let range = Backfill::new(
+        now.saturating_sub(Duration::from_secs(3 * 3600 + 60)),
+        now.saturating_sub(Duration::from_secs(60)),
+    )
+    .unwrap();
+    let job = anarchon_core::JobName::new("bf").unwrap();
+    Control::new(store.clone())
+        .backfill(
+            &TriggerRequest::backfill(job, RequestId::new("past").unwrap(), range),
+            None,
+        )
+        .await
+        .unwrap();
+    sleep(120.0).await;
+    scheduler.shutdown().await;
+    let records = history_of(&store, "bf", 10).await;
+    let backfilled: Vec<&RunRecord> = records
+        .iter()
+        .filter(|r| r.run.slot.at() <= range.to())
+        .collect();
+    assert_eq!(backfilled.len(), 3, "three past slots: {records:?}");
+    for r in backfilled {
+        assert_eq!(r.state, SUCCEEDED, "{records:?}");
+        assert_eq!(r.attempt, Attempt::new(2), "failed once, retried: {r:?}");
+    }
+}
