@@ -89,6 +89,19 @@ pub(crate) async fn store_now<S: LeaseStore + ?Sized>(store: &S, job: &JobName) 
     store.peek(&run).await.expect("peek").store_now
 }
 
+/// Waits until the store's clock, read through `store`, has passed `at`:
+/// what a check that needs time to pass waits for, rather than a sleep a
+/// busy machine could outrun.
+pub(crate) async fn until_store_clock_passes<S: LeaseStore + ?Sized>(
+    store: &S,
+    run: &RunKey,
+    at: Timestamp,
+) {
+    while store_now(store, &run.job).await <= at {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn short(mut claim: LeaseClaim) -> LeaseClaim {
     claim.lease = SHORT_LEASE;
     claim

@@ -13,7 +13,7 @@ use futures::future::join_all;
 use crate::claim::{RACERS, future_slot, job};
 use crate::factory::StoreFactory;
 
-use super::{lease_claim, records_of, store_now, won};
+use super::{lease_claim, records_of, store_now, until_store_clock_passes, won};
 
 /// A claim of `run` with `overlap`, a fresh token, from `instance`.
 fn with_rule(run: &RunKey, overlap: Overlap, instance: &str) -> LeaseClaim {
@@ -202,6 +202,9 @@ pub async fn overlap_buffer_one_runs_one_waiting_slot_after_the_live_run<F: Stor
     );
 }
 
+/// The `max_late` of the waiting slot whose wait runs out.
+const WAIT: Duration = Duration::from_millis(3_000);
+
 /// A waiting slot whose live run outlasts its `max_late` is recorded
 /// `missed` at its next claim; it no longer counts as waiting, so the
 /// slot after it may wait in its place.
@@ -213,14 +216,14 @@ where
     let name = job("buffer-late");
     let now = store_now(store.as_ref(), &name).await.as_millis();
     let live = RunKey::new(name.clone(), Slot::from_millis(now - 3_000));
-    let next = RunKey::new(name.clone(), Slot::from_millis(now - 500));
+    let next = RunKey::new(name.clone(), Slot::from_millis(now - 1_000));
     won(store
         .claim_lease(&lease_claim(live.clone(), Token::generate(), "holder"))
         .await
         .expect("claim"));
     let waiting = |run: &RunKey| {
         let mut claim = with_rule(run, Overlap::BufferOne, "b");
-        claim.claim.max_late = Duration::from_millis(1_000);
+        claim.claim.max_late = WAIT;
         claim
     };
     assert!(matches!(
@@ -231,8 +234,9 @@ where
         state_of(store.as_ref(), &next).await,
         Some(RecordState::Waiting)
     );
-    // Its wait (the slot plus 1 s) ends while the run is still live.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Its wait (the slot plus its max_late) ends while the run is still
+    // live.
+    until_store_clock_passes(store.as_ref(), &next, next.slot.at().saturating_add(WAIT)).await;
     let later = RunKey::new(
         name,
         Slot::from_millis(store_now(store.as_ref(), &next.job).await.as_millis()),

@@ -15,10 +15,13 @@ use crate::claim::{RACERS, future_slot, job};
 use crate::factory::StoreFactory;
 
 use super::clocks::{SKEW, assert_store_clock, skewed_pair};
-use super::{SHORT_LEASE, lease_claim, records_of, store_now, wait_out, won};
+use super::{SHORT_LEASE, lease_claim, records_of, store_now, until_store_clock_passes, won};
 
 /// The wait before the retries these checks ask for.
 const BACKOFF: Duration = SHORT_LEASE;
+
+/// A wait no stall of a test machine outlasts: the retry stays pending.
+const LONG_BACKOFF: Duration = Duration::from_secs(60);
 
 /// A failure asking for a retry `after` from the store's now, with no next
 /// slot in the way.
@@ -32,62 +35,84 @@ fn failed(error: &str, after: Option<Duration>) -> RunOutcome {
     }
 }
 
-/// Claims `run` from every one of `racers` at once, each with a fresh
-/// token; returns the answers.
-async fn race<S: LeaseStore + ?Sized>(racers: &[Arc<S>], run: &RunKey) -> Vec<ClaimOutcome> {
-    join_all(racers.iter().enumerate().map(|(i, store)| async move {
-        let claim = lease_claim(run.clone(), Token::generate(), &format!("racer-{i}"));
-        store.claim_lease(&claim).await.expect("claim")
-    }))
-    .await
-}
+/// A racer's claim: its index, its token, its answer.
+type Entry = (usize, Token, ClaimOutcome);
 
-/// Races for `run` and returns the one win, with its racer's index.
-async fn one_winner<S: LeaseStore + ?Sized>(
-    racers: &[Arc<S>],
-    run: &RunKey,
-    what: &str,
-) -> (usize, Token, Win) {
-    let answers = join_all(racers.iter().enumerate().map(|(i, store)| async move {
+/// Claims `run` from every one of `racers` at once, each with a fresh
+/// token.
+async fn race<S: LeaseStore + ?Sized>(racers: &[Arc<S>], run: &RunKey) -> Vec<Entry> {
+    join_all(racers.iter().enumerate().map(|(i, store)| async move {
         let token = Token::generate();
         let claim = lease_claim(run.clone(), token, &format!("racer-{i}"));
         (i, token, store.claim_lease(&claim).await.expect("claim"))
     }))
-    .await;
-    let wins: Vec<(usize, Token, Win)> = answers
-        .iter()
-        .filter_map(|(i, token, outcome)| match outcome {
-            ClaimOutcome::Won(win) => Some((*i, *token, *win)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(
-        wins.len(),
-        1,
-        "{what}: exactly one of {RACERS} racing instances must win the due retry; answers {answers:?}"
-    );
-    for (_, _, outcome) in &answers {
-        assert!(
-            matches!(outcome, ClaimOutcome::Won(_) | ClaimOutcome::Running { .. }),
-            "{what}: the others are told the retry is running, got {outcome:?}"
-        );
-    }
-    wins[0]
+    .await
 }
 
-/// Every answer is `Running` with the retry's due time as the lease end.
-fn all_wait_for(answers: &[ClaimOutcome], retry_at: Timestamp, what: &str) {
-    for answer in answers {
+/// The wins of a race, each with its racer and token; every other answer
+/// must be `Running`, with the lease end `until` when one is given.
+fn wins_of(answers: &[Entry], until: Option<Timestamp>, what: &str) -> Vec<(usize, Token, Win)> {
+    let mut wins = Vec::new();
+    for (i, token, answer) in answers {
         match answer {
-            ClaimOutcome::Running { lease_until, .. } => assert_eq!(
-                *lease_until, retry_at,
-                "{what}: a claim before the retry is due waits for it"
-            ),
-            other => {
-                panic!("{what}: a claim before the retry is due must answer Running, got {other:?}")
+            ClaimOutcome::Won(win) => wins.push((*i, *token, *win)),
+            ClaimOutcome::Running { lease_until, .. } => {
+                if let Some(until) = until {
+                    assert_eq!(
+                        *lease_until, until,
+                        "{what}: a claim before the retry is due waits for it"
+                    );
+                }
             }
+            other => panic!("{what}: the others are told the run is going, got {other:?}"),
         }
     }
+    assert!(
+        wins.len() <= 1,
+        "{what}: at most one of {RACERS} racing instances may win: {answers:?}"
+    );
+    wins
+}
+
+/// When the claim that holds `run` now was decided, on the store's clock:
+/// its lease end less the suite's lease (at or after it, for a store that
+/// stamps the lease when its write lands).
+async fn claimed_at<S: LeaseStore + ?Sized>(store: &S, run: &RunKey) -> Timestamp {
+    let records = records_of(store, run, 20).await;
+    let until = records
+        .first()
+        .and_then(|r| r.lease_until)
+        .expect("a running record with a lease end");
+    until.saturating_sub(super::LONG_LEASE)
+}
+
+/// Races for `run`'s retry right after its failure and, unless a machine
+/// slow enough to let it come due meanwhile had one claim win it there,
+/// again once the store's clock has passed `retry_at`: the one win, never
+/// decided before `retry_at` on the store's clock.
+async fn the_retry<S: LeaseStore + ?Sized>(
+    racers: &[Arc<S>],
+    run: &RunKey,
+    retry_at: Timestamp,
+    what: &str,
+) -> (usize, Token, Win) {
+    let early = race(racers, run).await;
+    let mut wins = wins_of(&early, Some(retry_at), &format!("{what}, before it is due"));
+    if wins.is_empty() {
+        until_store_clock_passes(racers[0].as_ref(), run, retry_at).await;
+        let due = race(racers, run).await;
+        wins = wins_of(&due, None, &format!("{what}, once due"));
+        assert_eq!(
+            wins.len(),
+            1,
+            "{what}: exactly one of {RACERS} racing instances must win the due retry: {due:?}"
+        );
+    }
+    assert!(
+        claimed_at(racers[0].as_ref(), run).await >= retry_at,
+        "{what}: the retry was decided before its due time ({retry_at}) on the store's clock"
+    );
+    wins[0]
 }
 
 /// The due time of `run`'s pending retry.
@@ -138,13 +163,7 @@ where
             retry_at >= before.saturating_add(BACKOFF),
             "the retry is due {BACKOFF:?} after the failure on the store's clock ({before}), got {retry_at}"
         );
-        all_wait_for(
-            &race(&racers, &run).await,
-            retry_at,
-            "before the retry is due",
-        );
-        wait_out(BACKOFF).await;
-        let next = one_winner(&racers, &run, &format!("retry {retry}")).await;
+        let next = the_retry(&racers, &run, retry_at, &format!("retry {retry}")).await;
         let (_, _, next_win) = next;
         assert_eq!(
             next_win.attempt.get(),
@@ -175,7 +194,7 @@ where
         .finish(&run, token, failed("failure 3", None))
         .await
         .expect("finish");
-    for answer in race(&racers, &run).await {
+    for (_, _, answer) in race(&racers, &run).await {
         assert_eq!(
             answer,
             ClaimOutcome::Done(FinalState::Failed),
@@ -234,7 +253,7 @@ pub async fn a_retry_is_never_claimed_before_it_is_due_on_the_store_clock<F: Sto
         .await
         .expect("finish");
     let retry_at = retry_due(holder.as_ref(), &run, "after the failure").await;
-    match ahead
+    let ahead_won = match ahead
         .claim_lease(&lease_claim(run.clone(), Token::generate(), "ahead"))
         .await
         .expect("claim")
@@ -245,18 +264,28 @@ pub async fn a_retry_is_never_claimed_before_it_is_due_on_the_store_clock<F: Sto
         } => {
             assert_eq!(lease_until, retry_at, "told when the retry is due");
             assert_store_clock("Running", store_now, store_clock.now());
+            false
         }
+        // Only on a machine slow enough that the retry came due before
+        // this claim was decided, on the store's clock.
+        ClaimOutcome::Won(_) => true,
         other => panic!(
             "an instance {SKEW:?} ahead must wait for a retry due on the store's clock, got {other:?}"
         ),
+    };
+    if !ahead_won {
+        until_store_clock_passes(holder.as_ref(), &run, retry_at).await;
+        let win = won(behind
+            .claim_lease(&lease_claim(run.clone(), Token::generate(), "behind"))
+            .await
+            .expect("claim from the instance behind"));
+        assert_eq!(win.cause, AttemptCause::Retry);
+        assert!(win.fence > first.fence, "a new, higher fence");
     }
-    wait_out(BACKOFF).await;
-    let win = won(behind
-        .claim_lease(&lease_claim(run.clone(), Token::generate(), "behind"))
-        .await
-        .expect("claim from the instance behind"));
-    assert_eq!(win.cause, AttemptCause::Retry);
-    assert!(win.fence > first.fence, "a new, higher fence");
+    assert!(
+        claimed_at(holder.as_ref(), &run).await >= retry_at,
+        "the retry was decided before its due time ({retry_at}) on the store's clock"
+    );
 }
 
 /// A retry that would be due at or after the job's next slot is not made:
@@ -324,7 +353,8 @@ where
         .claim_lease(&lease_claim(failing.clone(), token, "a"))
         .await
         .expect("claim"));
-    a.finish(&failing, token, failed("flaky", Some(BACKOFF)))
+    // A retry due in a minute stays pending whatever the machine's pace.
+    a.finish(&failing, token, failed("flaky", Some(LONG_BACKOFF)))
         .await
         .expect("finish");
     assert_eq!(
@@ -332,7 +362,20 @@ where
         ClaimOutcome::Overlap,
         "a pending retry holds off the next slot"
     );
-    wait_out(BACKOFF).await;
+    // Once a retry has run and ended, a later slot runs: another job's
+    // failed run, its retry due at once.
+    let failing = RunKey::new(job("retry-overlap-ran"), future_slot(factory, 0));
+    let later = RunKey::new(failing.job.clone(), later.slot);
+    let token = Token::generate();
+    won(a
+        .claim_lease(&lease_claim(failing.clone(), token, "a"))
+        .await
+        .expect("claim"));
+    a.finish(&failing, token, failed("flaky", Some(BACKOFF)))
+        .await
+        .expect("finish");
+    let due = retry_due(a.as_ref(), &failing, "after the failure").await;
+    until_store_clock_passes(a.as_ref(), &failing, due).await;
     let retry_token = Token::generate();
     won(b
         .claim_lease(&lease_claim(failing.clone(), retry_token, "b"))
@@ -354,7 +397,7 @@ where
     let store = factory.instance().await;
     let name = job("retry-gc");
     let now = store_now(store.as_ref(), &name).await.as_millis();
-    let window = Duration::from_millis(1_000);
+    let window = Duration::from_millis(3_000);
     let pending = RunKey::new(name.clone(), Slot::from_millis(now - 500));
     let final_failure = RunKey::new(name.clone(), Slot::from_millis(now - 400));
     for (run, retry) in [
@@ -371,7 +414,12 @@ where
             .expect("finish");
     }
     // Both slots leave the job's late window and the collection's keep.
-    tokio::time::sleep(window + Duration::from_millis(300)).await;
+    until_store_clock_passes(
+        store.as_ref(),
+        &pending,
+        Timestamp::from_millis(now + 2_800),
+    )
+    .await;
     store
         .collect_garbage(Duration::from_millis(500))
         .await
