@@ -30,8 +30,20 @@ struct File {
     store: Option<String>,
     #[serde(default)]
     scheduler: SchedulerSection,
+    http: Option<Spanned<HttpSection>>,
     #[serde(default, rename = "job")]
     jobs: Vec<JobSection>,
+}
+
+/// The `[http]` table: the daemon's metrics, health and status page.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HttpSection {
+    /// Where to listen, e.g. `127.0.0.1:9464`.
+    listen: String,
+    /// Whether `listen` may be an address other hosts can reach.
+    #[serde(default)]
+    allow_remote: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -182,6 +194,9 @@ pub(crate) struct Crontab {
     pub(crate) kill_grace: Duration,
     /// How long the store keeps run records.
     pub(crate) history_retention: Option<Duration>,
+    /// Where the daemon serves `/metrics`, `/healthz`, `/api/…` and its
+    /// status page (`[http] listen`); off when `None`.
+    pub(crate) http: Option<std::net::SocketAddr>,
     /// The jobs, in file order.
     pub(crate) jobs: Vec<Job>,
 }
@@ -238,6 +253,18 @@ impl Crontab {
         scheduler.shutdown_grace = file.scheduler.shutdown_grace.map(|d| d.0);
         scheduler.catch_up_concurrency = file.scheduler.catch_up_concurrency;
         scheduler.instance_id = file.scheduler.instance_id;
+        let http = file
+            .http
+            .map(|section| {
+                let (line, column) = line_column(text, section.span().start);
+                http_address(section.into_inner()).map_err(|message| Error::Parse {
+                    path: path.to_path_buf(),
+                    line,
+                    column,
+                    message,
+                })
+            })
+            .transpose()?;
         let mut jobs = Vec::with_capacity(file.jobs.len());
         for section in file.jobs {
             jobs.push(job(path, text, section)?);
@@ -251,9 +278,27 @@ impl Crontab {
                 .kill_grace
                 .map_or(DEFAULT_KILL_GRACE, |d| d.0),
             history_retention: file.scheduler.history_retention.map(|d| d.0),
+            http,
             jobs,
         })
     }
+}
+
+/// The `[http]` table's address: a loopback one, unless `allow_remote`
+/// says other hosts may reach the page.
+fn http_address(section: HttpSection) -> Result<std::net::SocketAddr, String> {
+    let addr: std::net::SocketAddr = section.listen.parse().map_err(|_| {
+        format!(
+            "[http] listen = {:?} is not an address and port: write e.g. \"127.0.0.1:9464\"",
+            section.listen
+        )
+    })?;
+    if !addr.ip().is_loopback() && !section.allow_remote {
+        return Err(format!(
+            "[http] listen = \"{addr}\" is not a loopback address: the page and /api show every job's runs to whoever reaches it; put it behind your own proxy on 127.0.0.1, or set `allow_remote = true` in [http] to serve it on {addr}"
+        ));
+    }
+    Ok(addr)
 }
 
 fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {

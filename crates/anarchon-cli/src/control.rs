@@ -557,7 +557,7 @@ fn status_table(
     out
 }
 
-fn status_json(
+pub(crate) fn status_json(
     statuses: &[JobStatus],
     now: Timestamp,
     next: &dyn Fn(&JobName) -> Option<Timestamp>,

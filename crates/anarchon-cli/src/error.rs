@@ -70,6 +70,10 @@ pub(crate) enum Error {
     #[error(transparent)]
     Store(#[from] anarchon::StoreError),
 
+    /// The `[http]` server cannot start.
+    #[error("{0}")]
+    Http(String),
+
     /// `anarchon audit` found slots that did not run or ended badly.
     #[error("{problems} slot(s) missing or failed (listed above)")]
     AuditFound {
@@ -201,6 +205,7 @@ impl Error {
             },
             Error::Store(_)
             | Error::AuditFound { .. }
+            | Error::Http(_)
             | Error::NoDatabase { .. }
             | Error::SchemaOutdated { .. }
             | Error::RunEnded { .. }

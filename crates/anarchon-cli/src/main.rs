@@ -6,6 +6,7 @@ mod backend;
 mod config;
 mod control;
 mod error;
+mod http;
 mod printable;
 mod runner;
 mod show;
@@ -402,10 +403,40 @@ async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
         .await
         .map_err(Error::from)
         .with_context(|| format!("cannot open the store {}", redact(&url)))?;
+    // The recorder goes in before the scheduler starts, so that no event
+    // of its is lost.
+    let server = match crontab.http {
+        Some(addr) => {
+            let served = match http::install_recorder() {
+                Ok(recorder) => {
+                    http::serve(
+                        addr,
+                        recorder,
+                        opened.lease_store(),
+                        &crontab,
+                        parsed.backend(),
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            };
+            match served {
+                Ok(server) => Some(server),
+                Err(e) => {
+                    opened.close().await;
+                    return Err(e.into());
+                }
+            }
+        }
+        None => None,
+    };
     let orphans = Arc::new(Orphans::default());
     let scheduler = match app::start(&crontab, opened.claim_store(), &orphans) {
         Ok(scheduler) => scheduler,
         Err(e) => {
+            if let Some(server) = server {
+                server.stop().await;
+            }
             opened.close().await;
             return Err(e.into());
         }
@@ -429,6 +460,9 @@ async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
         "shutting down: no new runs; waiting for running commands"
     );
     let report = scheduler.shutdown().await;
+    if let Some(server) = server {
+        server.stop().await;
+    }
     orphans.reap(crontab.kill_grace).await;
     opened.close().await;
     tracing::info!(handed_over = report.handed_over, "stopped");
