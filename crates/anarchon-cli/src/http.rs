@@ -271,7 +271,7 @@ async fn page(State(shared): State<Arc<Shared>>) -> Response {
         let next =
             next_slot(&shared, &job.job, status.store_now).map_or_else(|| "none".into(), utc);
         let pause = job.pause.as_ref().map_or_else(
-            || "<span class=\"ok\">running</span>".to_owned(),
+            || "<span class=\"ok\">not paused</span>".to_owned(),
             |p| {
                 format!(
                     "<span class=\"paused\">paused{}</span>",
