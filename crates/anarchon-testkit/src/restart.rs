@@ -124,17 +124,29 @@ impl ServerControl {
         }
         self.run(&self.start);
         let deadline = Instant::now() + Duration::from_secs(90);
+        let mut start_again = Instant::now() + START_AGAIN;
         while !self.answers() {
             assert!(
                 Instant::now() < deadline,
                 "{:?} did not come back",
                 self.service
             );
+            // A stopped server may still be exiting when the start runs,
+            // which then finds it "already running" and does nothing: start
+            // it again while it does not answer.
+            if Instant::now() >= start_again {
+                let _ = Command::new("sh").arg("-c").arg(&self.start).status();
+                start_again = Instant::now() + START_AGAIN;
+            }
             std::thread::sleep(Duration::from_millis(200));
         }
         guard
     }
 }
+
+/// How long a restarted server may take to answer before its start command
+/// is run again.
+const START_AGAIN: Duration = Duration::from_secs(5);
 
 /// Starts the server again on drop if it does not answer.
 #[derive(Debug)]
