@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use anarchon::{ClaimStore, ConfigError, Scheduler, SchedulerBuilder};
 
+use crate::alerts::Alerts;
 use crate::config::Crontab;
 use crate::error::Error;
 use crate::runner::{self, Orphans, Spec};
@@ -26,6 +27,7 @@ pub(crate) fn build(
     crontab: &Crontab,
     store: Arc<dyn ClaimStore>,
     orphans: &Arc<Orphans>,
+    alerts: Option<Arc<Alerts>>,
 ) -> Result<SchedulerBuilder<dyn ClaimStore>, Error> {
     let mut options = crontab.scheduler.clone();
     if store.clone().as_lease_store().is_some() {
@@ -37,6 +39,9 @@ pub(crate) fn build(
     let mut builder = Scheduler::builder(store).options(&options);
     if let Some(keep) = crontab.history_retention {
         builder = builder.history_retention(keep);
+    }
+    if let Some(alerts) = alerts {
+        builder = builder.on_alert(move |alert| alerts.raise(alert));
     }
     for job in &crontab.jobs {
         let in_job = |source: ConfigError| {
@@ -73,8 +78,9 @@ pub(crate) fn start(
     crontab: &Crontab,
     store: Arc<dyn ClaimStore>,
     orphans: &Arc<Orphans>,
+    alerts: Option<Arc<Alerts>>,
 ) -> Result<Scheduler, Error> {
-    build(crontab, store, orphans)?
+    build(crontab, store, orphans, alerts)?
         .start()
         .map_err(|source| Error::config(Some(crontab.path.display().to_string()), None, source))
 }
@@ -86,7 +92,7 @@ pub(crate) fn start(
 ///
 /// As [`start`].
 pub(crate) fn check(crontab: &Crontab, store: Arc<dyn ClaimStore>) -> Result<(), Error> {
-    build(crontab, store, &Arc::default())?
+    build(crontab, store, &Arc::default(), None)?
         .check()
         .map_err(|source| Error::config(Some(crontab.path.display().to_string()), None, source))
 }
@@ -127,7 +133,7 @@ mod tests {
             let tab = crontab(&format!(
                 "[[job]]\nname = \"nightly\"\nschedule = \"0 3 * * *\"\ncommand = \"true\"\n{line}\n"
             ));
-            let err = build(&tab, claim_only(), &Arc::default()).unwrap_err();
+            let err = build(&tab, claim_only(), &Arc::default(), None).unwrap_err();
             let text = err.to_string();
             assert_eq!(
                 unsupported(err),
@@ -137,7 +143,7 @@ mod tests {
             assert!(text.starts_with("test.toml:2: job \"nightly\": "), "{text}");
             // The same crontab suits a lease store.
             let lease: Arc<dyn ClaimStore> = Arc::new(anarchon::MemoryStore::new());
-            build(&tab, lease, &Arc::default()).unwrap();
+            build(&tab, lease, &Arc::default(), None).unwrap();
         }
     }
 
@@ -151,7 +157,7 @@ mod tests {
             let tab = crontab(&format!(
                 "[scheduler]\n{line}\n[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"true\"\n"
             ));
-            let err = start(&tab, claim_only(), &Arc::default()).unwrap_err();
+            let err = start(&tab, claim_only(), &Arc::default(), None).unwrap_err();
             assert_eq!(unsupported(err), (None, option, "claim-only-test"));
             let err = check(&tab, claim_only()).unwrap_err();
             assert_eq!(unsupported(err), (None, option, "claim-only-test"));
@@ -164,7 +170,7 @@ mod tests {
             "[[job]]\nname = \"a\"\nevery = \"1h\"\ncommand = \"true\"\nmax_late = \"30s\"\njitter = \"5s\"\ntimeout = \"1m\"\n",
         );
         check(&tab, claim_only()).unwrap();
-        let scheduler = start(&tab, claim_only(), &Arc::default()).unwrap();
+        let scheduler = start(&tab, claim_only(), &Arc::default(), None).unwrap();
         assert_eq!(scheduler.backend().name, "claim-only-test");
         scheduler.shutdown().await;
     }
@@ -172,7 +178,7 @@ mod tests {
     #[tokio::test]
     async fn the_core_names_the_job_it_refuses() {
         let tab = crontab("[[job]]\nname = \"no spaces\"\nevery = \"1m\"\ncommand = \"true\"\n");
-        let err = build(&tab, claim_only(), &Arc::default()).unwrap_err();
+        let err = build(&tab, claim_only(), &Arc::default(), None).unwrap_err();
         assert!(
             matches!(
                 &err,
@@ -183,7 +189,7 @@ mod tests {
         let tab = crontab(
             "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"true\"\n[[job]]\nname = \"a\"\nevery = \"2m\"\ncommand = \"true\"\n",
         );
-        let err = build(&tab, claim_only(), &Arc::default()).unwrap_err();
+        let err = build(&tab, claim_only(), &Arc::default(), None).unwrap_err();
         assert!(
             matches!(
                 &err,
@@ -196,7 +202,7 @@ mod tests {
         );
         let lease: Arc<dyn ClaimStore> = Arc::new(anarchon::MemoryStore::new());
         let by_check = check(&tab, lease.clone()).unwrap_err();
-        let by_start = start(&tab, lease, &Arc::default()).unwrap_err();
+        let by_start = start(&tab, lease, &Arc::default(), None).unwrap_err();
         assert_eq!(by_check.to_string(), by_start.to_string());
         assert!(
             matches!(

@@ -9,7 +9,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anarchon::{JobOptions, Overlap, RetryPolicy, Schedule, SchedulerOptions};
+use anarchon::{AlertKind, JobOptions, Overlap, RetryPolicy, Schedule, SchedulerOptions};
 use serde::Deserialize;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use toml::Spanned;
@@ -21,6 +21,9 @@ pub(crate) const DEFAULT_STORE: &str = "sqlite://anarchon.db";
 /// How long a cancelled command has between SIGTERM and SIGKILL unless the
 /// crontab says otherwise.
 pub(crate) const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
+/// How long an alert command may run before it is killed unless the
+/// crontab says otherwise.
+pub(crate) const DEFAULT_ALERT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A crontab as written.
 #[derive(Debug, Deserialize)]
@@ -31,6 +34,7 @@ struct File {
     #[serde(default)]
     scheduler: SchedulerSection,
     http: Option<Spanned<HttpSection>>,
+    alerts: Option<Spanned<AlertsSection>>,
     #[serde(default, rename = "job")]
     jobs: Vec<JobSection>,
 }
@@ -44,6 +48,38 @@ struct HttpSection {
     /// Whether `listen` may be an address other hosts can reach.
     #[serde(default)]
     allow_remote: bool,
+}
+
+/// The `[alerts]` table: the command every job's alerts run, unless a job
+/// names its own.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlertsSection {
+    /// The command to run.
+    command: Option<Command>,
+    /// Which ends raise an alert (default: all three).
+    on: Option<Vec<AlertSetting>>,
+    /// How long the command may run before it is killed.
+    timeout: Option<Dur>,
+}
+
+/// A run end as the crontab names it.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum AlertSetting {
+    Failed,
+    Interrupted,
+    Missed,
+}
+
+impl From<AlertSetting> for AlertKind {
+    fn from(setting: AlertSetting) -> Self {
+        match setting {
+            AlertSetting::Failed => AlertKind::Failed,
+            AlertSetting::Interrupted => AlertKind::Interrupted,
+            AlertSetting::Missed => AlertKind::Missed,
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -82,6 +118,8 @@ struct JobSection {
     max_late: Option<Dur>,
     jitter: Option<Dur>,
     timeout: Option<Dur>,
+    alert: Option<Command>,
+    alert_on: Option<Vec<AlertSetting>>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize)]
@@ -197,8 +235,26 @@ pub(crate) struct Crontab {
     /// Where the daemon serves `/metrics`, `/healthz`, `/api/…` and its
     /// status page (`[http] listen`); off when `None`.
     pub(crate) http: Option<std::net::SocketAddr>,
+    /// How long an alert command may run before it is killed.
+    pub(crate) alert_timeout: Duration,
     /// The jobs, in file order.
     pub(crate) jobs: Vec<Job>,
+}
+
+/// Where a job's alerts go: the command, and the ends that run it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct AlertRoute {
+    /// The command an alert runs.
+    pub(crate) command: Command,
+    /// The ends that raise an alert; empty silences the job.
+    pub(crate) on: Vec<AlertKind>,
+}
+
+impl AlertRoute {
+    /// Whether an end of `kind` runs the command.
+    pub(crate) fn wants(&self, kind: AlertKind) -> bool {
+        self.on.contains(&kind)
+    }
 }
 
 /// One job of a crontab.
@@ -221,6 +277,9 @@ pub(crate) struct Job {
     pub(crate) working_dir: Option<PathBuf>,
     /// Job options (the run-time path of the core).
     pub(crate) options: JobOptions,
+    /// Where its alerts go (`alert`, `alert_on`, or the `[alerts]` table);
+    /// `None` when no alert command applies.
+    pub(crate) alert: Option<AlertRoute>,
 }
 
 impl Crontab {
@@ -265,9 +324,45 @@ impl Crontab {
                 })
             })
             .transpose()?;
+        let (alerts, alert_timeout) = match file.alerts {
+            Some(section) => {
+                let (line, column) = line_column(text, section.span().start);
+                let section = section.into_inner();
+                let on = section
+                    .on
+                    .map(|on| on.into_iter().map(AlertKind::from).collect());
+                if section.command.is_none() && on.is_some() {
+                    return Err(Error::Parse {
+                        path: path.to_path_buf(),
+                        line,
+                        column,
+                        message: "[alerts] `on` chooses the ends that run the alert command, but there is none: add `command = \"notify-ops\"` to [alerts] (or `alert` to the jobs)".into(),
+                    });
+                }
+                let timeout = section.timeout.map_or(DEFAULT_ALERT_TIMEOUT, |d| d.0);
+                if timeout.is_zero() {
+                    return Err(Error::Parse {
+                        path: path.to_path_buf(),
+                        line,
+                        column,
+                        message:
+                            "[alerts] `timeout` must be above zero: write e.g. `timeout = \"30s\"`"
+                                .into(),
+                    });
+                }
+                (
+                    Alerts {
+                        command: section.command,
+                        on,
+                    },
+                    timeout,
+                )
+            }
+            None => (Alerts::default(), DEFAULT_ALERT_TIMEOUT),
+        };
         let mut jobs = Vec::with_capacity(file.jobs.len());
         for section in file.jobs {
-            jobs.push(job(path, text, section)?);
+            jobs.push(job(path, text, section, &alerts)?);
         }
         Ok(Self {
             path: path.to_path_buf(),
@@ -279,6 +374,7 @@ impl Crontab {
                 .map_or(DEFAULT_KILL_GRACE, |d| d.0),
             history_retention: file.scheduler.history_retention.map(|d| d.0),
             http,
+            alert_timeout,
             jobs,
         })
     }
@@ -301,7 +397,34 @@ fn http_address(section: HttpSection) -> Result<std::net::SocketAddr, String> {
     Ok(addr)
 }
 
-fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {
+/// The `[alerts]` table, read: what every job's alerts fall back to.
+#[derive(Debug, Default)]
+struct Alerts {
+    command: Option<Command>,
+    on: Option<Vec<AlertKind>>,
+}
+
+/// A job's alert route from its own `alert` and `alert_on`, falling back
+/// to `[alerts]`; `alert_on` without any command is an error.
+fn alert_route(
+    command: Option<Command>,
+    on: Option<Vec<AlertSetting>>,
+    alerts: &Alerts,
+) -> Result<Option<AlertRoute>, String> {
+    let on: Option<Vec<AlertKind>> = on.map(|on| on.into_iter().map(AlertKind::from).collect());
+    let Some(command) = command.or_else(|| alerts.command.clone()) else {
+        if on.is_some() {
+            return Err("`alert_on` chooses the ends that run the alert command, but there is none: add `alert = \"notify-ops\"` to the job, or `command` to an [alerts] table".into());
+        }
+        return Ok(None);
+    };
+    let on = on
+        .or_else(|| alerts.on.clone())
+        .unwrap_or_else(|| AlertKind::ALL.to_vec());
+    Ok(Some(AlertRoute { command, on }))
+}
+
+fn job(path: &Path, text: &str, s: JobSection, alerts: &Alerts) -> Result<Job, Error> {
     let (line, column) = line_column(text, s.name.span().start);
     let retry = retry_policy(&s);
     let name = s.name.into_inner();
@@ -355,6 +478,7 @@ fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {
     options.catch_up = s.catch_up.map(|d| d.0);
     options.catch_up_limit = s.catch_up_limit;
     options.retry = retry.map_err(fail)?;
+    let alert = alert_route(s.alert, s.alert_on, alerts).map_err(fail)?;
     Ok(Job {
         name,
         line,
@@ -364,6 +488,7 @@ fn job(path: &Path, text: &str, s: JobSection) -> Result<Job, Error> {
         clean_env: s.clean_env,
         working_dir: s.working_dir,
         options,
+        alert,
     })
 }
 
@@ -622,6 +747,71 @@ command = "echo ping | cat"
             let text = format!("[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"x\"\n{keys}\n");
             let err = parse(&text).unwrap_err().to_string();
             assert!(err.contains(says), "{keys:?}: {err}");
+            assert!(err.starts_with("test.toml:"), "{err}");
+        }
+    }
+
+    #[test]
+    fn alerts_go_to_the_jobs_own_command_or_the_alerts_table() {
+        let tab = parse(concat!(
+            "[alerts]\ncommand = \"notify-ops\"\non = [\"failed\", \"missed\"]\ntimeout = \"10s\"\n",
+            "[[job]]\nname = \"plain\"\nevery = \"1m\"\ncommand = \"x\"\n",
+            "[[job]]\nname = \"own\"\nevery = \"1m\"\ncommand = \"x\"\nalert = [\"page\", \"--now\"]\nalert_on = [\"interrupted\"]\n",
+            "[[job]]\nname = \"quiet\"\nevery = \"1m\"\ncommand = \"x\"\nalert_on = []\n",
+        ))
+        .unwrap();
+        assert_eq!(tab.alert_timeout, Duration::from_secs(10));
+        let plain = tab.jobs[0].alert.clone().expect("the table's command");
+        assert_eq!(plain.command, Command::Shell("notify-ops".into()));
+        assert_eq!(plain.on, vec![AlertKind::Failed, AlertKind::Missed]);
+        assert!(!plain.wants(AlertKind::Interrupted));
+        let own = tab.jobs[1].alert.clone().expect("its own command");
+        assert_eq!(
+            own.command,
+            Command::Argv(vec!["page".into(), "--now".into()])
+        );
+        assert_eq!(own.on, vec![AlertKind::Interrupted]);
+        let quiet = tab.jobs[2].alert.clone().expect("the table's command");
+        assert!(AlertKind::ALL.iter().all(|k| !quiet.wants(*k)), "silenced");
+
+        let bare = parse("[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"x\"\nalert = \"n\"\n")
+            .unwrap();
+        assert_eq!(
+            bare.jobs[0].alert.clone().unwrap().on,
+            AlertKind::ALL.to_vec()
+        );
+        assert_eq!(bare.alert_timeout, DEFAULT_ALERT_TIMEOUT);
+        let none = parse("[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"x\"\n").unwrap();
+        assert!(none.jobs[0].alert.is_none());
+    }
+
+    #[test]
+    fn alert_settings_are_checked_by_name() {
+        let job = "[[job]]\nname = \"a\"\nevery = \"1m\"\ncommand = \"x\"\n";
+        for (text, says) in [
+            (
+                format!("{job}alert_on = [\"failed\"]\n"),
+                "`alert_on` chooses the ends that run the alert command, but there is none",
+            ),
+            (
+                format!("{job}alert = \"n\"\nalert_on = [\"late\"]\n"),
+                "unknown variant `late`, expected one of `failed`, `interrupted`, `missed`",
+            ),
+            (
+                format!("[alerts]\non = [\"failed\"]\n{job}"),
+                "[alerts] `on` chooses the ends that run the alert command, but there is none",
+            ),
+            (
+                format!("[alerts]\ncommand = \"n\"\ntimeout = \"0s\"\n{job}"),
+                "[alerts] `timeout` must be above zero",
+            ),
+            (
+                format!("[alerts]\ncommand = \"n\"\nwhen = \"always\"\n{job}"),
+                "unknown field `when`",
+            ),
+        ] {
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.contains(says), "{text:?}: {err}");
             assert!(err.starts_with("test.toml:"), "{err}");
         }
     }

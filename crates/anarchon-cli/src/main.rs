@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod alerts;
 mod app;
 mod audit;
 mod backend;
@@ -431,7 +432,8 @@ async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
         None => None,
     };
     let orphans = Arc::new(Orphans::default());
-    let scheduler = match app::start(&crontab, opened.claim_store(), &orphans) {
+    let alerts = alerts::Alerts::of(&crontab);
+    let scheduler = match app::start(&crontab, opened.claim_store(), &orphans, alerts.clone()) {
         Ok(scheduler) => scheduler,
         Err(e) => {
             if let Some(server) = server {
@@ -464,6 +466,9 @@ async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
         server.stop().await;
     }
     orphans.reap(crontab.kill_grace).await;
+    if let Some(alerts) = &alerts {
+        alerts.finish().await;
+    }
     opened.close().await;
     tracing::info!(handed_over = report.handed_over, "stopped");
     Ok(())

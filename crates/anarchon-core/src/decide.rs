@@ -140,7 +140,7 @@ pub enum ClaimDecision {
     /// Write nothing; answer this.
     Answer(ClaimOutcome),
     /// No record: write one in state `missed` (finished now, nobody's);
-    /// answer [`ClaimOutcome::Late`].
+    /// answer [`ClaimOutcome::Missed`].
     RecordMissed,
     /// Write a record in state `skipped` (finished now, nobody's) in place
     /// of whatever was there; answer [`ClaimOutcome::Overlap`].
@@ -182,8 +182,7 @@ pub enum ClaimDecision {
         attempt: Attempt,
     },
     /// The lease ran out with no attempts left: the record ends
-    /// `interrupted`, finished now. Answer
-    /// [`ClaimOutcome::Done`]`(Interrupted)`.
+    /// `interrupted`, finished now. Answer [`ClaimOutcome::Interrupted`].
     Interrupt,
     /// The run failed and its retry is due: the record runs again with
     /// `attempt`, the claim's token and instance, a new fence and a lease
@@ -213,7 +212,7 @@ impl ClaimDecision {
     pub fn outcome(self, fence: Option<Fence>, past: &PastAttempts) -> ClaimOutcome {
         match self {
             ClaimDecision::Answer(outcome) => outcome,
-            ClaimDecision::RecordMissed => ClaimOutcome::Late,
+            ClaimDecision::RecordMissed => ClaimOutcome::Missed,
             ClaimDecision::RecordSkipped => ClaimOutcome::Overlap,
             ClaimDecision::RecordPaused => ClaimOutcome::Done(FinalState::Paused),
             ClaimDecision::RecordWaiting {
@@ -231,7 +230,7 @@ impl ClaimDecision {
                 ClaimOutcome::Won(past.win(attempt, fence))
             }
             ClaimDecision::Resent { attempt, fence } => ClaimOutcome::Won(past.win(attempt, fence)),
-            ClaimDecision::Interrupt => ClaimOutcome::Done(FinalState::Interrupted),
+            ClaimDecision::Interrupt => ClaimOutcome::Interrupted,
         }
     }
 
@@ -283,14 +282,15 @@ impl ClaimDecision {
 /// 4. A running run whose lease ran out is taken over with the next
 ///    attempt if the claim's `max_attempts` allows one — or with the same
 ///    attempt if the run was given back (no holder) — and otherwise ends
-///    `interrupted`.
+///    `interrupted`, answering `Interrupted` to the claim that ended it.
 /// 5. No record, or a `missed` one, while a pause of the job or of every
 ///    job holds at `now`: with no record, records `paused` and answers
 ///    `Done(Paused)`; a `missed` record stays so and answers `Late`, a
 ///    `paused` one stays so and answers `Done(Paused)`.
 /// 6. No record, or a `missed` (or re-runnable `paused`) one: a claim later
-///    than its `max_late` (`now - slot > max_late`) answers `Late` and
-///    records `missed` if there was no record; a claim with `Overlap::Skip`
+///    than its `max_late` (`now - slot > max_late`) records `missed` and
+///    answers `Missed` if there was no record, and answers `Late` if there
+///    was; a claim with `Overlap::Skip`
 ///    while another run of the job is live (a live lease, or a retry not
 ///    yet due) records `skipped`; otherwise the run starts.
 ///

@@ -36,8 +36,8 @@ pub use crate::retry::{
 };
 pub use crate::schedule::Schedule;
 pub use crate::scheduler::{
-    CancelReason, Handler, JobBuilder, JobOptions, MetricsSnapshot, RunContext, Scheduler,
-    SchedulerBuilder, SchedulerOptions, ShutdownReport,
+    Alert, AlertHook, AlertKind, CancelReason, Handler, JobBuilder, JobOptions, MetricsSnapshot,
+    RunContext, Scheduler, SchedulerBuilder, SchedulerOptions, ShutdownReport,
 };
 pub use crate::store::{
     BackendInfo, ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, LeaseClaim,

@@ -254,6 +254,15 @@ pub enum ClaimOutcome {
     Done(FinalState),
     /// Too late: the slot is older than the claim's `max_late`.
     Late,
+    /// Too late, and this very claim recorded the slot `missed` (lease
+    /// stores). Every later claim of the slot is answered [`Self::Late`], so
+    /// exactly one instance of the fleet hears this: the one that reports
+    /// the missed slot (an alert hook, say).
+    Missed,
+    /// The run's lease ran out with no attempts left, and this very claim
+    /// ended it `interrupted` (lease stores). Later claims are answered
+    /// [`Self::Done`]`(Interrupted)`, so exactly one instance hears this.
+    Interrupted,
     /// Skipped: another run of the job holds a live lease (`Overlap::Skip`).
     Overlap,
 }

@@ -27,7 +27,7 @@ use async_nats::jetstream::{self, stream};
 use tokio::sync::Barrier;
 use tokio::time::Instant;
 
-use crate::common::{NatsLeaseFactory, StreamGuard, connect_leases, leases, url};
+use crate::common::{NatsLeaseFactory, StreamGuard, connect_leases, create_stream, leases, url};
 
 /// The raw bucket under a factory's stores, for looking behind the store.
 struct Raw {
@@ -599,7 +599,10 @@ async fn retention_keeps_the_job_document_small_and_purges_old_records() {
     // A late claim of a slot older than the job's window records it missed.
     let missed = past_slot(Duration::from_secs(3 * 3600 + 10));
     let late = lease_claim(RunKey::new(job.clone(), missed), Token::generate(), "a");
-    assert_eq!(store.claim_lease(&late).await.unwrap(), ClaimOutcome::Late);
+    assert_eq!(
+        store.claim_lease(&late).await.unwrap(),
+        ClaimOutcome::Missed
+    );
     // An old run whose short lease dies, and a recent live one.
     let dead = Slot::from_millis(old[0].as_millis() - 1500);
     let dying = catch_up(dead, Duration::from_millis(200));
@@ -788,7 +791,7 @@ async fn round_trips_per_call() {
         Token::generate(),
         "b",
     );
-    assert_eq!(b.claim_lease(&late).await.unwrap(), ClaimOutcome::Late);
+    assert_eq!(b.claim_lease(&late).await.unwrap(), ClaimOutcome::Missed);
     assert_eq!(cost(&b, before), (3, 6), "late claim recording missed");
 }
 
@@ -909,16 +912,18 @@ async fn buckets_that_do_not_fit_are_refused() {
 
     let aging = leases();
     let _guard = StreamGuard::new(&url, aging.stream_name());
-    js.create_stream(stream::Config {
-        name: aging.stream_name(),
-        subjects: vec![aging.subject_filter()],
-        max_messages_per_subject: 1,
-        max_age: Duration::from_secs(3600),
-        allow_direct: true,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    create_stream(
+        &js,
+        stream::Config {
+            name: aging.stream_name(),
+            subjects: vec![aging.subject_filter()],
+            max_messages_per_subject: 1,
+            max_age: Duration::from_secs(3600),
+            allow_direct: true,
+            ..Default::default()
+        },
+    )
+    .await;
     match NatsLeaseStore::connect(&connection, aging.clone()).await {
         Err(e @ Error::BucketMismatch { .. }) => {
             let message = e.to_string();
@@ -930,18 +935,20 @@ async fn buckets_that_do_not_fit_are_refused() {
 
     let kv_add = leases();
     let _guard2 = StreamGuard::new(&url, kv_add.stream_name());
-    js.create_stream(stream::Config {
-        name: kv_add.stream_name(),
-        subjects: vec![kv_add.subject_filter()],
-        max_messages_per_subject: 5,
-        allow_rollup: true,
-        deny_delete: true,
-        allow_direct: true,
-        discard: stream::DiscardPolicy::New,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    create_stream(
+        &js,
+        stream::Config {
+            name: kv_add.stream_name(),
+            subjects: vec![kv_add.subject_filter()],
+            max_messages_per_subject: 5,
+            allow_rollup: true,
+            deny_delete: true,
+            allow_direct: true,
+            discard: stream::DiscardPolicy::New,
+            ..Default::default()
+        },
+    )
+    .await;
     let store = connect_leases(&connection, kv_add).await;
     assert_eq!(store.info().name, LEASE_BACKEND);
     assert_eq!(store.info().memory, anarchon_core::Memory::UntilCollected);

@@ -25,7 +25,7 @@ use anarchon_testkit::fleet;
 use anarchon_testkit::servers::unique_prefix;
 use async_nats::jetstream::{self, stream};
 
-use crate::common::{StreamGuard, TEST_WINDOW, claims, connect, url};
+use crate::common::{StreamGuard, TEST_WINDOW, claims, connect, create_stream, url};
 
 fn request(job: &str, slot: i64) -> ClaimRequest {
     ClaimRequest {
@@ -152,7 +152,7 @@ async fn refused_after_another_stream(
     claims: &ClaimOptions,
 ) -> Error {
     let jetstream = jetstream::new(async_nats::connect(url).await.unwrap());
-    jetstream.create_stream(made_first).await.unwrap();
+    create_stream(&jetstream, made_first).await;
     NatsClaimStore::connect(&NatsOptions::new(url), claims.clone())
         .await
         .unwrap_err()

@@ -157,8 +157,11 @@ BEGIN
                        SET state = 'missed', attempt = NULL, token = NULL, fence = NULL,
                            instance = NULL, started_at = NULL, finished_at = EXCLUDED.finished_at,
                            lease_until = NULL, error = NULL, retry_at = NULL, earlier = NULL;
+                    -- This claim recorded it: the one instance told so.
+                    r_outcome := 'recorded-missed';
+                ELSE
+                    r_outcome := 'late';
                 END IF;
-                r_outcome := 'late';
             ELSE
                 -- The overlap rule decides (v_step). With `buffer-one`, one
                 -- slot of the job waits at most: while another one's wait
@@ -356,7 +359,8 @@ BEGIN
             UPDATE "{{table}}" AS t
                SET state = 'interrupted', finished_at = v_now
              WHERE t.job = v_job AND t.slot = v_slot;
-            r_outcome := 'interrupted';
+            -- This claim ended it: the one instance told so.
+            r_outcome := 'recorded-interrupted';
         END IF;
 
         RETURN NEXT;

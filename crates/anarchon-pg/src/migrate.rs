@@ -24,7 +24,7 @@ use crate::options::TableName;
 use crate::sql::sql;
 
 /// The schema version this crate needs and migrates to.
-pub const SCHEMA_VERSION: u32 = 9;
+pub const SCHEMA_VERSION: u32 = 10;
 
 struct Migration {
     version: u32,
@@ -79,6 +79,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 9,
         description: "overlap rules replace and buffer-one, waiting-slot index",
         tables: Some(include_str!("../migrations/0009_overlap_rules.sql")),
+    },
+    Migration {
+        version: 10,
+        description: "claim function tells the claim that records a slot missed or a run interrupted",
+        tables: None,
     },
 ];
 

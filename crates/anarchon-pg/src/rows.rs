@@ -47,6 +47,8 @@ impl ClaimRow {
                 store_now: Timestamp::from_millis(self.store_now),
             },
             "late" => ClaimOutcome::Late,
+            "recorded-missed" => ClaimOutcome::Missed,
+            "recorded-interrupted" => ClaimOutcome::Interrupted,
             "overlap" => ClaimOutcome::Overlap,
             other => match stored::state(other) {
                 Ok(RecordState::Finished(done)) => ClaimOutcome::Done(done),

@@ -28,7 +28,9 @@
 -- ARGV[8] '1' if the claim may start a slot recorded `paused` (a backfill)
 --
 -- Returns {kind, attempt, fence, lease_until, now, state, earlier}; kind is
--- one of won, running, done, late, overlap. earlier is the run's past
+-- one of won, running, done, late, overlap, missed (this claim recorded
+-- the slot missed), interrupted (this claim ended the run so). earlier is
+-- the run's past
 -- attempts as JSON for a won answer (the Rust side tells from it how the
 -- attempt came to run), '' otherwise and for none.
 --
@@ -126,6 +128,8 @@ if not_yet_run then
     if state == nil or waiting then
       stop_waiting()
       write({state = 'missed', finished = int(now)})
+      -- This claim recorded the miss: the one claimant told so.
+      return {'missed', 0, 0, 0, now, '', ''}
     end
     return {'late', 0, 0, 0, now, '', ''}
   end
@@ -286,4 +290,5 @@ rec.state = 'interrupted'
 rec.finished = int(now)
 write(rec)
 redis.call('ZREM', KEYS[3], slot)
-return {'done', 0, 0, 0, now, 'interrupted', ''}
+-- This claim ended the run: the one claimant told so.
+return {'interrupted', 0, 0, 0, now, '', ''}

@@ -481,6 +481,8 @@ fn parse_claim(reply: Value) -> Result<ClaimOutcome, Error> {
             }
         }
         "late" => ClaimOutcome::Late,
+        "missed" => ClaimOutcome::Missed,
+        "interrupted" => ClaimOutcome::Interrupted,
         "overlap" => ClaimOutcome::Overlap,
         other => return Err(bad(&format!("unknown kind {other:?}"))),
     })
@@ -780,6 +782,29 @@ mod tests {
         assert_eq!(
             parse_claim(done).expect("done"),
             ClaimOutcome::Done(FinalState::Interrupted)
+        );
+        let recorded = |kind: &str| {
+            Value::Array(vec![
+                bulk(kind),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(900),
+                bulk(""),
+                bulk(""),
+            ])
+        };
+        assert_eq!(
+            parse_claim(recorded("interrupted")).expect("interrupted"),
+            ClaimOutcome::Interrupted
+        );
+        assert_eq!(
+            parse_claim(recorded("missed")).expect("missed"),
+            ClaimOutcome::Missed
+        );
+        assert_eq!(
+            parse_claim(recorded("late")).expect("late"),
+            ClaimOutcome::Late
         );
         assert!(parse_claim(Value::Int(1)).is_err());
     }

@@ -505,7 +505,7 @@ async fn failed_runs_and_garbage_collection_match_the_memory_store() {
             "a"
         )
         .await,
-        ClaimOutcome::Late
+        ClaimOutcome::Missed
     );
     let mut catch_up = lease_claim(
         RunKey::new(job.clone(), slot_after(old, 1)),

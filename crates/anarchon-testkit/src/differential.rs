@@ -261,7 +261,7 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
             claim.claim.max_late = age.saturating_sub(Duration::from_millis(500));
             assert_eq!(
                 store.claim_lease(&claim).await.expect("claim"),
-                ClaimOutcome::Late,
+                ClaimOutcome::Missed,
                 "building a missed record"
             );
             None
@@ -311,7 +311,7 @@ async fn plant<S: LeaseStore + ?Sized>(store: &S, run: &RunKey, prior: Prior) ->
                     .claim_lease(&planting(run, Token::generate(), PLANTING_LATE, 1))
                     .await
                     .expect("claim"),
-                ClaimOutcome::Done(FinalState::Interrupted),
+                ClaimOutcome::Interrupted,
                 "building an interrupted record"
             );
             Some(token)

@@ -30,6 +30,7 @@ pub use self::claims::{
     attempts_exhausted_is_interrupted, expired_lease_is_taken_over,
     fences_grow_and_history_lists_runs, late_claim_is_refused_and_recorded_missed,
     lease_claim_is_exclusive, live_lease_answers_running,
+    one_of_racing_claimants_ends_an_exhausted_run, one_of_racing_claimants_records_each_miss,
     overlap_ignores_expired_and_allow_overlaps, overlap_skip_waits_for_the_live_run,
     own_lease_retry_is_recognised, peek_reports_the_state,
 };
@@ -196,6 +197,8 @@ macro_rules! __lease_checks {
             heartbeat_extends_the_lease,
             expired_lease_is_taken_over,
             attempts_exhausted_is_interrupted,
+            one_of_racing_claimants_records_each_miss,
+            one_of_racing_claimants_ends_an_exhausted_run,
             a_run_given_back_keeps_its_attempt,
             a_hand_over_wakes_a_waiting_backup,
             overlap_skip_waits_for_the_live_run,

@@ -336,7 +336,7 @@ where
     let late = claim(2, Duration::ZERO);
     assert_eq!(
         operator.claim_lease(&late).await.expect("claim"),
-        ClaimOutcome::Late
+        ClaimOutcome::Missed
     );
     // Slot 3 was claimed while the job was paused.
     let scope = anarchon_core::PauseScope::Job(job.clone());

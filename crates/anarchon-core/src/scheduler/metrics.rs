@@ -27,7 +27,10 @@ pub mod names {
     /// Counter, labels `job`, `outcome`: the runs this instance ran, by how
     /// they ended here — `succeeded`, `failed`, `fenced` (replaced or taken
     /// over by another instance), `handed_over` (released at shutdown or
-    /// after losing contact).
+    /// after losing contact) — and the runs this instance recorded as
+    /// ended without running them: `missed` (too late) and `interrupted`
+    /// (the runner's lease ran out with no attempts left). Each run is
+    /// counted by one instance, so a sum over the fleet counts each once.
     pub const RUNS: &str = "anarchon_runs_total";
     /// Counter, label `job`: wins that took over a run whose runner lost
     /// its lease.
@@ -132,6 +135,11 @@ pub(crate) enum Event {
     Unknown,
     /// A slot too late to run.
     Late,
+    /// A slot too late to run, recorded `missed` by this instance.
+    Missed,
+    /// A run whose lease ran out with no attempts left, recorded
+    /// `interrupted` by this instance.
+    Interrupted,
     /// A slot skipped for overlap.
     Skipped,
     /// A slot recorded paused.
@@ -159,9 +167,9 @@ impl Metrics {
         use crate::retry::AttemptCause;
         let tally = match event {
             Event::Won(_) => &self.wins,
-            Event::Lost | Event::Paused => &self.losses,
+            Event::Lost | Event::Paused | Event::Interrupted => &self.losses,
             Event::Unknown => &self.unknown,
-            Event::Late => &self.late,
+            Event::Late | Event::Missed => &self.late,
             Event::Skipped => &self.skipped,
             Event::Fenced => &self.fenced,
             Event::HandedOver => &self.handed_over,
@@ -197,6 +205,14 @@ impl Metrics {
             Event::Lost => claim("lost"),
             Event::Unknown => claim("unknown"),
             Event::Late => claim("late"),
+            Event::Missed => {
+                claim("late");
+                run("missed");
+            }
+            Event::Interrupted => {
+                claim("lost");
+                run("interrupted");
+            }
             Event::Skipped => claim("skipped"),
             Event::Paused => claim("paused"),
             Event::Fenced => run("fenced"),

@@ -21,6 +21,7 @@
 //! [`SchedulerBuilder::options`], which return
 //! [`ConfigError::UnsupportedOption`] for a claim-only store.
 
+pub mod alerts;
 mod calls;
 mod context;
 mod driver;
@@ -39,6 +40,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use self::alerts::{Alert, AlertHook, AlertKind};
 pub use self::context::{BoxFuture, CancelReason, Handler, RunContext};
 pub(crate) use self::job::JobSpec;
 pub use self::job::{JobBuilder, JobOptions};
@@ -169,6 +171,7 @@ pub struct SchedulerBuilder<S: ClaimStore + ?Sized> {
     catch_up_concurrency: Option<u32>,
     shutdown_grace: Duration,
     history_retention: Duration,
+    alert: Option<AlertHook>,
     jobs: Vec<Arc<JobSpec>>,
     names: HashSet<JobName>,
 }
@@ -197,6 +200,7 @@ where
             catch_up_concurrency: None,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
             history_retention: DEFAULT_HISTORY_RETENTION,
+            alert: None,
             jobs: Vec::new(),
             names: HashSet::new(),
         }
@@ -225,6 +229,15 @@ where
     /// always at least the longest late window plus a margin).
     pub fn history_retention(mut self, keep: Duration) -> Self {
         self.history_retention = keep;
+        self
+    }
+
+    /// Calls `hook` with every run this instance records as ended
+    /// `failed`, `interrupted` or `missed` (see [`alerts`] for who records
+    /// what): across a fleet, each such end is told by exactly one
+    /// instance. The hook runs on the scheduler's task and must not block.
+    pub fn on_alert(mut self, hook: impl Fn(Alert) + Send + Sync + 'static) -> Self {
+        self.alert = Some(Arc::new(hook));
         self
     }
 
@@ -393,6 +406,7 @@ where
                 .history_retention
                 .max(longest_window + Duration::from_secs(3600)),
             jobs: self.jobs,
+            alert: self.alert,
             catch_up_permits: Arc::new(tokio::sync::Semaphore::new(catch_up_concurrency)),
             metrics: Metrics::default(),
             stop: CancellationToken::new(),
@@ -483,6 +497,9 @@ pub(crate) struct Inner {
     pub(crate) stop_grace: Duration,
     pub(crate) keep: Duration,
     pub(crate) jobs: Vec<Arc<JobSpec>>,
+    /// Told of the runs this instance records as failed, interrupted or
+    /// missed.
+    pub(crate) alert: Option<AlertHook>,
     /// One per caught-up run this instance may run at once.
     pub(crate) catch_up_permits: Arc<tokio::sync::Semaphore>,
     pub(crate) metrics: Metrics,

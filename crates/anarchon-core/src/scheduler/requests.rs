@@ -192,6 +192,20 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
                     }
                     break;
                 }
+                // This claim ended the run, or recorded the slot missed:
+                // that is told as any claim's answer is; then the next.
+                ClaimOutcome::Interrupted | ClaimOutcome::Missed => {
+                    handle_outcome(
+                        inner,
+                        job.clone(),
+                        claim,
+                        outcome,
+                        Instant::now(),
+                        None,
+                        None,
+                    );
+                    break;
+                }
                 // Ran already, skipped, paused, late or not for us: next.
                 _ => break,
             }

@@ -8,6 +8,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::alerts::{self, Alert, AlertKind};
 use super::calls::{
     CALL_TIMEOUT, MAX_CLAIM_AHEAD, STORE_TRIES, lease_claim, timed, with_retries, within,
 };
@@ -87,7 +88,19 @@ pub(crate) fn handle_outcome(
         }
         ClaimOutcome::Late => {
             m.count(&run.job, Event::Late);
-            tracing::warn!(job = %run.job, slot = %run.slot, "the store says the claim is too late; recorded as missed");
+            tracing::debug!(job = %run.job, slot = %run.slot, "the store says the claim is too late; the slot was recorded missed");
+        }
+        ClaimOutcome::Missed => {
+            m.count(&run.job, Event::Missed);
+            tracing::warn!(job = %run.job, slot = %run.slot, "the store says the claim is too late; this instance recorded the slot missed");
+            let missed = Alert::new(AlertKind::Missed, run, inner.instance.clone());
+            alerts::raise(inner, missed);
+        }
+        ClaimOutcome::Interrupted => {
+            m.count(&run.job, Event::Interrupted);
+            tracing::warn!(job = %run.job, slot = %run.slot, "the run's lease ran out with no attempts left; this instance recorded it interrupted");
+            let ended = Alert::new(AlertKind::Interrupted, run, inner.instance.clone());
+            alerts::raise(inner, ended);
         }
         ClaimOutcome::Overlap => {
             m.count(&run.job, Event::Skipped);
@@ -246,9 +259,23 @@ pub(crate) async fn run_won(
         RunOutcome::Succeeded => inner.metrics.count(&run.job, Event::Succeeded),
         RunOutcome::Failed { .. } => inner.metrics.count(&run.job, Event::Failed),
     }
-    if lease_store.is_none() && outcome == RunOutcome::Succeeded {
+    // The failure as an alert, once the store has it and no retry is
+    // pending.
+    let failed = |inner: &Inner| {
+        if let RunOutcome::Failed { error, .. } = &outcome {
+            let failed = Alert::new(AlertKind::Failed, run.clone(), inner.instance.clone())
+                .with_attempt(win.attempt)
+                .with_error(error.clone());
+            alerts::raise(inner, failed);
+        }
+    };
+    if lease_store.is_none() {
         // A claim-only store keeps no outcome: the handler's is the news.
-        Metrics::succeeded(&run.job, inner.clock.now());
+        if outcome == RunOutcome::Succeeded {
+            Metrics::succeeded(&run.job, inner.clock.now());
+        } else {
+            failed(&inner);
+        }
     }
     if let (Some(store), false) = (&lease_store, holding == Holding::Fenced) {
         let tries = std::sync::atomic::AtomicU32::new(0);
@@ -265,14 +292,17 @@ pub(crate) async fn run_won(
                     retry: Some(plan), ..
                 } = &outcome =>
             {
-                watch_for_retry(&inner, job, run, plan.after)
+                let retried = watch_for_retry(&inner, job, run.clone(), plan.after)
                     .instrument(span.clone())
                     .await;
+                if !retried {
+                    failed(&inner);
+                }
             }
             Ok(Renewal::Renewed) if outcome == RunOutcome::Succeeded => {
                 Metrics::succeeded(&run.job, inner.clock.now());
             }
-            Ok(Renewal::Renewed) => {}
+            Ok(Renewal::Renewed) => failed(&inner),
             // A try whose reply was lost may have recorded the outcome: the
             // retry then finds the run finished, by this very attempt.
             Ok(Renewal::Fenced)
@@ -289,6 +319,9 @@ pub(crate) async fn run_won(
                 span.in_scope(|| {
                     tracing::info!("outcome recorded (by a try whose reply was lost)")
                 });
+                if let RunOutcome::Failed { retry: None, .. } = &outcome {
+                    failed(&inner);
+                }
             }
             Ok(Renewal::Fenced) => {
                 inner.metrics.count(&run.job, Event::Fenced);
@@ -322,10 +355,16 @@ fn retry_plan(inner: &Inner, job: &JobSpec, run: &RunKey, win: &Win) -> Option<R
 
 /// After a failure recorded with a retry: this instance watches the run as
 /// any backup does, and claims the retry when it is due (it has no
-/// privilege over the others: whoever claims first runs it).
-async fn watch_for_retry(inner: &Arc<Inner>, job: Arc<JobSpec>, run: RunKey, after: Duration) {
+/// privilege over the others: whoever claims first runs it). `false` when
+/// the store made no retry: the failure is the run's end.
+async fn watch_for_retry(
+    inner: &Arc<Inner>,
+    job: Arc<JobSpec>,
+    run: RunKey,
+    after: Duration,
+) -> bool {
     let StoreHandle::Lease(store) = &inner.store else {
-        return;
+        return true;
     };
     match with_retries("peek", || store.peek(&run)).await {
         Ok(view) => match view.state {
@@ -334,21 +373,28 @@ async fn watch_for_retry(inner: &Arc<Inner>, job: Arc<JobSpec>, run: RunKey, aft
                 inner
                     .tasks
                     .spawn(backup(inner.clone(), job, run, retry_at, view.store_now));
+                true
             }
             RunState::Finished(FinalState::Failed) => {
                 tracing::info!("failed; no retry: it would be due after the job's next slot");
+                false
             }
-            _ => tracing::info!("failed; another instance has taken the run on since"),
+            _ => {
+                tracing::info!("failed; another instance has taken the run on since");
+                true
+            }
         },
         Err(error) => {
             // Watch anyway, from this instance's clock: the backup reads
             // the run again before it claims, so an early look costs a
             // read, never a run. Alone, this instance is the only one that
-            // would ever retry it.
+            // would ever retry it. (Whether the store made a retry is not
+            // known: no alert is raised, rather than a false one.)
             tracing::warn!(%error, "could not read the run after its failure; watching it for its retry anyway");
             let now = inner.clock.now();
             let due = now.saturating_add(after);
             inner.tasks.spawn(backup(inner.clone(), job, run, due, now));
+            true
         }
     }
 }

@@ -193,7 +193,8 @@ impl NatsLeaseStore {
                 let mut next = read.doc.clone();
                 let mut answers = Vec::with_capacity(claims.len());
                 let mut write_job = false;
-                let mut missed: Vec<&RunKey> = Vec::new();
+                // Each with the index of its answer.
+                let mut missed: Vec<(usize, &RunKey)> = Vec::new();
                 let mut wants_pauses = false;
                 let mut unread: Vec<&RunKey> = Vec::new();
                 for (i, claim) in claims {
@@ -205,7 +206,7 @@ impl NatsLeaseStore {
                         Decided::Answer(outcome, effect) => {
                             match effect {
                                 Effect::Job => write_job = true,
-                                Effect::CreateMissed => missed.push(claim.run()),
+                                Effect::CreateMissed => missed.push((answers.len(), claim.run())),
                                 Effect::None => {}
                             }
                             answers.push((*i, outcome));
@@ -243,7 +244,7 @@ impl NatsLeaseStore {
                     outside.insert(run.slot.as_millis(), found?);
                 }
             }
-            let Some((mut next, answers, write_job, missed)) = settled else {
+            let Some((mut next, mut answers, write_job, missed)) = settled else {
                 return Err(self.protocol(format!(
                     "{key}: the claims still lacked a fact after reading the pauses and run keys"
                 )));
@@ -263,10 +264,13 @@ impl NatsLeaseStore {
                 }
             }
             if !missed.is_empty() {
-                let created = join_all(missed.iter().map(|run| self.create_missed(run))).await;
+                let created = join_all(missed.iter().map(|(_, run)| self.create_missed(run))).await;
                 depth += 1;
-                for result in created {
-                    result?;
+                for ((answer, _), result) in missed.iter().zip(created) {
+                    // Another claim recorded it first: this one is only late.
+                    if !result? {
+                        answers[*answer].1 = ClaimOutcome::Late;
+                    }
                 }
             }
             return Ok((answers, depth));

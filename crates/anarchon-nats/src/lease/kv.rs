@@ -286,12 +286,14 @@ impl NatsLeaseStore {
     }
 
     /// Records `run` as missed unless it has a record.
-    pub(super) async fn create_missed(&self, run: &RunKey) -> Result<(), StoreError> {
+    pub(super) async fn create_missed(&self, run: &RunKey) -> Result<bool, StoreError> {
         let record = RunDoc::nobody(RecordState::Missed);
         let payload = serde_json::to_vec(&record).unwrap_or_default();
         // A conflict means the run has a record already: nothing to do.
-        self.write(&Self::run_key(run), payload, Some(0)).await?;
-        Ok(())
+        Ok(self
+            .write(&Self::run_key(run), payload, Some(0))
+            .await?
+            .is_some())
     }
 
     /// Lists the keys under `pattern` (e.g. `run.<job>.*`), without the

@@ -728,7 +728,7 @@ mod tests {
         // No attempts left after the second: the next expiry interrupts.
         let mut doc = store(&doc, slot + 400);
         let (done, _) = run(&mut doc, slot + 701, &claim(slot, Token::generate()));
-        assert_eq!(done, ClaimOutcome::Done(FinalState::Interrupted));
+        assert_eq!(done, ClaimOutcome::Interrupted);
         let doc = store(&doc, slot + 710);
         assert!(doc.live.is_empty());
         assert_eq!(doc.ended[&slot].finished, Some(Stamp::At(slot + 710)));
@@ -776,7 +776,7 @@ mod tests {
         let slot = 0;
         let late_now = 61_001;
         let (late, effect) = run(&mut doc, late_now, &claim(slot, Token::generate()));
-        assert_eq!((late, effect), (ClaimOutcome::Late, Effect::CreateMissed));
+        assert_eq!((late, effect), (ClaimOutcome::Missed, Effect::CreateMissed));
         let again = decide(
             &mut doc,
             Outside::Missed,

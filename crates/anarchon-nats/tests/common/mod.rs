@@ -203,3 +203,30 @@ macro_rules! factory_on_its_own_stream {
 
 factory_on_its_own_stream!(NatsFactory, claims, claims);
 factory_on_its_own_stream!(NatsLeaseFactory, leases, leases);
+
+/// Creates `config`'s stream as another program would. The server answers
+/// some failures to create a stream's storage with a bare 500 ("error
+/// creating store for stream", writing the cause only to its own log),
+/// and they pass; the stores try again on it, and so does this.
+pub(crate) async fn create_stream(
+    jetstream: &async_nats::jetstream::Context,
+    config: async_nats::jetstream::stream::Config,
+) {
+    use async_nats::jetstream::context::CreateStreamErrorKind;
+    let mut failures = Vec::new();
+    for _ in 0..5 {
+        match jetstream.create_stream(config.clone()).await {
+            Ok(_) => return,
+            Err(e) if matches!(e.kind(), CreateStreamErrorKind::JetStream(js) if js.code() == 500) =>
+            {
+                failures.push(e.to_string());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("creating the stream {}: {e}", config.name),
+        }
+    }
+    panic!(
+        "creating the stream {} failed on the server five times: {failures:?}",
+        config.name
+    );
+}

@@ -339,3 +339,44 @@ async fn a_schema_from_version_8_gets_the_overlap_rules_replace_and_buffer_one()
         ]
     );
 }
+
+/// Version 10 changed only the claim function: a store that finds version
+/// 9 (here with a stand-in function that answers every claim `late`)
+/// reinstalls it, and the claim that records a slot `missed` is told so.
+#[tokio::test]
+async fn a_schema_from_version_9_gets_the_function_that_tells_who_recorded_a_miss() {
+    let factory = PgFactory::new().await;
+    let table = factory.table().clone();
+    let mut conn = admin(factory.url()).await;
+    migrate_to(&mut conn, &table, 9).await.expect("v9");
+    exec(
+        &mut conn,
+        format!(
+            r#"CREATE FUNCTION "{table}_claim"(
+                   text[], bigint[], uuid[], text[], bigint[], bigint[], text[], integer[], boolean[])
+               RETURNS TABLE (r_idx integer, r_outcome text, r_attempt integer, r_fence bigint,
+                              r_lease_until bigint, r_store_now bigint, r_earlier text)
+               LANGUAGE sql AS $$ SELECT 1, 'late', NULL::integer, NULL::bigint, NULL::bigint, 0::bigint, NULL::text $$;"#
+        ),
+    )
+    .await;
+    let store = factory.store_with(factory.options()).await;
+    assert_eq!(
+        store.schema_version().await.expect("version"),
+        SCHEMA_VERSION
+    );
+    // A slot an hour old on the store's clock, far past the claim's minute
+    // of max_late.
+    let probe = RunKey::new(job("old"), Slot::from_millis(0));
+    let now = store.peek(&probe).await.expect("peek").store_now;
+    let old = RunKey::new(job("old"), Slot::from_millis(now.as_millis() - 3_600_000));
+    let claim_old = || claim(old.clone(), Token::generate(), "new", Overlap::Allow);
+    assert_eq!(
+        store.claim_lease(&claim_old()).await.expect("claim"),
+        ClaimOutcome::Missed
+    );
+    assert_eq!(
+        store.claim_lease(&claim_old()).await.expect("claim"),
+        ClaimOutcome::Late
+    );
+}

@@ -90,8 +90,9 @@ where
     }
 }
 
-/// A claim later than `max_late` is `Late` and recorded `missed` once; a
-/// catch-up claim with a wider window still runs the slot.
+/// A claim later than `max_late` records the slot `missed` and is told so
+/// (`Missed`); a later one is only `Late`; a catch-up claim with a wider
+/// window still runs the slot.
 pub async fn late_claim_is_refused_and_recorded_missed<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
@@ -102,7 +103,7 @@ where
     let late = lease_claim(run.clone(), Token::generate(), "a");
     assert_eq!(
         store.claim_lease(&late).await.expect("claim"),
-        ClaimOutcome::Late
+        ClaimOutcome::Missed
     );
     let late_again = lease_claim(run.clone(), Token::generate(), "b");
     assert_eq!(
@@ -178,7 +179,9 @@ where
     );
 }
 
-/// With no attempts left, an expired lease ends the run as interrupted.
+/// With no attempts left, an expired lease ends the run as interrupted: the
+/// claim that ends it is told `Interrupted`, a later one
+/// `Done(Interrupted)`.
 pub async fn attempts_exhausted_is_interrupted<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
@@ -192,6 +195,11 @@ where
     late.max_attempts = MaxAttempts::new(1).expect("1");
     assert_eq!(
         b.claim_lease(&late).await.expect("claim"),
+        ClaimOutcome::Interrupted
+    );
+    late.claim.token = Token::generate();
+    assert_eq!(
+        a.claim_lease(&late).await.expect("claim"),
         ClaimOutcome::Done(FinalState::Interrupted)
     );
     let history = b.history(&run.job, 1).await.expect("history");
@@ -387,5 +395,98 @@ where
             .await
             .expect("history")
             .is_empty()
+    );
+}
+
+/// How many instances race to record one end of a run.
+const RECORDERS: usize = 8;
+
+/// 8 instances claim the same slots, each an hour too late, at once: for
+/// each slot exactly one is told `Missed` (it recorded the miss, and is the
+/// one instance of a fleet that raises the alert); the others `Late`.
+pub async fn one_of_racing_claimants_records_each_miss<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let mut stores = Vec::new();
+    for _ in 0..RECORDERS {
+        stores.push(factory.instance().await);
+    }
+    let name = job("missed-race");
+    for n in 0..10 {
+        let run = RunKey::new(name.clone(), past_slot(factory, 3_600_000 + n * 1000));
+        let answers = futures::future::join_all(stores.iter().enumerate().map(|(i, store)| {
+            let claim = lease_claim(run.clone(), Token::generate(), &format!("r{i}"));
+            async move { store.claim_lease(&claim).await.expect("claim") }
+        }))
+        .await;
+        let missed = answers
+            .iter()
+            .filter(|a| **a == ClaimOutcome::Missed)
+            .count();
+        assert_eq!(missed, 1, "one recorder of the miss of {run}: {answers:?}");
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, ClaimOutcome::Missed | ClaimOutcome::Late)),
+            "{answers:?}"
+        );
+        assert_eq!(
+            stores[0].peek(&run).await.expect("peek").state,
+            RunState::Missed
+        );
+    }
+}
+
+/// A run whose runner's lease ran out with no attempts left: 8 instances
+/// claim it at once, exactly one is told `Interrupted` (it ended the run),
+/// the others `Done(Interrupted)`.
+pub async fn one_of_racing_claimants_ends_an_exhausted_run<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let mut stores = Vec::new();
+    for _ in 0..RECORDERS {
+        stores.push(factory.instance().await);
+    }
+    let run = RunKey::new(job("interrupted-race"), future_slot(factory, 0));
+    let one_attempt = |claim: anarchon_core::LeaseClaim| {
+        let mut claim = claim;
+        claim.max_attempts = MaxAttempts::new(1).expect("1");
+        claim
+    };
+    won(stores[0]
+        .claim_lease(&one_attempt(short(lease_claim(
+            run.clone(),
+            Token::generate(),
+            "runner",
+        ))))
+        .await
+        .expect("claim"));
+    wait_out(SHORT_LEASE).await;
+    let answers = futures::future::join_all(stores.iter().enumerate().map(|(i, store)| {
+        let claim = one_attempt(lease_claim(
+            run.clone(),
+            Token::generate(),
+            &format!("r{i}"),
+        ));
+        async move { store.claim_lease(&claim).await.expect("claim") }
+    }))
+    .await;
+    let ended = answers
+        .iter()
+        .filter(|a| **a == ClaimOutcome::Interrupted)
+        .count();
+    assert_eq!(ended, 1, "one claim ends the run: {answers:?}");
+    assert!(
+        answers.iter().all(|a| matches!(
+            a,
+            ClaimOutcome::Interrupted | ClaimOutcome::Done(FinalState::Interrupted)
+        )),
+        "{answers:?}"
+    );
+    assert_eq!(
+        stores[0].peek(&run).await.expect("peek").state,
+        RunState::Finished(FinalState::Interrupted)
     );
 }

@@ -250,7 +250,8 @@ where
     );
     assert_eq!(
         store.claim_lease(&waiting(&next)).await.expect("claim"),
-        ClaimOutcome::Late
+        ClaimOutcome::Missed,
+        "the claim that ends the wait records the miss"
     );
     assert_eq!(
         state_of(store.as_ref(), &next).await,

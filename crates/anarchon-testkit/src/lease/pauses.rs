@@ -270,7 +270,7 @@ where
     );
     assert_eq!(
         claim_of(store.as_ref(), &missed, "late").await,
-        ClaimOutcome::Late
+        ClaimOutcome::Missed
     );
 
     store
