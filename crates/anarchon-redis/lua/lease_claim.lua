@@ -40,12 +40,13 @@
 -- then) and earlier (an array of the attempts that ended: attempt, ended
 -- 'failed' or 'taken-over', at, instance, error; absent while there are
 -- none).
--- Runs after lease_prelude.lua (check, int, now).
-
-local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
-  or check(KEYS[4], 'string') or check(KEYS[5], 'string')
-  or check(KEYS[6], 'hash') or check(KEYS[7], 'hash')
-if bad then return redis.error_reply(bad) end
+-- Runs after lease_prelude.lua (check, read, int, now).
+--
+-- Most claims of a slot find it running or ended: in a fleet of N, N - 1
+-- claims lose. Those read one field and write nothing, so they check no
+-- key's type: Redis itself refuses to read a run hash of the wrong type.
+-- A claim that will write checks every key it may write first, so a
+-- wrong-typed key stops it before anything is changed.
 
 local slot, token, instance = ARGV[1], ARGV[2], ARGV[3]
 local max_late, lease = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -53,7 +54,8 @@ local rule = ARGV[6]
 local max_attempts = tonumber(ARGV[7])
 
 local rec = nil
-local raw = redis.call('HGET', KEYS[1], slot)
+local raw, refused = read('HGET', KEYS[1], 'hash', slot)
+if refused then return redis.error_reply(refused) end
 if raw then
   local ok, decoded = pcall(cjson.decode, raw)
   if not ok or type(decoded) ~= 'table' then
@@ -69,10 +71,47 @@ local state = rec and rec.state or nil
 -- written): a claim that finds a running run costs what it did.
 local rerun_paused = state == 'paused' and ARGV[8] == '1'
 local not_yet_run = state == nil or state == 'missed' or state == 'waiting' or rerun_paused
-if not_yet_run then
-  bad = check(KEYS[8], 'zset')
-  if bad then return redis.error_reply(bad) end
+
+-- The answers that write nothing: steps 1 (ended, or a retry not yet
+-- due), 2 (our own claim again) and 3 (someone else's live lease).
+local attempt, fence, lease_until
+if state == 'running' then
+  attempt, fence, lease_until = tonumber(rec.attempt), tonumber(rec.fence), tonumber(rec.lease)
+  if not attempt or not fence or not lease_until then
+    return redis.error_reply('ERR anarchon: the running record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' lacks attempt, fence or lease')
+  end
+  -- 2. Our own claim, sent again (with the past attempts, as every won
+  -- answer: '' for none).
+  if rec.token == token then
+    return {'won', attempt, fence, lease_until, now, 'running',
+            rec.earlier and cjson.encode(rec.earlier) or ''}
+  end
+  -- 3. Someone else's live lease.
+  if lease_until >= now then
+    return {'running', attempt, fence, lease_until, now, 'running', ''}
+  end
+elseif not not_yet_run then
+  -- 1. Finished (succeeded, failed, interrupted, skipped, paused,
+  -- replaced): done, except a failed run whose retry is pending. That one
+  -- counts as still going until the retry is due.
+  if state ~= 'failed' or rec.retry_at == nil then
+    return {'done', 0, 0, 0, now, state, ''}
+  end
+  local retry_at = tonumber(rec.retry_at)
+  if not retry_at then
+    return redis.error_reply('ERR anarchon: the failed record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' has a retry_at that is not a number')
+  end
+  if now < retry_at then
+    return {'running', 0, 0, retry_at, now, 'failed', ''}
+  end
 end
+
+-- This claim may write: every key it may touch must be of its type.
+local bad = check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
+  or check(KEYS[4], 'string') or check(KEYS[5], 'string')
+  or check(KEYS[6], 'hash') or check(KEYS[7], 'hash')
+  or (not_yet_run and check(KEYS[8], 'zset')) or nil
+if bad then return redis.error_reply(bad) end
 
 local window = tonumber(redis.call('GET', KEYS[5]) or '0') or 0
 if max_late > window then redis.call('SET', KEYS[5], int(max_late)) end
@@ -203,23 +242,11 @@ if not_yet_run then
   return {'won', 1, fence, lease_until, now, 'running', ''}
 end
 
--- 1. Finished (succeeded, failed, interrupted, skipped, paused, replaced):
--- done, except a failed run whose retry is pending. That one counts as still
--- going until the retry is due; from then on any claim starts the retry
--- with the next attempt, neither late nor paused (it belongs to a run that
--- started). Checked here, off the path of a running record. The failed
--- attempt joins the past attempts, with when it failed and its error.
+-- 1, continued. A failed run whose retry is due: any claim starts the
+-- retry with the next attempt, neither late nor paused (it belongs to a run
+-- that started). The failed attempt joins the past attempts, with when it
+-- failed and its error.
 if state ~= 'running' then
-  if state ~= 'failed' or rec.retry_at == nil then
-    return {'done', 0, 0, 0, now, state, ''}
-  end
-  local retry_at = tonumber(rec.retry_at)
-  if not retry_at then
-    return redis.error_reply('ERR anarchon: the failed record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' has a retry_at that is not a number')
-  end
-  if now < retry_at then
-    return {'running', 0, 0, retry_at, now, 'failed', ''}
-  end
   local failed = tonumber(rec.attempt)
   if failed then
     local past = rec.earlier or {}
@@ -227,9 +254,9 @@ if state ~= 'running' then
                        instance = rec.instance, error = rec.error}
     rec.earlier = past
   end
-  local attempt = (failed or 1) + 1
-  local fence = redis.call('INCR', KEYS[4])
-  local lease_until = now + lease
+  attempt = (failed or 1) + 1
+  fence = redis.call('INCR', KEYS[4])
+  lease_until = now + lease
   rec.state = 'running'
   rec.attempt = int(attempt)
   rec.token = token
@@ -243,23 +270,6 @@ if state ~= 'running' then
   redis.call('ZADD', KEYS[3], int(lease_until), slot)
   return {'won', attempt, fence, lease_until, now, 'running',
           rec.earlier and cjson.encode(rec.earlier) or ''}
-end
-
-local attempt, fence, lease_until = tonumber(rec.attempt), tonumber(rec.fence), tonumber(rec.lease)
-if not attempt or not fence or not lease_until then
-  return redis.error_reply('ERR anarchon: the running record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' lacks attempt, fence or lease')
-end
-
--- 2. Our own claim, sent again (with the past attempts, as every won
--- answer: '' for none).
-if rec.token == token then
-  return {'won', attempt, fence, lease_until, now, 'running',
-          rec.earlier and cjson.encode(rec.earlier) or ''}
-end
-
--- 3. Someone else's live lease.
-if lease_until >= now then
-  return {'running', attempt, fence, lease_until, now, 'running', ''}
 end
 
 -- 4. The lease ran out. A run given back before its handler started (no

@@ -13,7 +13,7 @@
 -- ARGV[1] keep (ms)  ARGV[2] the most records to delete in this call
 --
 -- Returns {deleted, more}: more is 1 when the limit stopped the collection.
--- Runs after lease_prelude.lua (check, int, now).
+-- Runs after lease_prelude.lua (check, read, int, now).
 
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
   or check(KEYS[4], 'string') or check(KEYS[5], 'zset')

@@ -21,14 +21,14 @@
 -- in live, scored by it: until then it counts as a run still going.
 --
 -- Returns {1, now} if the token holds the run (the step was done), else {0, now}.
--- Runs after lease_prelude.lua (check, int, now).
-
-local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset')
-if bad then return redis.error_reply(bad) end
+-- Runs after lease_prelude.lua (check, read, int, now). The run hash's
+-- type is checked by reading it; the live set's only before a step that
+-- writes, so a wrong-typed key stops the step with nothing changed.
 
 local slot, token, step = ARGV[1], ARGV[2], ARGV[3]
 
-local raw = redis.call('HGET', KEYS[1], slot)
+local raw, refused = read('HGET', KEYS[1], 'hash', slot)
+if refused then return redis.error_reply(refused) end
 if not raw then return {0, now} end
 local ok, rec = pcall(cjson.decode, raw)
 if not ok or type(rec) ~= 'table' then
@@ -41,6 +41,8 @@ if rec.state ~= 'running' then
   if step == 'finish' and rec.state == ARGV[4] then return {1, now} end
   return {0, now}
 end
+local bad = check(KEYS[2], 'zset')
+if bad then return redis.error_reply(bad) end
 
 if step == 'renew' then
   local lease_until = now + tonumber(ARGV[4])

@@ -22,7 +22,7 @@
 -- 'read':   KEYS[1..n] pauses  ARGV[2..n+1] their scopes
 --           Returns {now, {scope, since, until, has_reason, reason, has_by, by}, ...}
 --           for the keys that hold a pause ('' for what it does not have).
--- Runs after lease_prelude.lua (check, int, now).
+-- Runs after lease_prelude.lua (check, read, int, now).
 
 local op = ARGV[1]
 

@@ -9,7 +9,7 @@
 --  error, retry_at, earlier}
 -- with '' for what the run does not have; earlier is the past attempts as
 -- JSON. peek returns {now} for no record.
--- Runs after lease_prelude.lua (check, int, now).
+-- Runs after lease_prelude.lua (check, read, int, now).
 
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'zset')
 if bad then return redis.error_reply(bad) end

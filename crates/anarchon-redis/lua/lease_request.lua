@@ -18,7 +18,7 @@
 -- 'read':    Returns {now, field, value, field, value, ...}.
 -- 'collect': ARGV[2] keep (ms). Forgets requests stamped before now - keep.
 --            Returns {the number forgotten}.
--- Runs after lease_prelude.lua (check, int, now).
+-- Runs after lease_prelude.lua (check, read, int, now).
 
 local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'hash')
 if bad then return redis.error_reply(bad) end
