@@ -275,9 +275,24 @@ fn error_text(error: &anyhow::Error) -> String {
     text
 }
 
+/// The log filter for `ANARCHON_LOG` (`info` when unset). RabbitMQ's
+/// client logs a warning, with the whole message, for every publish the
+/// broker returns unroutable; the RabbitMQ store publishes such probes on
+/// purpose (a losing claim asks whether its token left the winner's mark),
+/// so those warnings are off unless the setting names `lapin` itself.
+fn log_filter(setting: Option<&str>) -> String {
+    let setting = setting.map(str::trim).filter(|s| !s.is_empty());
+    match setting {
+        Some(s) if s.contains("lapin") => s.to_owned(),
+        Some(s) => format!("{s},lapin::returned_messages=error"),
+        None => "info,lapin::returned_messages=error".to_owned(),
+    }
+}
+
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("ANARCHON_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let setting = std::env::var("ANARCHON_LOG").ok();
+    let filter = tracing_subscriber::EnvFilter::try_new(log_filter(setting.as_deref()))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_filter(None)));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -649,5 +664,21 @@ fn write_out(text: &str) -> anyhow::Result<()> {
             Err(anyhow::Error::new(e).context("cannot write to stdout"))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_filter;
+
+    #[test]
+    fn the_rabbitmq_clients_returned_message_warnings_are_off_unless_asked_for() {
+        assert_eq!(log_filter(None), "info,lapin::returned_messages=error");
+        assert_eq!(log_filter(Some(" ")), "info,lapin::returned_messages=error");
+        assert_eq!(
+            log_filter(Some("debug")),
+            "debug,lapin::returned_messages=error"
+        );
+        assert_eq!(log_filter(Some("warn,lapin=debug")), "warn,lapin=debug");
     }
 }
