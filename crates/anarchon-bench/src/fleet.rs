@@ -95,9 +95,10 @@ fn between(before: Option<u64>, after: Option<u64>) -> Option<u64> {
 }
 
 /// The CPU seconds (user + system) of every local process named `comm`
-/// (and, if `arg` is given, with that word in its command line), by pid,
-/// from `/proc`; `None` when there is none.
-pub(crate) fn process_cpu(comm: &str, arg: Option<&str>) -> Option<BTreeMap<u32, f64>> {
+/// whose command line (its words joined by spaces; a server may have
+/// replaced it with a title) `keep` accepts, by pid, from `/proc`; `None`
+/// when there is none.
+pub(crate) fn process_cpu(comm: &str, keep: impl Fn(&str) -> bool) -> Option<BTreeMap<u32, f64>> {
     let mut found = BTreeMap::new();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else {
@@ -112,12 +113,10 @@ pub(crate) fn process_cpu(comm: &str, arg: Option<&str>) -> Option<BTreeMap<u32,
         if head.split_once('(').map(|(_, name)| name) != Some(comm) {
             continue;
         }
-        if let Some(arg) = arg {
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            let words: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            if !words.contains(&arg.as_bytes()) {
-                continue;
-            }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let command = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if !keep(&command) {
+            continue;
         }
         let fields: Vec<&str> = rest.split_whitespace().collect();
         let ticks = |i: usize| {
@@ -237,13 +236,24 @@ struct Worker {
 
 /// The fleet of `s` on `backend`, measured.
 pub(crate) async fn measure(backend: &str, s: &FleetSettings) -> Result<FleetFigures> {
-    let target = make_target(backend, None).await?;
-    // One store opened here first, so that the schema, stream or bucket
-    // exists before K processes race to create it.
-    let first = target.fleet_instance().await?;
-    let lease_store = first.clone().as_lease_store().is_some();
-    drop(first);
-    let measured = run(target.as_ref(), backend, s, lease_store).await;
+    let mut target = make_target(backend, None).await?;
+    let isolated = target.isolate().await;
+    let measured = match isolated {
+        Ok(()) => {
+            // One store opened here first, so that the schema, stream or
+            // bucket exists before K processes race to create it.
+            match target.fleet_instance().await {
+                Ok(first) => {
+                    let lease_store = first.clone().as_lease_store().is_some();
+                    drop(first);
+                    run(target.as_ref(), backend, s, lease_store).await
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    };
+    // What the fleet stored goes, even when the measurement failed.
     target.cleanup().await;
     measured
 }

@@ -44,6 +44,14 @@ pub(crate) trait Target: Send + Sync {
     /// a file), so that another process can open the same one with
     /// [`make_target`](crate::make_target).
     fn namespace(&self) -> String;
+    /// Gives the measurement a place of its own where the server keeps its
+    /// counters per place (PostgreSQL: a database of its own, so that
+    /// `pg_stat_database` and the backends' CPU count the fleet alone).
+    /// Called once, before [`Target::namespace`] is handed to other
+    /// processes.
+    async fn isolate(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// A store as a process of a fleet opens it: the backend's default
     /// options (its default pool), in this measurement's namespace.
     async fn fleet_instance(&self) -> Result<Arc<dyn ClaimStore>> {
@@ -413,20 +421,40 @@ pub(crate) struct Postgres {
     table: anarchon_pg::TableName,
     stats: sqlx::PgPool,
     tally: Arc<Tally>,
+    /// The database this handle created (see [`Target::isolate`]), and the
+    /// URL it was created from, to drop it from there.
+    own_database: Option<(String, String)>,
+}
+
+/// `url` with its database (the path) replaced by `database`.
+fn with_database(url: &str, database: &str) -> String {
+    let (head, query) = url.split_at(url.find('?').unwrap_or(url.len()));
+    let authority_start = head.find("://").map_or(0, |i| i + 3);
+    let base = match head[authority_start..].find('/') {
+        Some(i) => &head[..authority_start + i],
+        None => head,
+    };
+    format!("{base}/{database}{query}")
 }
 
 impl Postgres {
-    /// A table of its own, or the one named `namespace` (a fleet process).
+    /// A table of its own, or the one named `namespace` (a fleet process):
+    /// `table`, or `table@database` after [`Target::isolate`].
     pub(crate) async fn new(url: String, namespace: Option<&str>) -> Result<Self> {
-        let table = anarchon_pg::TableName::new(&namespace.map_or_else(
-            || {
+        let (table, url) = match namespace {
+            Some(ns) => match ns.split_once('@') {
+                Some((table, database)) => (table.to_owned(), with_database(&url, database)),
+                None => (ns.to_owned(), url),
+            },
+            None => (
                 format!(
                     "anarchon_bench_{:012x}",
                     Token::generate().as_u128() & 0xffff_ffff_ffff
-                )
-            },
-            str::to_owned,
-        ))?;
+                ),
+                url,
+            ),
+        };
+        let table = anarchon_pg::TableName::new(&table)?;
         let stats = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
             .connect(&url)
@@ -437,6 +465,7 @@ impl Postgres {
             table,
             stats,
             tally: Arc::default(),
+            own_database: None,
         })
     }
 
@@ -475,7 +504,29 @@ impl Target for Postgres {
         Ok(self.tally.calls())
     }
     fn namespace(&self) -> String {
-        self.table.to_string()
+        match &self.own_database {
+            Some((database, _)) => format!("{}@{database}", self.table),
+            None => self.table.to_string(),
+        }
+    }
+    async fn isolate(&mut self) -> Result<()> {
+        if self.own_database.is_some() {
+            return Ok(());
+        }
+        // Made of the table's name: lower-case letters, digits and `_`.
+        let database = self.table.as_str().replacen("bench", "fleet", 1);
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+            .execute(&self.stats)
+            .await
+            .with_context(|| format!("creating the database {database}"))?;
+        let url = with_database(&self.url, &database);
+        self.stats = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .context("connecting to the fleet's database")?;
+        self.own_database = Some((database, std::mem::replace(&mut self.url, url)));
+        Ok(())
     }
     async fn fleet_instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let store = anarchon_pg::PgStore::connect_with(
@@ -492,9 +543,17 @@ impl Target for Postgres {
         .fetch_one(&self.stats)
         .await
         .context("reading pg_stat_database")?;
+        // The server's own processes (WAL writer, checkpointer, ...) and
+        // the backends of this database; not the backends of others.
+        let database = self.own_database.as_ref().map(|(d, _)| format!(" {d} "));
+        let ours = |title: &str| {
+            let client =
+                title.contains("127.0.0.1(") || title.contains("::1(") || title.contains("[local]");
+            !client || database.as_ref().is_none_or(|d| title.contains(d.as_str()))
+        };
         Ok(ServerLoad {
             transactions: Some(transactions.max(0) as u64),
-            cpu: crate::fleet::process_cpu("postgres", None),
+            cpu: crate::fleet::process_cpu("postgres", ours),
             ..ServerLoad::default()
         })
     }
@@ -537,6 +596,20 @@ impl Target for Postgres {
     }
     async fn cleanup(&self) {
         self.drop_tables().await;
+        if let Some((database, url)) = &self.own_database {
+            self.stats.close().await;
+            if let Ok(admin) = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(url)
+                .await
+            {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {database} WITH (FORCE)"
+                )))
+                .execute(&admin)
+                .await;
+            }
+        }
     }
 }
 
@@ -761,7 +834,7 @@ impl Target for Amqp {
     }
     async fn server_load(&self) -> Result<ServerLoad> {
         Ok(ServerLoad {
-            cpu: crate::fleet::process_cpu("beam.smp", None),
+            cpu: crate::fleet::process_cpu("beam.smp", |_| true),
             ..ServerLoad::default()
         })
     }
@@ -874,7 +947,30 @@ fn nats_server_load(url: &str) -> ServerLoad {
         .filter(|p| p.chars().all(|c| c.is_ascii_digit()))
         .unwrap_or("4222");
     ServerLoad {
-        cpu: crate::fleet::process_cpu("nats-server", Some(port)),
+        cpu: crate::fleet::process_cpu("nats-server", |command| {
+            command.split_whitespace().any(|word| word == port)
+        }),
         ..ServerLoad::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn replaces_the_database_of_a_url() {
+        assert_eq!(
+            with_database("postgres://postgres@127.0.0.1:5432/test", "f"),
+            "postgres://postgres@127.0.0.1:5432/f"
+        );
+        assert_eq!(
+            with_database("postgres://u:p@h/test?sslmode=disable", "f"),
+            "postgres://u:p@h/f?sslmode=disable"
+        );
+        assert_eq!(
+            with_database("postgres://h:5432", "f"),
+            "postgres://h:5432/f"
+        );
     }
 }
