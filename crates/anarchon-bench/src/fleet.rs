@@ -14,11 +14,14 @@
 //! (a job and slot run more than once), misses and lateness (handler start
 //! minus slot, on the one machine's wall clock).
 //!
-//! Around the window the coordinator reads the server's own counters (Redis
-//! `INFO commandstats` and `INFO cpu`; PostgreSQL `pg_stat_database` and
-//! the CPU of its processes from `/proc`; the NATS and RabbitMQ server
-//! processes from `/proc`); each worker reports its own CPU over the same
-//! window and the store errors it saw.
+//! The coordinator reads the server's own counters when the schedulers
+//! start and again when they have all stopped, while the workers still hold
+//! their connections (Redis `INFO commandstats` and `INFO cpu`; the CPU of
+//! the PostgreSQL, NATS and RabbitMQ server processes from `/proc`), and
+//! PostgreSQL's transactions (`pg_stat_database` of a database made for the
+//! fleet) once the workers have exited, since an exiting backend publishes
+//! its statistics. Each worker reports its own CPU over the window and the
+//! store errors it saw.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -70,6 +73,8 @@ pub(crate) struct ServerLoad {
     pub(crate) commands: Option<u64>,
     /// Of those, `EVALSHA` calls.
     pub(crate) evalsha: Option<u64>,
+    /// The same commands by name (Redis).
+    pub(crate) by_command: BTreeMap<String, u64>,
     /// Transactions of the database (PostgreSQL: commits plus rollbacks).
     pub(crate) transactions: Option<u64>,
     /// CPU seconds used so far, per server process (Redis reports its own
@@ -152,6 +157,9 @@ pub(crate) struct FleetFigures {
     late_max_ms: f64,
     commands_per_exec: Option<f64>,
     evalsha_per_exec: Option<f64>,
+    /// Redis: the commands that ran during the window, by name, per
+    /// execution, most frequent first.
+    commands_by_name: Vec<(String, f64)>,
     transactions_per_exec: Option<f64>,
     server_cpu_ms_per_exec: Option<f64>,
     client_cpu_ms_per_exec: f64,
@@ -334,7 +342,15 @@ async fn run(
         }
     })
     .await?;
-    let mut f = result?;
+    let (mut f, before) = result?;
+    // A PostgreSQL backend may hold back its statistics for up to ten
+    // seconds while its connection idles, but publishes them when it
+    // exits: the transactions are read once the workers are gone.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let gone = target.server_load().await?;
+    let executions = f.executions.max(1) as f64;
+    f.transactions_per_exec =
+        between(before.transactions, gone.transactions).map(|d| d as f64 / executions);
     f.backend = backend.to_owned();
     Ok(f)
 }
@@ -344,7 +360,7 @@ async fn drive(
     s: &FleetSettings,
     lines: &mut mpsc::UnboundedReceiver<(usize, String)>,
     plan: &Plan,
-) -> Result<FleetFigures> {
+) -> Result<(FleetFigures, ServerLoad)> {
     let Plan {
         start_at, stop_at, ..
     } = *plan;
@@ -392,9 +408,8 @@ async fn drive(
     tokio::time::timeout(deadline, collect)
         .await
         .context("the fleet workers did not stop in time")??;
-    // PostgreSQL backends publish their statistics within a second of
-    // going idle; wait for that before the second reading.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The second reading while the workers' connections are still open
+    // (a server process's CPU goes with it).
     let after = target.server_load().await?;
 
     let text = std::fs::read_to_string(&plan.out)?;
@@ -404,7 +419,17 @@ async fn drive(
     let per_exec = |d: Option<u64>| d.map(|d| d as f64 / executions);
     f.commands_per_exec = per_exec(between(before.commands, after.commands));
     f.evalsha_per_exec = per_exec(between(before.evalsha, after.evalsha));
-    f.transactions_per_exec = per_exec(between(before.transactions, after.transactions));
+    let mut by_name: Vec<(String, f64)> = after
+        .by_command
+        .iter()
+        .map(|(name, n)| {
+            let d = n.saturating_sub(before.by_command.get(name).copied().unwrap_or(0));
+            (name.clone(), d as f64 / executions)
+        })
+        .filter(|(_, per)| *per > 0.0)
+        .collect();
+    by_name.sort_by(|a, b| b.1.total_cmp(&a.1));
+    f.commands_by_name = by_name;
     f.server_cpu_ms_per_exec = cpu_between(&before, &after).map(|c| c * 1000.0 / executions);
     f.client_cpu_ms_per_exec = reports.iter().map(|r| r.cpu_s).sum::<f64>() * 1000.0 / executions;
     for r in &reports {
@@ -415,7 +440,7 @@ async fn drive(
         f.failed_calls += r.failed_calls;
         f.locked += r.locked;
     }
-    Ok(f)
+    Ok((f, before))
 }
 
 /// Executions, duplicates, misses and lateness from the shared file.
@@ -490,7 +515,9 @@ pub(crate) async fn worker(args: &[String]) -> Result<()> {
     );
     let target = make_target(backend, Some(arg("--namespace")?)).await?;
     let store = target.fleet_instance().await?;
-    let mut b = Scheduler::builder(store);
+    // A handle of our own keeps the connection pool open after the
+    // scheduler is gone (see the end).
+    let mut b = Scheduler::builder(store.clone());
     let every_second = Schedule::cron("* * * * * *")?;
     for j in 0..jobs {
         let file = file.clone();
@@ -531,12 +558,14 @@ pub(crate) async fn worker(args: &[String]) -> Result<()> {
     );
     std::io::stdout().flush()?;
     // Keep the connections open until the coordinator has read the
-    // server's counters (a PostgreSQL backend's CPU goes with its process).
+    // server's counters: a PostgreSQL backend's CPU goes with its process,
+    // and the pool would close with its last handle.
     tokio::task::spawn_blocking(|| {
         let mut sink = Vec::new();
         let _ = std::io::stdin().read_to_end(&mut sink);
     })
     .await?;
+    drop(store);
     drop(target);
     Ok(())
 }
@@ -656,7 +685,7 @@ pub(crate) fn json(all: &[FleetFigures], s: &FleetSettings) -> String {
     for (i, f) in all.iter().enumerate() {
         let _ = writeln!(
             out,
-            "      {{\"backend\": {:?}, \"lease_store\": {}, \"executions\": {}, \"executions_per_sec\": {}, \"duplicates\": {}, \"expected\": {}, \"misses\": {}, \"lateness_ms\": {{\"p50\": {}, \"p99\": {}, \"max\": {}}}, \"per_execution\": {{\"server_commands\": {}, \"evalsha\": {}, \"transactions\": {}, \"server_cpu_ms\": {}, \"client_cpu_ms\": {}}}, \"scheduler\": {{\"wins\": {}, \"losses\": {}, \"late\": {}, \"store_errors\": {}}}, \"failed_store_calls\": {}, \"database_is_locked\": {}}}{}",
+            "      {{\"backend\": {:?}, \"lease_store\": {}, \"executions\": {}, \"executions_per_sec\": {}, \"duplicates\": {}, \"expected\": {}, \"misses\": {}, \"lateness_ms\": {{\"p50\": {}, \"p99\": {}, \"max\": {}}}, \"per_execution\": {{\"server_commands\": {}, \"evalsha\": {}, \"server_commands_by_name\": {{{}}}, \"transactions\": {}, \"server_cpu_ms\": {}, \"client_cpu_ms\": {}}}, \"scheduler\": {{\"wins\": {}, \"losses\": {}, \"late\": {}, \"store_errors\": {}}}, \"failed_store_calls\": {}, \"database_is_locked\": {}}}{}",
             f.backend,
             f.lease_store,
             f.executions,
@@ -669,6 +698,11 @@ pub(crate) fn json(all: &[FleetFigures], s: &FleetSettings) -> String {
             num(f.late_max_ms),
             opt(f.commands_per_exec),
             opt(f.evalsha_per_exec),
+            f.commands_by_name
+                .iter()
+                .map(|(name, per)| format!("{name:?}: {}", num(*per)))
+                .collect::<Vec<_>>()
+                .join(", "),
             opt(f.transactions_per_exec),
             opt(f.server_cpu_ms_per_exec),
             num(f.client_cpu_ms_per_exec),

@@ -689,6 +689,7 @@ impl Target for Redis {
             .await?;
         // Every command the server ran, those inside scripts included.
         let (mut commands, mut evalsha) = (0, 0);
+        let mut by_command = std::collections::BTreeMap::new();
         for line in stats.lines() {
             let Some((name, rest)) = line
                 .strip_prefix("cmdstat_")
@@ -702,6 +703,7 @@ impl Target for Redis {
                 .and_then(|c| c.parse().ok())
                 .unwrap_or(0);
             commands += calls;
+            by_command.insert(name.to_owned(), calls);
             if name == "evalsha" {
                 evalsha += calls;
             }
@@ -718,6 +720,7 @@ impl Target for Redis {
         Ok(ServerLoad {
             commands: Some(commands),
             evalsha: Some(evalsha),
+            by_command,
             cpu: seconds,
             ..ServerLoad::default()
         })
