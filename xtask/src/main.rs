@@ -3,9 +3,14 @@
 //! * `test-all [--backends memory,sqlite,pg,redis,amqp,nats]`: formatting,
 //!   clippy, every test, doc tests and docs; then each backend's fault tests
 //!   alone. Prints which backend was tested against which server.
-//! * `bench [--quick] [--backends memory,sqlite,…]`: the benchmarks of
-//!   `crates/anarchon-bench`, in release mode; a table on stdout and
-//!   `target/bench/results.json`.
+//! * `bench [--quick] [--backends memory,sqlite,…] [--fleet-only |
+//!   --no-fleet] [--fleet-processes K] [--fleet-jobs M] [--fleet-secs D]`:
+//!   the benchmarks of `crates/anarchon-bench`, in release mode; tables on
+//!   stdout and `target/bench/results.json`. After the single-process
+//!   figures comes the fleet: K processes (8) × M per-second jobs (200) for
+//!   D seconds (20; 5 with `--quick`) on every store a fleet can share
+//!   (`--backends` picks them too; `memory` is left out of the fleet).
+//!   `--fleet-only` runs just the fleet, `--no-fleet` leaves it out.
 //! * `soak [--minutes N]`: the randomized history test for longer, with a
 //!   new seed each round.
 //! * `services [--start]`: checks that the four test servers answer, and
@@ -112,7 +117,7 @@ fn main() -> Result<()> {
         Some("soak") => soak(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask test-all [--backends memory,sqlite,pg,redis,amqp,nats]\n       cargo xtask bench [--quick] [--backends memory,sqlite,postgres,redis-lease,redis-stream-id,redis-script,rabbitmq,nats]\n       cargo xtask soak [--minutes N]\n       cargo xtask services [--start]"
+                "usage: cargo xtask test-all [--backends memory,sqlite,pg,redis,amqp,nats]\n       cargo xtask bench [--quick] [--backends memory,sqlite,postgres,redis-lease,redis-stream-id,redis-script,rabbitmq,nats,nats-kv]\n                         [--fleet-only | --no-fleet] [--fleet-processes K] [--fleet-jobs M] [--fleet-secs D]\n       cargo xtask soak [--minutes N]\n       cargo xtask services [--start]"
             );
             bail!("unknown or missing task")
         }

@@ -1,12 +1,22 @@
-//! anarchon's benchmarks: `cargo xtask bench [--quick] [--backends ...]`.
+//! anarchon's benchmarks: `cargo xtask bench [--quick] [--backends ...]
+//! [--fleet-only | --no-fleet] [--fleet-processes K] [--fleet-jobs M]
+//! [--fleet-secs D]`.
 //!
 //! For each backend, on this machine, in one run: claim throughput and
 //! latency with 8 racing instances, round trips per claim (counted by the
 //! store where it can), the store's own speed as a baseline, a batch of
 //! 1,000 due jobs, firing precision, takeover time and the footprint of an
-//! idle instance. Prints a table and writes `target/bench/results.json`.
-//! Nothing here asserts a time: a benchmark reports, tests decide.
+//! idle instance. Then the fleet ([`fleet`]): K processes of this binary
+//! (8 by default), each a scheduler with M per-second jobs (200), for D
+//! seconds (20; 5 with `--quick`), on every store a fleet can share.
+//! Prints the tables with a verdict per target and writes
+//! `target/bench/results.json`. Nothing here asserts a time: a benchmark
+//! reports, tests decide.
+//!
+//! Two hidden subcommands are this binary re-executed by itself: `idle`
+//! (the footprint) and `fleet-worker` (one process of a fleet).
 
+mod fleet;
 mod targets;
 
 use std::collections::HashMap;
@@ -406,7 +416,7 @@ fn cpu_seconds() -> f64 {
 }
 
 async fn idle(backend: &str, jobs: usize, secs: u64) -> Result<()> {
-    let target = make_target(backend).await?;
+    let target = make_target(backend, None).await?;
     let store = target.instance().await?;
     let mut b = Scheduler::builder(store);
     for i in 0..jobs {
@@ -456,43 +466,50 @@ fn redis_url() -> String {
 const BACKENDS: &str =
     "memory, sqlite, postgres, redis-lease, redis-stream-id, redis-script, rabbitmq, nats, nats-kv";
 
-async fn make_target(name: &str) -> Result<Box<dyn Target>> {
+/// The backend `name`, in a namespace of its own, or in `namespace` (the
+/// one [`Target::namespace`] of another handle named: a fleet process joins
+/// its coordinator's).
+async fn make_target(name: &str, namespace: Option<&str>) -> Result<Box<dyn Target>> {
     Ok(match name {
         "memory" => Box::new(targets::Memory::new()),
-        "sqlite" => Box::new(targets::Sqlite::new()?),
+        "sqlite" => Box::new(targets::Sqlite::new(namespace)?),
         "postgres" | "pg" => Box::new(
             targets::Postgres::new(
                 std::env::var("ANARCHON_PG_URL")
                     .ok()
                     .filter(|u| !u.trim().is_empty())
                     .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".into()),
+                namespace,
             )
             .await?,
         ),
         "redis-lease" => Box::new(targets::Redis::new(
             redis_url(),
             targets::RedisStrategy::Lease,
+            namespace,
         )),
         "redis-stream-id" => Box::new(targets::Redis::new(
             redis_url(),
             targets::RedisStrategy::StreamId,
+            namespace,
         )),
         "redis-script" => Box::new(targets::Redis::new(
             redis_url(),
             targets::RedisStrategy::Script,
+            namespace,
         )),
-        "rabbitmq" | "amqp" => Box::new(targets::Amqp::new(env_url(
-            "ANARCHON_AMQP_URL",
-            "amqp://guest:guest@127.0.0.1:5672/%2f",
-        ))),
-        "nats" => Box::new(targets::Nats::new(env_url(
-            "ANARCHON_NATS_URL",
-            "nats://127.0.0.1:4222",
-        ))),
-        "nats-kv" => Box::new(targets::NatsKv::new(env_url(
-            "ANARCHON_NATS_URL",
-            "nats://127.0.0.1:4222",
-        ))),
+        "rabbitmq" | "amqp" => Box::new(targets::Amqp::new(
+            env_url("ANARCHON_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            namespace,
+        )),
+        "nats" => Box::new(targets::Nats::new(
+            env_url("ANARCHON_NATS_URL", "nats://127.0.0.1:4222"),
+            namespace,
+        )),
+        "nats-kv" => Box::new(targets::NatsKv::new(
+            env_url("ANARCHON_NATS_URL", "nats://127.0.0.1:4222"),
+            namespace,
+        )),
         other => bail!("unknown backend {other:?}: {BACKENDS}"),
     })
 }
@@ -574,14 +591,7 @@ fn table(all: &[Figures], s: &Settings) -> String {
     let _ = writeln!(t, "\ntargets:");
     for f in all {
         let mut line = format!("  {:<16}", f.backend);
-        let mut target = |name: &str, met: Option<bool>| {
-            let verdict = match met {
-                Some(true) => "met",
-                Some(false) => "NOT MET",
-                None => "n/a",
-            };
-            let _ = write!(line, " | {name}: {verdict}");
-        };
+        let mut target = |name: &str, met: Option<bool>| verdict(&mut line, name, met);
         let one_rt_required = matches!(f.backend.as_str(), "redis-lease" | "postgres");
         target(
             "one round trip per claim",
@@ -615,7 +625,18 @@ fn table(all: &[Figures], s: &Settings) -> String {
     t
 }
 
-fn json(all: &[Figures], s: &Settings) -> String {
+/// Appends one target's verdict to a line of the targets list: met, NOT
+/// MET, or n/a (the target does not apply, or the figure is missing).
+fn verdict(line: &mut String, name: &str, met: Option<bool>) {
+    let verdict = match met {
+        Some(true) => "met",
+        Some(false) => "NOT MET",
+        None => "n/a",
+    };
+    let _ = write!(line, " | {name}: {verdict}");
+}
+
+fn json(all: &[Figures], s: &Settings, fleet_part: Option<String>) -> String {
     let num = |x: f64| {
         if x.is_finite() {
             format!("{x:.3}")
@@ -668,7 +689,9 @@ fn json(all: &[Figures], s: &Settings) -> String {
             if i + 1 < all.len() { "," } else { "" }
         );
     }
-    out.push_str("  ]\n}\n");
+    out.push_str("  ],\n  \"fleet\": ");
+    out.push_str(fleet_part.as_deref().unwrap_or("null"));
+    out.push_str("\n}\n");
     out
 }
 
@@ -685,17 +708,66 @@ async fn measure(target: &dyn Target, s: &Settings, f: &mut Figures) -> Result<(
     footprint(target.name(), s, f)
 }
 
-async fn run_all(args: &[String]) -> Result<()> {
-    let quick = args.iter().any(|a| a == "--quick");
-    let backends: Vec<String> = match args.iter().position(|a| a == "--backends") {
+/// The number after `flag`, or `default` when the flag is absent.
+fn number_arg<T: std::str::FromStr>(args: &[String], flag: &str, default: T) -> Result<T> {
+    match args.iter().position(|a| a == flag) {
         Some(i) => args
             .get(i + 1)
-            .context("--backends needs a list")?
-            .split(',')
-            .map(|b| b.trim().to_owned())
-            .collect(),
-        None => BACKENDS.split(", ").map(String::from).collect(),
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("{flag} needs a number")),
+        None => Ok(default),
+    }
+}
+
+async fn run_all(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let fleet_only = args.iter().any(|a| a == "--fleet-only");
+    let no_fleet = args.iter().any(|a| a == "--no-fleet");
+    if fleet_only && no_fleet {
+        bail!("--fleet-only and --no-fleet exclude each other");
+    }
+    let chosen: Option<Vec<String>> = match args.iter().position(|a| a == "--backends") {
+        Some(i) => Some(
+            args.get(i + 1)
+                .context("--backends needs a list")?
+                .split(',')
+                .map(|b| b.trim().to_owned())
+                .filter(|b| !b.is_empty())
+                .collect(),
+        ),
+        None => None,
     };
+    let backends: Vec<String> = match (&chosen, fleet_only) {
+        (_, true) => Vec::new(),
+        (Some(list), false) => list.clone(),
+        (None, false) => BACKENDS.split(", ").map(String::from).collect(),
+    };
+    let fleet_backends: Vec<String> = if no_fleet {
+        Vec::new()
+    } else {
+        match &chosen {
+            // MemoryStore lives in one process: a fleet cannot share it.
+            Some(list) => {
+                if list.iter().any(|b| b == "memory") {
+                    eprintln!("the fleet leaves memory out: a MemoryStore lives in one process");
+                }
+                list.iter().filter(|b| *b != "memory").cloned().collect()
+            }
+            None => fleet::FLEET_BACKENDS
+                .split(", ")
+                .map(String::from)
+                .collect(),
+        }
+    };
+    let defaults = fleet::FleetSettings::new(quick);
+    let fleet_settings = fleet::FleetSettings {
+        processes: number_arg(args, "--fleet-processes", defaults.processes)?,
+        jobs: number_arg(args, "--fleet-jobs", defaults.jobs)?,
+        secs: number_arg(args, "--fleet-secs", defaults.secs)?,
+    };
+    if fleet_settings.processes == 0 || fleet_settings.jobs == 0 || fleet_settings.secs < 3 {
+        bail!("a fleet needs at least 1 process, 1 job and 3 seconds");
+    }
     let out_path = args
         .iter()
         .position(|a| a == "--out")
@@ -706,7 +778,7 @@ async fn run_all(args: &[String]) -> Result<()> {
     let mut all = Vec::new();
     for name in &backends {
         eprintln!("== {name} ==");
-        let target = make_target(name).await?;
+        let target = make_target(name, None).await?;
         let mut f = Figures {
             backend: target.name().into(),
             counted_by: target.counted_by().into(),
@@ -719,12 +791,25 @@ async fn run_all(args: &[String]) -> Result<()> {
         measured?;
         all.push(f);
     }
-    let text = table(&all, &s);
-    println!("{text}");
+    let mut fleet_all = Vec::new();
+    for name in &fleet_backends {
+        eprintln!(
+            "== fleet: {name} ({} processes × {} jobs, {} s) ==",
+            fleet_settings.processes, fleet_settings.jobs, fleet_settings.secs
+        );
+        fleet_all.push(fleet::measure(name, &fleet_settings).await?);
+    }
+    if !all.is_empty() {
+        println!("{}", table(&all, &s));
+    }
+    if !fleet_all.is_empty() {
+        println!("{}", fleet::table(&fleet_all, &fleet_settings));
+    }
     if let Some(dir) = std::path::Path::new(&out_path).parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&out_path, json(&all, &s))?;
+    let fleet_part = (!fleet_all.is_empty()).then(|| fleet::json(&fleet_all, &fleet_settings));
+    std::fs::write(&out_path, json(&all, &s, fleet_part))?;
     println!("results written to {out_path}");
     Ok(())
 }
@@ -737,6 +822,9 @@ async fn main() -> Result<()> {
         let jobs = args.get(2).context("idle BACKEND JOBS SECS")?.parse()?;
         let secs = args.get(3).context("idle BACKEND JOBS SECS")?.parse()?;
         return idle(backend, jobs, secs).await;
+    }
+    if args.first().map(String::as_str) == Some("fleet-worker") {
+        return fleet::worker(&args[1..]).await;
     }
     run_all(&args).await
 }

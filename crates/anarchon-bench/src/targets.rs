@@ -14,6 +14,8 @@ use anyhow::{Context, Result};
 use async_trait::async_trait;
 use futures::future::join_all;
 
+use crate::fleet::ServerLoad;
+
 /// One backend to measure.
 #[async_trait]
 pub(crate) trait Target: Send + Sync {
@@ -38,28 +40,114 @@ pub(crate) trait Target: Send + Sync {
     }
     /// Removes what the measurement left in the store.
     async fn cleanup(&self) {}
+    /// This measurement's own place on the server (a key prefix, a table,
+    /// a file), so that another process can open the same one with
+    /// [`make_target`](crate::make_target).
+    fn namespace(&self) -> String;
+    /// Gives the measurement a place of its own where the server keeps its
+    /// counters per place (PostgreSQL: a database of its own, so that
+    /// `pg_stat_database` and the backends' CPU count the fleet alone).
+    /// Called once, before [`Target::namespace`] is handed to other
+    /// processes.
+    async fn isolate(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// A store as a process of a fleet opens it: the backend's default
+    /// options (its default pool), in this measurement's namespace.
+    async fn fleet_instance(&self) -> Result<Arc<dyn ClaimStore>> {
+        self.instance().await
+    }
+    /// The server's counters now (commands, transactions, CPU), for the
+    /// fleet's cost per execution; `None` for what it cannot tell.
+    async fn server_load(&self) -> Result<ServerLoad> {
+        Ok(ServerLoad::default())
+    }
+    /// The store calls of this handle's instances so far: made, failed,
+    /// and failed because SQLite said `database is locked`.
+    fn tally(&self) -> TallySnapshot {
+        TallySnapshot::default()
+    }
+}
+
+/// Store calls counted on the client side: how many were made, how many
+/// failed, and how many of those failed because SQLite's file was locked.
+#[derive(Default)]
+pub(crate) struct Tally {
+    calls: AtomicU64,
+    errors: AtomicU64,
+    locked: AtomicU64,
+}
+
+/// A copy of a [`Tally`] at one moment.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct TallySnapshot {
+    /// Failed store calls (each counted where it failed, retried or not).
+    pub(crate) errors: u64,
+    /// Of those, the ones whose error chain says `database is locked`.
+    pub(crate) locked: u64,
+}
+
+impl Tally {
+    fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    fn snapshot(&self) -> TallySnapshot {
+        TallySnapshot {
+            errors: self.errors.load(Ordering::Relaxed),
+            locked: self.locked.load(Ordering::Relaxed),
+        }
+    }
+
+    fn tick(&self) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts `result` if it is an error, and passes it on.
+    fn note<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &result {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+            if says_locked(e) {
+                self.locked.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+}
+
+/// Whether SQLite's "database is locked" (or "database table is locked")
+/// appears anywhere in the error or its causes.
+fn says_locked(e: &StoreError) -> bool {
+    let mut cause: Option<&dyn std::error::Error> = Some(e);
+    while let Some(c) = cause {
+        if c.to_string().contains("is locked") {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Counts calls on the client side, for stores that cannot count for us:
 /// each call of these stores is one round trip (their own tests check it).
 pub(crate) struct Counted {
     inner: Arc<dyn LeaseStore>,
-    calls: Arc<AtomicU64>,
+    tally: Arc<Tally>,
 }
 
 /// The same for claim-only stores.
 pub(crate) struct CountedClaims {
     inner: Arc<dyn ClaimStore>,
-    calls: Arc<AtomicU64>,
+    tally: Arc<Tally>,
 }
 
-fn counted(inner: Arc<dyn ClaimStore>, calls: Arc<AtomicU64>) -> Arc<dyn ClaimStore> {
+fn counted(inner: Arc<dyn ClaimStore>, tally: Arc<Tally>) -> Arc<dyn ClaimStore> {
     match inner.clone().as_lease_store() {
         Some(lease) => Arc::new(Counted {
             inner: lease,
-            calls,
+            tally,
         }),
-        None => Arc::new(CountedClaims { inner, calls }),
+        None => Arc::new(CountedClaims { inner, tally }),
     }
 }
 
@@ -72,8 +160,8 @@ impl ClaimLayer for CountedClaims {
     }
 
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.inner.claim(req).await
+        self.tally.tick();
+        self.tally.note(self.inner.claim(req).await)
     }
 
     fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
@@ -83,7 +171,11 @@ impl ClaimLayer for CountedClaims {
 
 impl Counted {
     fn tick(&self) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.tally.tick();
+    }
+
+    fn note<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        self.tally.note(result)
     }
 }
 
@@ -99,19 +191,19 @@ impl LeaseLayer for Counted {
 
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         self.tick();
-        self.inner.claim(req).await
+        self.note(self.inner.claim(req).await)
     }
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
         self.tick();
-        self.inner.claim_lease(req).await
+        self.note(self.inner.claim_lease(req).await)
     }
     async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
         self.tick();
-        self.inner.claim_many(reqs).await
+        self.note(self.inner.claim_many(reqs).await)
     }
     async fn peek(&self, run: &RunKey) -> Result<RunView, StoreError> {
         self.tick();
-        self.inner.peek(run).await
+        self.note(self.inner.peek(run).await)
     }
     async fn heartbeat(
         &self,
@@ -120,7 +212,7 @@ impl LeaseLayer for Counted {
         lease: Duration,
     ) -> Result<Renewal, StoreError> {
         self.tick();
-        self.inner.heartbeat(run, token, lease).await
+        self.note(self.inner.heartbeat(run, token, lease).await)
     }
     async fn finish(
         &self,
@@ -129,23 +221,23 @@ impl LeaseLayer for Counted {
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
         self.tick();
-        self.inner.finish(run, token, outcome).await
+        self.note(self.inner.finish(run, token, outcome).await)
     }
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         self.tick();
-        self.inner.release(run, token).await
+        self.note(self.inner.release(run, token).await)
     }
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         self.tick();
-        self.inner.give_back(run, token).await
+        self.note(self.inner.give_back(run, token).await)
     }
     async fn history(&self, job: &JobName, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         self.tick();
-        self.inner.history(job, limit).await
+        self.note(self.inner.history(job, limit).await)
     }
     async fn collect_garbage(&self, keep: Duration) -> Result<u64, StoreError> {
         self.tick();
-        self.inner.collect_garbage(keep).await
+        self.note(self.inner.collect_garbage(keep).await)
     }
 }
 
@@ -154,25 +246,30 @@ impl LeaseLayer for Counted {
 pub(crate) struct Spot {
     url: String,
     name: String,
-    calls: Arc<AtomicU64>,
+    tally: Arc<Tally>,
 }
 
 impl Spot {
-    fn new(url: String) -> Self {
+    /// A new namespace on the server at `url`, or the one named
+    /// `namespace` (a fleet process joins its coordinator's).
+    fn new(url: String, namespace: Option<&str>) -> Self {
         Self {
             url,
-            name: format!("bench{:08x}", Token::generate().as_u128() & 0xffff_ffff),
-            calls: Arc::default(),
+            name: namespace.map_or_else(
+                || format!("bench{:08x}", Token::generate().as_u128() & 0xffff_ffff),
+                str::to_owned,
+            ),
+            tally: Arc::default(),
         }
     }
 
     /// `store`, its calls counted here.
     fn count(&self, store: Arc<dyn ClaimStore>) -> Arc<dyn ClaimStore> {
-        counted(store, self.calls.clone())
+        counted(store, self.tally.clone())
     }
 
     fn calls(&self) -> Result<u64> {
-        Ok(self.calls.load(Ordering::Relaxed))
+        Ok(self.tally.calls())
     }
 }
 
@@ -203,24 +300,40 @@ impl Target for Memory {
     fn counted_by(&self) -> &'static str {
         "the store (MemoryStore::operations)"
     }
+    fn namespace(&self) -> String {
+        String::new()
+    }
 }
 
 /// SQLite on a temporary file; each instance a pool of its own.
 pub(crate) struct Sqlite {
-    dir: tempfile::TempDir,
-    calls: Arc<AtomicU64>,
+    /// The temporary directory this handle made and removes; `None` when
+    /// it joined another handle's file (a fleet process).
+    _dir: Option<tempfile::TempDir>,
+    path: std::path::PathBuf,
+    tally: Arc<Tally>,
 }
 
 impl Sqlite {
-    pub(crate) fn new() -> Result<Self> {
+    /// A new file in a temporary directory, or the file at `namespace`.
+    pub(crate) fn new(namespace: Option<&str>) -> Result<Self> {
+        let (dir, path) = match namespace {
+            Some(path) => (None, path.into()),
+            None => {
+                let dir = tempfile::tempdir()?;
+                let path = dir.path().join("bench.db");
+                (Some(dir), path)
+            }
+        };
         Ok(Self {
-            dir: tempfile::tempdir()?,
-            calls: Arc::default(),
+            _dir: dir,
+            path,
+            tally: Arc::default(),
         })
     }
 
     fn path(&self) -> std::path::PathBuf {
-        self.dir.path().join("bench.db")
+        self.path.clone()
     }
 }
 
@@ -235,17 +348,30 @@ impl Target for Sqlite {
         )
         .await
         .context("opening the SQLite store")?;
-        Ok(counted(Arc::new(store), self.calls.clone()))
+        Ok(counted(Arc::new(store), self.tally.clone()))
     }
     async fn round_trips(&self) -> Result<u64> {
-        Ok(self.calls.load(Ordering::Relaxed))
+        Ok(self.tally.calls())
     }
     fn counted_by(&self) -> &'static str {
         "the client (one transaction per call)"
     }
+    fn namespace(&self) -> String {
+        self.path.to_string_lossy().into_owned()
+    }
+    async fn fleet_instance(&self) -> Result<Arc<dyn ClaimStore>> {
+        let store =
+            anarchon_sqlite::SqliteStore::open(anarchon_sqlite::SqliteOptions::new(self.path()))
+                .await
+                .context("opening the SQLite store")?;
+        Ok(counted(Arc::new(store), self.tally.clone()))
+    }
+    fn tally(&self) -> TallySnapshot {
+        self.tally.snapshot()
+    }
     async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>> {
         use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-        let path = self.dir.path().join("baseline.db");
+        let path = self.path.with_file_name("baseline.db");
         let mut pools = Vec::new();
         for _ in 0..concurrency {
             let options = SqliteConnectOptions::new()
@@ -294,15 +420,41 @@ pub(crate) struct Postgres {
     url: String,
     table: anarchon_pg::TableName,
     stats: sqlx::PgPool,
-    calls: Arc<AtomicU64>,
+    tally: Arc<Tally>,
+    /// The database this handle created (see [`Target::isolate`]), and the
+    /// URL it was created from, to drop it from there.
+    own_database: Option<(String, String)>,
+}
+
+/// `url` with its database (the path) replaced by `database`.
+fn with_database(url: &str, database: &str) -> String {
+    let (head, query) = url.split_at(url.find('?').unwrap_or(url.len()));
+    let authority_start = head.find("://").map_or(0, |i| i + 3);
+    let base = match head[authority_start..].find('/') {
+        Some(i) => &head[..authority_start + i],
+        None => head,
+    };
+    format!("{base}/{database}{query}")
 }
 
 impl Postgres {
-    pub(crate) async fn new(url: String) -> Result<Self> {
-        let table = anarchon_pg::TableName::new(&format!(
-            "anarchon_bench_{:012x}",
-            Token::generate().as_u128() & 0xffff_ffff_ffff
-        ))?;
+    /// A table of its own, or the one named `namespace` (a fleet process):
+    /// `table`, or `table@database` after [`Target::isolate`].
+    pub(crate) async fn new(url: String, namespace: Option<&str>) -> Result<Self> {
+        let (table, url) = match namespace {
+            Some(ns) => match ns.split_once('@') {
+                Some((table, database)) => (table.to_owned(), with_database(&url, database)),
+                None => (ns.to_owned(), url),
+            },
+            None => (
+                format!(
+                    "anarchon_bench_{:012x}",
+                    Token::generate().as_u128() & 0xffff_ffff_ffff
+                ),
+                url,
+            ),
+        };
+        let table = anarchon_pg::TableName::new(&table)?;
         let stats = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
             .connect(&url)
@@ -312,7 +464,8 @@ impl Postgres {
             url,
             table,
             stats,
-            calls: Arc::default(),
+            tally: Arc::default(),
+            own_database: None,
         })
     }
 
@@ -345,10 +498,67 @@ impl Target for Postgres {
         )
         .await
         .context("opening the PostgreSQL store")?;
-        Ok(counted(Arc::new(store), self.calls.clone()))
+        Ok(counted(Arc::new(store), self.tally.clone()))
     }
     async fn round_trips(&self) -> Result<u64> {
-        Ok(self.calls.load(Ordering::Relaxed))
+        Ok(self.tally.calls())
+    }
+    fn namespace(&self) -> String {
+        match &self.own_database {
+            Some((database, _)) => format!("{}@{database}", self.table),
+            None => self.table.to_string(),
+        }
+    }
+    async fn isolate(&mut self) -> Result<()> {
+        if self.own_database.is_some() {
+            return Ok(());
+        }
+        // Made of the table's name: lower-case letters, digits and `_`.
+        let database = self.table.as_str().replacen("bench", "fleet", 1);
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+            .execute(&self.stats)
+            .await
+            .with_context(|| format!("creating the database {database}"))?;
+        let url = with_database(&self.url, &database);
+        self.stats = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .context("connecting to the fleet's database")?;
+        self.own_database = Some((database, std::mem::replace(&mut self.url, url)));
+        Ok(())
+    }
+    async fn fleet_instance(&self) -> Result<Arc<dyn ClaimStore>> {
+        let store = anarchon_pg::PgStore::connect_with(
+            anarchon_pg::PgOptions::new(&self.url).with_table_name(self.table.clone()),
+        )
+        .await
+        .context("opening the PostgreSQL store")?;
+        Ok(counted(Arc::new(store), self.tally.clone()))
+    }
+    async fn server_load(&self) -> Result<ServerLoad> {
+        let transactions: i64 = sqlx::query_scalar(
+            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .fetch_one(&self.stats)
+        .await
+        .context("reading pg_stat_database")?;
+        // The server's own processes (WAL writer, checkpointer, ...) and
+        // the backends of this database; not the backends of others.
+        let database = self.own_database.as_ref().map(|(d, _)| format!(" {d} "));
+        let ours = |title: &str| {
+            let client =
+                title.contains("127.0.0.1(") || title.contains("::1(") || title.contains("[local]");
+            !client || database.as_ref().is_none_or(|d| title.contains(d.as_str()))
+        };
+        Ok(ServerLoad {
+            transactions: Some(transactions.max(0) as u64),
+            cpu: crate::fleet::process_cpu("postgres", ours),
+            ..ServerLoad::default()
+        })
+    }
+    fn tally(&self) -> TallySnapshot {
+        self.tally.snapshot()
     }
     fn counted_by(&self) -> &'static str {
         "the client (one statement per call, as the crate's statements test checks against what sqlx sends)"
@@ -386,6 +596,20 @@ impl Target for Postgres {
     }
     async fn cleanup(&self) {
         self.drop_tables().await;
+        if let Some((database, url)) = &self.own_database {
+            self.stats.close().await;
+            if let Ok(admin) = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(url)
+                .await
+            {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {database} WITH (FORCE)"
+                )))
+                .execute(&admin)
+                .await;
+            }
+        }
     }
 }
 
@@ -404,9 +628,10 @@ pub(crate) struct Redis {
 }
 
 impl Redis {
-    pub(crate) fn new(url: String, strategy: RedisStrategy) -> Self {
+    /// A key prefix of its own, or the one named `namespace`.
+    pub(crate) fn new(url: String, strategy: RedisStrategy, namespace: Option<&str>) -> Self {
         Self {
-            spot: Spot::new(url),
+            spot: Spot::new(url, namespace),
             strategy,
         }
     }
@@ -445,6 +670,60 @@ impl Target for Redis {
     }
     async fn round_trips(&self) -> Result<u64> {
         self.spot.calls()
+    }
+    fn namespace(&self) -> String {
+        self.spot.name.clone()
+    }
+    fn tally(&self) -> TallySnapshot {
+        self.spot.tally.snapshot()
+    }
+    async fn server_load(&self) -> Result<ServerLoad> {
+        let mut conn = self.admin().await?;
+        let stats: String = deadpool_redis::redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await?;
+        let cpu: String = deadpool_redis::redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(&mut conn)
+            .await?;
+        // Every command the server ran, those inside scripts included.
+        let (mut commands, mut evalsha) = (0, 0);
+        let mut by_command = std::collections::BTreeMap::new();
+        for line in stats.lines() {
+            let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let calls: u64 = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0);
+            commands += calls;
+            by_command.insert(name.to_owned(), calls);
+            if name == "evalsha" {
+                evalsha += calls;
+            }
+        }
+        let field = |name: &str| {
+            cpu.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        let seconds = match (field("used_cpu_sys"), field("used_cpu_user")) {
+            (Some(sys), Some(user)) => Some(std::collections::BTreeMap::from([(0, sys + user)])),
+            _ => None,
+        };
+        Ok(ServerLoad {
+            commands: Some(commands),
+            evalsha: Some(evalsha),
+            by_command,
+            cpu: seconds,
+            ..ServerLoad::default()
+        })
     }
     fn counted_by(&self) -> &'static str {
         "the client (one call = one round trip, pipelined); server commands from INFO commandstats"
@@ -526,8 +805,9 @@ impl Target for Redis {
 pub(crate) struct Amqp(Spot);
 
 impl Amqp {
-    pub(crate) fn new(url: String) -> Self {
-        Self(Spot::new(url))
+    /// A queue prefix of its own, or the one named `namespace`.
+    pub(crate) fn new(url: String, namespace: Option<&str>) -> Self {
+        Self(Spot::new(url, namespace))
     }
 }
 
@@ -549,14 +829,27 @@ impl Target for Amqp {
     fn counted_by(&self) -> &'static str {
         "the client, as store calls (a claim is a queue declare, a publish and its confirm)"
     }
+    fn namespace(&self) -> String {
+        self.0.name.clone()
+    }
+    fn tally(&self) -> TallySnapshot {
+        self.0.tally.snapshot()
+    }
+    async fn server_load(&self) -> Result<ServerLoad> {
+        Ok(ServerLoad {
+            cpu: crate::fleet::process_cpu("beam.smp", |_| true),
+            ..ServerLoad::default()
+        })
+    }
 }
 
 /// NATS JetStream de-duplication: store calls counted by the client.
 pub(crate) struct Nats(Spot);
 
 impl Nats {
-    pub(crate) fn new(url: String) -> Self {
-        Self(Spot::new(url))
+    /// A stream prefix of its own, or the one named `namespace`.
+    pub(crate) fn new(url: String, namespace: Option<&str>) -> Self {
+        Self(Spot::new(url, namespace))
     }
 }
 
@@ -579,6 +872,15 @@ impl Target for Nats {
     fn counted_by(&self) -> &'static str {
         "the client (a publish and its acknowledgement per claim)"
     }
+    fn namespace(&self) -> String {
+        self.0.name.clone()
+    }
+    fn tally(&self) -> TallySnapshot {
+        self.0.tally.snapshot()
+    }
+    async fn server_load(&self) -> Result<ServerLoad> {
+        Ok(nats_server_load(&self.0.url))
+    }
     async fn cleanup(&self) {
         let stream = anarchon_nats::ClaimOptions::new()
             .with_prefix(&self.0.name)
@@ -596,8 +898,9 @@ impl Target for Nats {
 pub(crate) struct NatsKv(Spot);
 
 impl NatsKv {
-    pub(crate) fn new(url: String) -> Self {
-        Self(Spot::new(url))
+    /// A bucket of its own, or the one named `namespace`.
+    pub(crate) fn new(url: String, namespace: Option<&str>) -> Self {
+        Self(Spot::new(url, namespace))
     }
 }
 
@@ -618,11 +921,59 @@ impl Target for NatsKv {
     fn counted_by(&self) -> &'static str {
         "the client, as store calls (a claim is a read, a clock write and a compare-and-swap: about 3 round trips)"
     }
+    fn namespace(&self) -> String {
+        self.0.name.clone()
+    }
+    fn tally(&self) -> TallySnapshot {
+        self.0.tally.snapshot()
+    }
+    async fn server_load(&self) -> Result<ServerLoad> {
+        Ok(nats_server_load(&self.0.url))
+    }
     async fn cleanup(&self) {
         if let Ok(client) = async_nats::connect(&self.0.url).await {
             let _ = async_nats::jetstream::new(client)
                 .delete_stream(format!("KV_{}", self.0.name))
                 .await;
         }
+    }
+}
+
+/// The CPU of the local `nats-server` that serves `url`: the one whose
+/// command line names the URL's port (other NATS servers, such as a test
+/// cluster, may run beside it).
+fn nats_server_load(url: &str) -> ServerLoad {
+    let port = url
+        .rsplit(':')
+        .next()
+        .map(|p| p.trim_end_matches('/'))
+        .filter(|p| p.chars().all(|c| c.is_ascii_digit()))
+        .unwrap_or("4222");
+    ServerLoad {
+        cpu: crate::fleet::process_cpu("nats-server", |command| {
+            command.split_whitespace().any(|word| word == port)
+        }),
+        ..ServerLoad::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn replaces_the_database_of_a_url() {
+        assert_eq!(
+            with_database("postgres://postgres@127.0.0.1:5432/test", "f"),
+            "postgres://postgres@127.0.0.1:5432/f"
+        );
+        assert_eq!(
+            with_database("postgres://u:p@h/test?sslmode=disable", "f"),
+            "postgres://u:p@h/f?sslmode=disable"
+        );
+        assert_eq!(
+            with_database("postgres://h:5432", "f"),
+            "postgres://h:5432/f"
+        );
     }
 }
