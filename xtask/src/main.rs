@@ -66,7 +66,10 @@ const NATS: Server = Server {
     env_var: "ANARCHON_NATS_URL",
     default_url: "nats://127.0.0.1:4222",
     address: "127.0.0.1:4222",
-    start: "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log",
+    // Matched by its own pid file, not its name: NATS cluster nodes beside
+    // it must not make the start think it runs already (the testkit's
+    // `restart::NATS_START` is the same command).
+    start: "start-stop-daemon --start --oknodo --background --make-pidfile --pidfile /var/lib/nats-server/anarchon-test.pid --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log",
 };
 
 const BACKENDS: &[Backend] = &[

@@ -5,17 +5,33 @@
 //! The restart command comes from an environment variable, with the
 //! command of the project's machines as the default; a guard starts the
 //! server again if the test fails half-way.
+//!
+//! A stop means one server: the one listening on the test server's
+//! address. The NATS default finds that process by its listening socket
+//! (`/proc/net/tcp` and the processes' open sockets) and signals its pid,
+//! never a name, so the nodes of a NATS cluster on other ports, or a
+//! user's own `nats-server`, are left alone. The other services' default
+//! commands already name one server (a port, a cluster, a node).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::servers::Service;
 
+/// How a server is stopped.
+#[derive(Clone, Debug)]
+enum Stop {
+    /// A shell command.
+    Command(String),
+    /// SIGTERM to the process listening on the server's address.
+    Listener,
+}
+
 /// How to stop and start one service.
 #[derive(Clone, Debug)]
 pub struct ServerControl {
     service: Service,
-    stop: String,
+    stop: Stop,
     start: String,
     /// `host:port` probed to see whether the server answers.
     address: String,
@@ -51,8 +67,9 @@ impl ServerControl {
             ),
             Service::Nats => (
                 "NATS",
-                "pkill -x nats-server",
-                "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log",
+                // Stopped by the pid listening on the address (`Stop::Listener`).
+                "",
+                NATS_START,
                 "127.0.0.1:4222",
             ),
         };
@@ -75,11 +92,33 @@ impl ServerControl {
             );
         }
         let var = |what: &str, default: &str| given(what).unwrap_or_else(|| default.to_owned());
+        let stop = match given("STOP") {
+            Some(command) => Stop::Command(command),
+            None if stop.is_empty() => Stop::Listener,
+            None => Stop::Command(stop.to_owned()),
+        };
         Self {
             service,
-            stop: var("STOP", stop),
+            stop,
             start: var("START", start),
             address: var("ADDRESS", address),
+        }
+    }
+
+    /// Stops the server: its stop command, or SIGTERM to the one process
+    /// listening on its address.
+    fn stop(&self) {
+        match &self.stop {
+            Stop::Command(command) => self.run(command),
+            Stop::Listener => {
+                let pid = listener_pid(&self.address).unwrap_or_else(|why| {
+                    panic!(
+                        "cannot stop the {:?} server at {}: {why}; set ANARCHON_*_STOP to the command that stops it",
+                        self.service, self.address
+                    )
+                });
+                self.run(&format!("kill -TERM {pid}"));
+            }
         }
     }
 
@@ -109,12 +148,12 @@ impl ServerControl {
     /// Returns a guard that starts it again, should anything fail later.
     pub fn restart(&self) -> RestartGuard {
         let guard = RestartGuard(self.clone());
-        self.run(&self.stop);
+        self.stop();
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.answers() {
             assert!(
                 Instant::now() < deadline,
-                "`{}` ran, but {:?} still answers at {} 30 s later: it did not stop the test \
+                "{:?} ran, but {:?} still answers at {} 30 s later: it did not stop the test \
                  server, so nothing would be restarted",
                 self.stop,
                 self.service,
@@ -144,6 +183,72 @@ impl ServerControl {
     }
 }
 
+/// How the project's machines start the test NATS server: one process,
+/// matched by its own pid file (not by its name), so a NATS cluster's
+/// nodes running beside it do not make the start think it runs already.
+pub const NATS_START: &str = "start-stop-daemon --start --oknodo --background --make-pidfile --pidfile /var/lib/nats-server/anarchon-test.pid --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log";
+
+/// The pid of the one process listening on TCP `address` (an IPv4
+/// `ip:port`), found through `/proc/net/tcp` and the processes' open
+/// file descriptors.
+pub fn listener_pid(address: &str) -> Result<u32, String> {
+    let socket: std::net::SocketAddrV4 = address
+        .parse()
+        .map_err(|_| format!("{address:?} is not an IPv4 address and port"))?;
+    // /proc/net/tcp writes the address as the little-endian hex of its
+    // 32 bits, the port as big-endian hex; state 0A is LISTEN.
+    let local = format!(
+        "{:08X}:{:04X}",
+        u32::from_le_bytes(socket.ip().octets()),
+        socket.port()
+    );
+    let any = format!("00000000:{:04X}", socket.port());
+    let table = std::fs::read_to_string("/proc/net/tcp")
+        .map_err(|e| format!("cannot read /proc/net/tcp: {e}"))?;
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let listening = fields.get(3) == Some(&"0A");
+            let ours = fields.get(1).is_some_and(|a| *a == local || *a == any);
+            (listening && ours).then(|| fields.get(9).map(|i| (*i).to_owned()))?
+        })
+        .collect();
+    if inodes.is_empty() {
+        return Err(format!("nothing listens on {address}"));
+    }
+    let sockets: Vec<String> = inodes.iter().map(|i| format!("socket:[{i}]")).collect();
+    let mut pids = Vec::new();
+    let processes = std::fs::read_dir("/proc").map_err(|e| format!("cannot read /proc: {e}"))?;
+    for process in processes.flatten() {
+        let Some(pid) = process
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(process.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path())
+                .is_ok_and(|target| sockets.iter().any(|s| target.as_os_str() == s.as_str()))
+        });
+        if holds {
+            pids.push(pid);
+        }
+    }
+    match pids.as_slice() {
+        [pid] => Ok(*pid),
+        [] => Err(format!(
+            "no process of this user holds the socket listening on {address}"
+        )),
+        many => Err(format!("several processes listen on {address}: {many:?}")),
+    }
+}
+
 /// How long a restarted server may take to answer before its start command
 /// is run again.
 const START_AGAIN: Duration = Duration::from_secs(5);
@@ -161,5 +266,21 @@ impl Drop for RestartGuard {
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_listener_is_found_by_its_socket() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let address = listener.local_addr().expect("address").to_string();
+        assert_eq!(listener_pid(&address), Ok(std::process::id()));
+        drop(listener);
+        let err = listener_pid(&address).expect_err("nothing listens any more");
+        assert!(err.contains("nothing listens"), "{err}");
+        assert!(listener_pid("localhost:4222").is_err());
     }
 }

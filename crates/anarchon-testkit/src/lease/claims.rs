@@ -413,8 +413,11 @@ where
         stores.push(factory.instance().await);
     }
     let name = job("missed-race");
+    // Ten distinct slots from one reading of the clock: read again, a
+    // second later, "an hour and n seconds ago" would name the slot before.
+    let newest = past_slot(factory, 3_600_000).as_millis();
     for n in 0..10 {
-        let run = RunKey::new(name.clone(), past_slot(factory, 3_600_000 + n * 1000));
+        let run = RunKey::new(name.clone(), Slot::from_millis(newest - n * 1000));
         let answers = futures::future::join_all(stores.iter().enumerate().map(|(i, store)| {
             let claim = lease_claim(run.clone(), Token::generate(), &format!("r{i}"));
             async move { store.claim_lease(&claim).await.expect("claim") }
