@@ -106,17 +106,22 @@ elseif not not_yet_run then
   end
 end
 
--- This claim may write: every key it may touch must be of its type.
-local bad = check(KEYS[2], 'zset') or check(KEYS[3], 'zset')
-  or check(KEYS[4], 'string') or check(KEYS[5], 'string')
-  or check(KEYS[6], 'hash') or check(KEYS[7], 'hash')
-  or (not_yet_run and check(KEYS[8], 'zset')) or nil
+-- This claim may write. A key it reads before its first write is checked
+-- by that read (the late window here, the pauses and the waiting set
+-- below); a key it only writes is checked now.
+local bad = check(KEYS[2], 'zset') or check(KEYS[3], 'zset') or check(KEYS[4], 'string')
+  or (state == 'waiting' and check(KEYS[8], 'zset')) or nil
 if bad then return redis.error_reply(bad) end
-
-local window = tonumber(redis.call('GET', KEYS[5]) or '0') or 0
-if max_late > window then redis.call('SET', KEYS[5], int(max_late)) end
+local stored, refused = read('GET', KEYS[5], 'string')
+if refused then return redis.error_reply(refused) end
+local window = tonumber(stored or '0') or 0
 
 local function write(r)
+  -- The job's late window grows with the first record this claim writes.
+  if max_late > window then
+    redis.call('SET', KEYS[5], int(max_late))
+    window = max_late
+  end
   redis.call('HSET', KEYS[1], slot, cjson.encode(r))
   -- Scored by the slot's instant: a manual run's slot is its request time
   -- negated (anarchon_core::Slot::at), so history and collection go by time.
@@ -125,8 +130,10 @@ end
 
 -- Whether the pause under `key` holds at now: there is one, and it lasts
 -- until resumed or ends after now.
+-- (nil and why, when the key is not a hash.)
 local function holds(key)
-  local pause = redis.call('HMGET', key, 'since', 'until')
+  local pause, wrong = read('HMGET', key, 'hash', 'since', 'until')
+  if wrong then return nil, wrong end
   if not pause[1] then return false end
   return not pause[2] or now < tonumber(pause[2])
 end
@@ -152,7 +159,11 @@ if not_yet_run then
   -- 5. The job or every job is paused: a fresh or waiting slot is recorded
   -- `paused` (nobody's, like a skipped one); a missed or paused slot stays
   -- so.
-  if holds(KEYS[6]) or holds(KEYS[7]) then
+  local job_paused, wrong = holds(KEYS[6])
+  if wrong then return redis.error_reply(wrong) end
+  local all_paused, wrong_all = holds(KEYS[7])
+  if wrong_all then return redis.error_reply(wrong_all) end
+  if job_paused or all_paused then
     if state == nil or waiting then
       stop_waiting()
       write({state = 'paused', finished = int(now)})
@@ -185,7 +196,8 @@ if not_yet_run then
     else
       -- One slot waits at most: while another's wait lasts, this one is
       -- skipped, even if the live run has just ended.
-      local waits = redis.call('ZRANGEBYSCORE', KEYS[8], int(now), '+inf', 'LIMIT', 0, 2)
+      local waits, wrong = read('ZRANGEBYSCORE', KEYS[8], 'zset', int(now), '+inf', 'LIMIT', 0, 2)
+      if wrong then return redis.error_reply(wrong) end
       for _, other in ipairs(waits) do
         if other ~= slot then
           write({state = 'skipped', finished = int(now)})

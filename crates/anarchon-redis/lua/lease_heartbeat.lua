@@ -21,9 +21,10 @@
 -- in live, scored by it: until then it counts as a run still going.
 --
 -- Returns {1, now} if the token holds the run (the step was done), else {0, now}.
--- Runs after lease_prelude.lua (check, read, int, now). The run hash's
--- type is checked by reading it; the live set's only before a step that
--- writes, so a wrong-typed key stops the step with nothing changed.
+-- Runs after lease_prelude.lua (check, read, int, now). No key's type is
+-- checked up front: reading the run hash checks it, and every step's first
+-- write is to the live set, through read(), so a live set of the wrong type
+-- stops the step before anything is changed.
 
 local slot, token, step = ARGV[1], ARGV[2], ARGV[3]
 
@@ -41,23 +42,27 @@ if rec.state ~= 'running' then
   if step == 'finish' and rec.state == ARGV[4] then return {1, now} end
   return {0, now}
 end
-local bad = check(KEYS[2], 'zset')
-if bad then return redis.error_reply(bad) end
+-- The step's first write, to the live set: an error when it is not one.
+local function live(command, ...)
+  local _, wrong = read(command, KEYS[2], 'zset', ...)
+  return wrong
+end
+local wrong
 
 if step == 'renew' then
   local lease_until = now + tonumber(ARGV[4])
   rec.lease = int(lease_until)
-  redis.call('ZADD', KEYS[2], int(lease_until), slot)
+  wrong = live('ZADD', int(lease_until), slot)
 elseif step == 'release' then
   -- A lease is alive while its end >= now: one millisecond ago has run out.
   rec.lease = int(now - 1)
-  redis.call('ZADD', KEYS[2], int(now - 1), slot)
+  wrong = live('ZADD', int(now - 1), slot)
 elseif step == 'give_back' then
   -- Released before the handler started: no holder tells the next
   -- takeover that this attempt was not used.
   rec.lease = int(now - 1)
   rec.token = nil
-  redis.call('ZADD', KEYS[2], int(now - 1), slot)
+  wrong = live('ZADD', int(now - 1), slot)
 elseif step == 'finish' then
   rec.state = ARGV[4]
   rec.finished = int(now)
@@ -73,12 +78,13 @@ elseif step == 'finish' then
     end
   end
   if rec.retry_at then
-    redis.call('ZADD', KEYS[2], rec.retry_at, slot)
+    wrong = live('ZADD', rec.retry_at, slot)
   else
-    redis.call('ZREM', KEYS[2], slot)
+    wrong = live('ZREM', slot)
   end
 else
   return redis.error_reply('ERR anarchon: unknown step ' .. step)
 end
+if wrong then return redis.error_reply(wrong) end
 redis.call('HSET', KEYS[1], slot, cjson.encode(rec))
 return {1, now}

@@ -11,7 +11,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use anarchon_core::{
-    ClaimStore, LeaseStore, PauseRequest, PauseScope, RunKey, StoreError, StoreErrorKind, Token,
+    ClaimOutcome, ClaimStore, LeaseStore, Overlap, PauseRequest, PauseScope, RunKey, RunOutcome,
+    StoreError, StoreErrorKind, Token,
 };
 use anarchon_redis::{
     Error, EvictionFinding, KeyPrefix, RedisIdmpStore, RedisLeaseStore, RedisOptions,
@@ -401,12 +402,40 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
     let written: bool = conn.exists(format!("{{{p}:lists}}:runs")).await.unwrap();
     assert!(!written, "a refused claim writes nothing");
 
-    // The waiting set (`buffer-one`), read by a claim of a slot that has
-    // not run yet: refused by name, nothing written.
+    // A live set broken under a running run: its heartbeat and finish are
+    // refused by name, and the record keeps its lease.
+    let run = RunKey::new(job("broken-later"), slot);
+    let token = Token::generate();
+    let claimed = store
+        .claim_lease(&lease_claim(run.clone(), token, "a"))
+        .await
+        .unwrap();
+    assert!(matches!(claimed, ClaimOutcome::Won(_)), "{claimed:?}");
+    let before = store.peek(&run).await.unwrap().state;
+    let live = format!("{{{p}:broken-later}}:live");
+    let _: () = conn.del(&live).await.unwrap();
+    let _: () = conn.rpush(&live, "x").await.unwrap();
+    let err = store
+        .heartbeat(&run, token, Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    wrong_type("heartbeat", err, &live);
+    let err = store
+        .finish(&run, token, RunOutcome::Succeeded)
+        .await
+        .unwrap_err();
+    wrong_type("finish", err, &live);
+    assert_eq!(store.peek(&run).await.unwrap().state, before, "unchanged");
+
+    // The waiting set, read by a `buffer-one` claim of a slot that has not
+    // run yet: refused by name, nothing written. (A claim under another
+    // overlap rule never touches it.)
     let waiting = format!("{{{p}:hashes}}:waiting");
     let _: () = conn.hset(&waiting, "x", "y").await.unwrap();
     let run = RunKey::new(job("hashes"), slot);
-    let err = lease_claim_refused(&*store, &run).await;
+    let mut buffered = lease_claim(run.clone(), Token::generate(), "a");
+    buffered.overlap = Overlap::BufferOne;
+    let err = store.claim_lease(&buffered).await.unwrap_err();
     wrong_type("claim", err, &waiting);
     let written: bool = conn.exists(format!("{{{p}:hashes}}:runs")).await.unwrap();
     assert!(!written, "a refused claim writes nothing");
