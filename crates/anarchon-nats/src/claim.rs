@@ -374,14 +374,36 @@ impl NatsClaimStore {
     /// again (empty: every run is forgotten, as [`Storage::Memory`] says) and
     /// the claim sent once more. A stream on disk that is gone was deleted
     /// by someone: the claim fails with a temporary error naming it.
+    ///
+    /// A replicated stream (JetStream cluster) answers a claim whose
+    /// message id another claim of the same run is still being stored
+    /// under with "duplicate message id is in process" (error code 10158):
+    /// the claim is sent again, with the same token, until the stream has
+    /// decided (then it says `duplicate`), for up to the store's timeout.
     async fn publish(&self, req: &ClaimRequest) -> Result<(u64, bool), StoreError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            match self.publish_deciding(req).await {
+                Err(Sent::InProcess(_)) if tokio::time::Instant::now() + pause < deadline => {
+                    tracing::debug!(run = %req.run, "another claim of the run is being stored: sending this one again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                other => return other.map_err(Sent::into_error),
+            }
+        }
+    }
+
+    /// [`Self::publish`] without waiting out another claim in process.
+    async fn publish_deciding(&self, req: &ClaimRequest) -> Result<(u64, bool), Sent> {
         match self.publish_once(req).await {
             Err(Sent::StreamGone(_)) if self.claims.storage == Storage::Memory => {
                 tracing::warn!(stream = %self.stream, "the in-memory claims stream is gone (did the NATS server restart?): creating it again; every run claimed before is forgotten");
-                self.recreate().await?;
-                self.publish_once(req).await.map_err(Sent::into_error)
+                self.recreate().await.map_err(Sent::Failed)?;
+                self.publish_once(req).await
             }
-            other => other.map_err(Sent::into_error),
+            other => other,
         }
     }
 
@@ -442,6 +464,7 @@ impl NatsClaimStore {
                     PublishErrorKind::WrongLastMessageId | PublishErrorKind::WrongLastSequence => {
                         Sent::Failed(StoreError::protocol(BACKEND, message).with_source(e))
                     }
+                    _ if in_process(&e) => Sent::InProcess(self.unavailable(message).with_source(e)),
                     _ => Sent::Failed(self.unavailable(message).with_source(e)),
                 });
             }
@@ -521,6 +544,9 @@ impl NatsClaimStore {
 enum Sent {
     /// No stream takes the subject.
     StreamGone(StoreError),
+    /// A replicated stream is still storing another message with the
+    /// claim's id (error code 10158); sending it again gets the decision.
+    InProcess(StoreError),
     /// Anything else.
     Failed(StoreError),
 }
@@ -528,9 +554,22 @@ enum Sent {
 impl Sent {
     fn into_error(self) -> StoreError {
         match self {
-            Sent::StreamGone(e) | Sent::Failed(e) => e,
+            Sent::StreamGone(e) | Sent::InProcess(e) | Sent::Failed(e) => e,
         }
     }
+}
+
+/// Whether a failed publish is a replicated stream's "duplicate message id
+/// is in process" (10158): a message with the same id is on its way
+/// through the stream's replication and not yet stored or refused.
+/// async-nats 0.51 has no kind for it: it comes as `Other` with the
+/// server's error as its source.
+fn in_process(error: &async_nats::jetstream::context::PublishError) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>())
+        .is_some_and(|js| {
+            js.error_code() == async_nats::jetstream::ErrorCode::STREAM_DUPLICATE_MESSAGE_CONFLICT
+        })
 }
 
 fn won() -> ClaimOutcome {

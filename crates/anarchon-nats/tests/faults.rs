@@ -571,3 +571,429 @@ where
         }
     }
 }
+
+// ---------------------------------------------------------------------
+// Failover on the three-node NATS cluster: the node that leads a store's
+// stream is killed under running schedulers and started again ~5 s later.
+// The other two nodes keep a majority, elect a new leader, and the runs go
+// on. These stop a cluster node, never the single test server on 4222,
+// and always start it again (`NodeGuard`).
+// ---------------------------------------------------------------------
+
+/// A node of the test cluster as `cargo xtask services --start` runs it.
+struct ClusterNode {
+    name: &'static str,
+    client: &'static str,
+}
+
+const CLUSTER_NODES: [ClusterNode; 3] = [
+    ClusterNode {
+        name: "n1",
+        client: "127.0.0.1:4231",
+    },
+    ClusterNode {
+        name: "n2",
+        client: "127.0.0.1:4232",
+    },
+    ClusterNode {
+        name: "n3",
+        client: "127.0.0.1:4233",
+    },
+];
+
+impl ClusterNode {
+    /// The node named `name` (a stream leader's server name).
+    fn named(name: &str) -> &'static ClusterNode {
+        CLUSTER_NODES
+            .iter()
+            .find(|node| node.name == name)
+            .unwrap_or_else(|| panic!("{name:?} is not a node of the test cluster"))
+    }
+
+    fn answers(&self) -> bool {
+        let address = self.client.parse().expect("an address");
+        std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)).is_ok()
+    }
+
+    /// Kills the node with SIGKILL (no clean shutdown: as a crashed host),
+    /// found by the pid listening on its client port, and waits until it
+    /// no longer answers. The guard it hands back knows the executable and
+    /// arguments the node ran with, and starts it again with them.
+    fn kill(&'static self) -> NodeGuard {
+        let pid = anarchon_testkit::restart::listener_pid(self.client)
+            .unwrap_or_else(|why| panic!("cannot find node {}: {why}", self.name));
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .unwrap_or_else(|e| panic!("the executable of node {} (pid {pid}): {e}", self.name));
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .unwrap_or_else(|e| panic!("the arguments of node {} (pid {pid}): {e}", self.name));
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .skip(1)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let guard = NodeGuard {
+            node: self,
+            exe,
+            args,
+        };
+        let status = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        assert!(
+            status.as_ref().is_ok_and(|s| s.success()),
+            "kill -KILL {pid}: {status:?}"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.answers() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {} still answers",
+                self.name
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        guard
+    }
+}
+
+/// A cluster node a failover test killed, and how it ran: starts it again
+/// when dropped (or by [`NodeGuard::start`]) if it does not answer.
+struct NodeGuard {
+    node: &'static ClusterNode,
+    exe: std::path::PathBuf,
+    args: Vec<String>,
+}
+
+impl NodeGuard {
+    /// Starts the node in the background with the executable and arguments
+    /// it ran with (its own configuration file), matched by its own pid
+    /// file as `cargo xtask services --start` does, and waits until it
+    /// answers (up to 60 s, starting it again every 5 s while it does not:
+    /// the dead node's pid file may name a process still going away).
+    fn start(&self) -> Result<(), String> {
+        let name = self.node.name;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !self.node.answers() {
+            if std::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "node {name} did not come back: see /var/log/nats-cluster-{name}.log"
+                ));
+            }
+            let _ = std::process::Command::new("start-stop-daemon")
+                .args(["--start", "--oknodo", "--background", "--pidfile"])
+                .arg(format!("/var/lib/nats-cluster/{name}/nats.pid"))
+                .arg("--exec")
+                .arg(&self.exe)
+                .arg("--")
+                .args(&self.args)
+                .status();
+            let again = std::time::Instant::now() + Duration::from_secs(5);
+            while !self.node.answers() && std::time::Instant::now() < again {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for NodeGuard {
+    fn drop(&mut self) {
+        if let Err(why) = self.start() {
+            eprintln!("{why}");
+        }
+    }
+}
+
+/// The failover tests kill nodes of the local test cluster that `cargo
+/// xtask services --start` runs; a cluster named by
+/// `ANARCHON_NATS_CLUSTER_URL` is someone else's to kill.
+fn refuse_a_cluster_elsewhere() {
+    let var = anarchon_testkit::servers::Cluster::Nats.env_var();
+    if std::env::var(var).is_ok_and(|url| !url.trim().is_empty()) {
+        panic!(
+            "the failover tests kill and restart nodes of the local test cluster \
+             (127.0.0.1:4231-4233, `cargo xtask services --start`); unset {var} to run them"
+        );
+    }
+}
+
+/// A JetStream context on the test cluster (the client reconnects to any
+/// node it has learnt of).
+async fn cluster_jetstream() -> async_nats::jetstream::Context {
+    let client = async_nats::connect(common::cluster_url().await.as_str())
+        .await
+        .expect("the cluster answers");
+    async_nats::jetstream::new(client)
+}
+
+/// The node that leads `stream` now, if the stream has a leader and the
+/// cluster says so within a second.
+async fn stream_leader(jetstream: &async_nats::jetstream::Context, stream: &str) -> Option<String> {
+    let ask = async {
+        let mut stream = jetstream.get_stream(stream).await.ok()?;
+        let info = stream.info().await.ok()?;
+        info.cluster.as_ref()?.leader.clone()
+    };
+    tokio::time::timeout(Duration::from_secs(1), ask)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// One run of the failover test's job: its slot, which scheduler ran it,
+/// and when its handler started (UTC ms).
+#[derive(Clone, Copy, Debug)]
+struct TimedRun {
+    slot: i64,
+    scheduler: usize,
+    started: i64,
+}
+
+/// What a failover test measured.
+#[derive(Debug)]
+struct Failover {
+    /// The node that was killed: the stream's leader.
+    killed: String,
+    /// The stream's leader after the election, and how long after the
+    /// kill it was first seen (ms).
+    new_leader: String,
+    elected_after_ms: i64,
+    /// When the node was killed and when it answered again (UTC ms).
+    killed_at: i64,
+    restarted_at: i64,
+    runs: Vec<TimedRun>,
+}
+
+impl Failover {
+    /// The slots between the first and the last run that never ran.
+    fn missed(&self) -> Vec<i64> {
+        let ran: std::collections::BTreeSet<i64> = self.runs.iter().map(|r| r.slot).collect();
+        let (Some(first), Some(last)) = (ran.first(), ran.last()) else {
+            return Vec::new();
+        };
+        (*first..=*last)
+            .step_by(1000)
+            .filter(|slot| !ran.contains(slot))
+            .collect()
+    }
+
+    /// The longest stretch without a handler starting (ms), and the two
+    /// runs around it.
+    fn longest_gap(&self) -> (i64, Option<(TimedRun, TimedRun)>) {
+        let mut runs = self.runs.clone();
+        runs.sort_by_key(|r| r.started);
+        runs.windows(2)
+            .map(|pair| (pair[1].started - pair[0].started, Some((pair[0], pair[1]))))
+            .max_by_key(|(gap, _)| *gap)
+            .unwrap_or((0, None))
+    }
+
+    /// Runs whose handler started more than a second after their slot.
+    fn late(&self) -> Vec<(i64, i64)> {
+        self.runs
+            .iter()
+            .filter(|r| r.started - r.slot > 1000)
+            .map(|r| (r.slot, r.started - r.slot))
+            .collect()
+    }
+
+    /// Prints the figures (for docs/scaling.md) and checks what a failover
+    /// must keep: no slot ran twice, and runs went on while the killed
+    /// node was still down — under the new leader — and after it came
+    /// back.
+    fn report_and_check(&self, store: &str) {
+        let (gap, around) = self.longest_gap();
+        println!(
+            "FAILOVER {store}: killed {} (the stream's leader); new leader {} seen {} ms after the kill; \
+             node back after {} ms; longest stretch without a run: {gap} ms {}; missed slots (s after the kill): {:?}; \
+             late runs (s after the kill, ms late): {:?}; {} runs",
+            self.killed,
+            self.new_leader,
+            self.elected_after_ms,
+            self.restarted_at - self.killed_at,
+            around.map_or(String::new(), |(a, b)| format!(
+                "(after slot {:+.1} s, until slot {:+.1} s, from the kill)",
+                (a.slot - self.killed_at) as f64 / 1000.0,
+                (b.slot - self.killed_at) as f64 / 1000.0
+            )),
+            self.missed()
+                .iter()
+                .map(|s| (s - self.killed_at) as f64 / 1000.0)
+                .collect::<Vec<_>>(),
+            self.late()
+                .iter()
+                .map(|(s, late)| ((s - self.killed_at) as f64 / 1000.0, *late))
+                .collect::<Vec<_>>(),
+            self.runs.len()
+        );
+        let mut by_slot: std::collections::BTreeMap<i64, Vec<usize>> = Default::default();
+        for run in &self.runs {
+            by_slot.entry(run.slot).or_default().push(run.scheduler);
+        }
+        for (slot, by) in &by_slot {
+            assert_eq!(
+                by.len(),
+                1,
+                "slot {slot} ran {} times: {by_slot:?}",
+                by.len()
+            );
+        }
+        assert_ne!(
+            self.new_leader, self.killed,
+            "another node leads the stream"
+        );
+        assert!(
+            self.runs
+                .iter()
+                .any(|r| r.slot > self.killed_at && r.started < self.restarted_at),
+            "runs went on under the new leader while {} was down: {:?}",
+            self.killed,
+            self.runs
+        );
+        let after_restart = self
+            .runs
+            .iter()
+            .filter(|r| r.slot > self.restarted_at + 1000)
+            .count();
+        assert!(
+            after_restart >= 3,
+            "runs went on after {} came back: {:?}",
+            self.killed,
+            self.runs
+        );
+    }
+}
+
+/// How long the failover test's schedulers run before the kill, how long
+/// the node stays down at least (and in any case until the two nodes left
+/// elected a new leader, up to `ELECTION_LIMIT`), and how long they run
+/// after it is back.
+const BEFORE_KILL: Duration = Duration::from_secs(5);
+const NODE_DOWN: Duration = Duration::from_secs(5);
+const ELECTION_LIMIT: Duration = Duration::from_secs(30);
+/// How long the node stays down at least after the new leader was seen, so
+/// that runs under the new leader alone are seen.
+const UNDER_THE_NEW_LEADER: Duration = Duration::from_secs(3);
+const AFTER_RESTART: Duration = Duration::from_secs(10);
+
+/// Three schedulers (`builders`, each on its own store and connection) run
+/// a per-second job recording every run; after `BEFORE_KILL` the node that
+/// leads `stream` is killed; `UNDER_THE_NEW_LEADER` after the other two
+/// elected a new leader, and `NODE_DOWN` after the kill at the earliest,
+/// it is started again; after `AFTER_RESTART` more the schedulers stop.
+async fn fail_over<S: ClaimStore + ?Sized>(
+    stream: &str,
+    builders: Vec<SchedulerBuilder<S>>,
+) -> Failover
+where
+    Arc<S>: anarchon_core::scheduler::IntoDynClaim,
+{
+    let jetstream = cluster_jetstream().await;
+    let runs: Arc<std::sync::Mutex<Vec<TimedRun>>> = Arc::default();
+    let mut schedulers = Vec::new();
+    for (index, mut builder) in builders.into_iter().enumerate() {
+        let runs = runs.clone();
+        builder
+            .job("tick", anarchon_testkit::fleet::every_second())
+            .and_then(|job| {
+                job.run(move |ctx: anarchon_core::RunContext| {
+                    runs.lock().unwrap().push(TimedRun {
+                        slot: ctx.slot().as_millis(),
+                        scheduler: index,
+                        started: now_ms(),
+                    });
+                    std::future::ready(Ok::<(), String>(()))
+                })
+            })
+            .expect("the tick job is valid");
+        schedulers.push(builder.start().expect("the scheduler starts"));
+    }
+    tokio::time::sleep(BEFORE_KILL).await;
+
+    let killed = stream_leader(&jetstream, stream)
+        .await
+        .expect("the stream has a leader");
+    let node = ClusterNode::named(&killed);
+    let guard = Arc::new(
+        tokio::task::spawn_blocking(move || node.kill())
+            .await
+            .unwrap(),
+    );
+    let killed_at = now_ms();
+
+    // The new leader, as soon as the two nodes left have elected one.
+    let mut new_leader = None;
+    let mut elected_after_ms = 0;
+    while now_ms() - killed_at < ELECTION_LIMIT.as_millis() as i64 {
+        if let Some(leader) = stream_leader(&jetstream, stream).await
+            && leader != killed
+        {
+            elected_after_ms = now_ms() - killed_at;
+            new_leader = Some(leader);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let new_leader = new_leader.unwrap_or_else(|| {
+        panic!("no new leader for {stream} within {ELECTION_LIMIT:?} of killing {killed}")
+    });
+    let down_until = (killed_at + NODE_DOWN.as_millis() as i64)
+        .max(killed_at + elected_after_ms + UNDER_THE_NEW_LEADER.as_millis() as i64);
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(down_until - now_ms()).unwrap_or(0),
+    ))
+    .await;
+    let restart = guard.clone();
+    tokio::task::spawn_blocking(move || restart.start())
+        .await
+        .unwrap()
+        .unwrap_or_else(|why| panic!("{why}"));
+    let restarted_at = now_ms();
+    drop(guard);
+    tokio::time::sleep(AFTER_RESTART).await;
+
+    for scheduler in schedulers {
+        scheduler.shutdown().await;
+    }
+    let runs = runs.lock().unwrap().clone();
+    Failover {
+        killed,
+        new_leader,
+        elected_after_ms,
+        killed_at,
+        restarted_at,
+        runs,
+    }
+}
+
+/// The KV lease store on a bucket with three replicas: the node that
+/// leads the bucket's stream is killed (SIGKILL) while three schedulers,
+/// each with its own connection, run a per-second job, and started again
+/// 5 s later. No slot runs twice; runs go on under the new leader while
+/// the node is down and after it is back; the gap is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kv_lease_store_fails_over_when_the_leader_node_dies() {
+    refuse_a_cluster_elsewhere();
+    let factory = NatsLeaseFactory::on_cluster().await;
+    let mut builders = Vec::new();
+    for _ in 0..3 {
+        builders.push(Scheduler::builder(factory.instance().await));
+    }
+    let failover = fail_over(&factory.leases.stream_name(), builders).await;
+    failover.report_and_check("kv lease store");
+}
+
+/// The claim store on a stream with three replicas, as
+/// `kv_lease_store_fails_over_when_the_leader_node_dies`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claim_store_fails_over_when_the_leader_node_dies() {
+    refuse_a_cluster_elsewhere();
+    let factory = NatsFactory::on_cluster().await;
+    let mut builders = Vec::new();
+    for _ in 0..3 {
+        builders.push(Scheduler::builder(factory.instance().await));
+    }
+    let failover = fail_over(&factory.claims.stream_name(), builders).await;
+    failover.report_and_check("claim store");
+}

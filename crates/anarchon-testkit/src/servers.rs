@@ -5,6 +5,11 @@
 //! started through testcontainers when a Docker engine answers; otherwise the
 //! test fails with a message that says how to provide a server. A missing
 //! server is never a silent skip.
+//!
+//! Clusters ([`Cluster`], found by [`locate_cluster`]) are looked for the
+//! same way but for the container: `cargo xtask services --start` runs
+//! them as plain processes on loopback, and `docker compose up -d` starts
+//! them on the same ports.
 
 use std::time::Duration;
 
@@ -137,6 +142,95 @@ async fn locate_at(
 /// [`locate`], failing the test with its message when there is no server.
 pub async fn require(service: Service) -> String {
     match locate(service).await {
+        Ok(found) => found.url().to_owned(),
+        Err(message) => panic!("{message}"),
+    }
+}
+
+/// A cluster the scale-out tests need: several servers that replicate
+/// what the stores write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Cluster {
+    /// A three-node NATS JetStream cluster (client ports 4231–4233 on the
+    /// project's machines). One seed URL is enough: the client learns the
+    /// other nodes from the one it connects to.
+    Nats,
+}
+
+impl Cluster {
+    /// The environment variable that names the cluster's (seed) URL.
+    pub const fn env_var(self) -> &'static str {
+        match self {
+            Cluster::Nats => "ANARCHON_NATS_CLUSTER_URL",
+        }
+    }
+
+    /// The URL tried when the variable is not set.
+    pub const fn local_default(self) -> &'static str {
+        match self {
+            Cluster::Nats => "nats://127.0.0.1:4231",
+        }
+    }
+
+    const fn local_address(self) -> &'static str {
+        match self {
+            Cluster::Nats => "127.0.0.1:4231",
+        }
+    }
+
+    /// A short name for messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Cluster::Nats => "NATS JetStream cluster",
+        }
+    }
+}
+
+/// Finds `cluster`: its environment variable, or its local default if
+/// something answers there.
+///
+/// # Errors
+///
+/// A message naming the environment variable, the local default, and how
+/// to start the cluster (`cargo xtask services --start`).
+pub async fn locate_cluster(cluster: Cluster) -> Result<Found, String> {
+    locate_cluster_at(
+        cluster,
+        std::env::var(cluster.env_var()).ok(),
+        cluster.local_address(),
+    )
+    .await
+}
+
+async fn locate_cluster_at(
+    cluster: Cluster,
+    from_env: Option<String>,
+    local_address: &str,
+) -> Result<Found, String> {
+    if let Some(url) = from_env
+        && !url.trim().is_empty()
+    {
+        return Ok(Found::FromEnv(url));
+    }
+    let probe = tokio::net::TcpStream::connect(local_address);
+    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), probe).await {
+        return Ok(Found::Local(cluster.local_default().to_owned()));
+    }
+    Err(format!(
+        "no {name} for the tests: nothing answers at {addr} and {var} is not set.\n\
+         Start it with `cargo xtask services --start` (plain server processes on loopback), \
+         or `docker compose up -d` on a machine with Docker, or set {var} to a node's URL.",
+        name = cluster.name(),
+        addr = local_address,
+        var = cluster.env_var(),
+    ))
+}
+
+/// [`locate_cluster`], failing the test with its message when there is no
+/// cluster.
+pub async fn require_cluster(cluster: Cluster) -> String {
+    match locate_cluster(cluster).await {
         Ok(found) => found.url().to_owned(),
         Err(message) => panic!("{message}"),
     }
@@ -276,6 +370,18 @@ mod tests {
         let address = listener.local_addr().unwrap().to_string();
         let found = locate_at(Service::Nats, None, &address).await;
         assert_eq!(found, Ok(Found::Local("nats://127.0.0.1:4222".into())));
+    }
+
+    #[tokio::test]
+    async fn a_missing_cluster_says_how_to_start_it() {
+        let err = locate_cluster_at(Cluster::Nats, None, "127.0.0.1:1")
+            .await
+            .unwrap_err();
+        assert!(err.contains("ANARCHON_NATS_CLUSTER_URL"), "{err}");
+        assert!(err.contains("cargo xtask services --start"), "{err}");
+        let found =
+            locate_cluster_at(Cluster::Nats, Some("nats://n1:4222".into()), "127.0.0.1:1").await;
+        assert_eq!(found, Ok(Found::FromEnv("nats://n1:4222".into())));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_nats::{ClaimOptions, NatsClaimStore, NatsLeaseOptions, NatsLeaseStore, NatsOptions};
-use anarchon_testkit::servers::{Service, require, unique_prefix};
+use anarchon_testkit::servers::{Cluster, Service, require, require_cluster, unique_prefix};
 use anarchon_testkit::{FaultProxy, Proxyable, StoreFactory};
 
 /// The duplicate window the suites use: long enough for the default
@@ -19,6 +19,29 @@ pub(crate) const TEST_WINDOW: Duration = Duration::from_secs(90);
 /// test with instructions when there is none.
 pub(crate) async fn url() -> String {
     require(Service::Nats).await
+}
+
+/// How many replicas the streams and buckets of the cluster tests have:
+/// one per node of the test cluster.
+pub(crate) const CLUSTER_REPLICAS: usize = 3;
+
+/// The test NATS cluster's seed URL (ANARCHON_NATS_CLUSTER_URL, or the
+/// local default); fails the test with instructions when there is none.
+pub(crate) async fn cluster_url() -> String {
+    let url = require_cluster(Cluster::Nats).await;
+    // A connection that fails is left for the test to report.
+    if let Ok(client) = async_nats::connect(url.as_str()).await {
+        let version = client.server_info().version;
+        let numbers: Vec<u32> = version.split('.').filter_map(|p| p.parse().ok()).collect();
+        assert!(
+            numbers.as_slice() >= [2, 9, 21].as_slice(),
+            "the test NATS cluster at {url} runs nats-server {version}: before 2.9.21 a clustered \
+             stream can store two compare-and-swap writes of one key (nats-server issue 4320), \
+             so the KV lease store's claims are not exclusive there. Run the cluster on a newer \
+             server (`cargo xtask services --start` says how)"
+        );
+    }
+    url
 }
 
 /// The server's `host:port` from a `nats://host:port` URL.
@@ -158,13 +181,27 @@ impl StoreFactory for NatsLeaseFactory {
 /// field `$options`, made fresh by `$fresh()`): `new`, `through` and
 /// reaching the server through a proxy.
 macro_rules! factory_on_its_own_stream {
-    ($factory:ty, $options:ident, $fresh:path) => {
+    ($factory:ty, $options:ident: $options_type:ty, $fresh:path) => {
         impl $factory {
             /// A fresh namespace on the test server, deleted when the
             /// factory is dropped.
             pub(crate) async fn new() -> Self {
-                let url = url().await;
-                let $options = $fresh();
+                Self::on(url().await, $fresh())
+            }
+
+            /// A fresh namespace with three replicas on the test NATS
+            /// cluster (`ANARCHON_NATS_CLUSTER_URL`, or the local one),
+            /// deleted when the factory is dropped.
+            pub(crate) async fn on_cluster() -> Self {
+                Self::on(
+                    cluster_url().await,
+                    $fresh().with_replicas(CLUSTER_REPLICAS),
+                )
+            }
+
+            /// The namespace of `$options` on the server (or cluster) at
+            /// `url`, deleted when the factory is dropped.
+            fn on(url: String, $options: $options_type) -> Self {
                 Self {
                     _guard: Some(StreamGuard::new(&url, $options.stream_name())),
                     upstream: upstream(&url),
@@ -201,8 +238,8 @@ macro_rules! factory_on_its_own_stream {
     };
 }
 
-factory_on_its_own_stream!(NatsFactory, claims, claims);
-factory_on_its_own_stream!(NatsLeaseFactory, leases, leases);
+factory_on_its_own_stream!(NatsFactory, claims: ClaimOptions, claims);
+factory_on_its_own_stream!(NatsLeaseFactory, leases: NatsLeaseOptions, leases);
 
 /// Creates `config`'s stream as another program would. The server answers
 /// some failures to create a stream's storage with a bare 500 ("error
