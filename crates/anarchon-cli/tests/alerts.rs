@@ -17,8 +17,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use anarchon_testkit::servers::{Service, unique_prefix};
-use common::servers::{NatsStream, PgTable, RedisKeys, server, with_params};
 use common::{Fleet, crontab_head, run_in, wait_for};
 use nix::sys::signal::Signal;
 
@@ -98,44 +96,12 @@ fn of<'a>(lines: &'a [Line], kind: &str, job: &str) -> Vec<&'a Line> {
         .collect()
 }
 
-#[test]
-fn each_end_is_alerted_once_in_a_fleet_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("fleet.db").display());
-    the_fleet_alerts_each_end_once(dir.path(), &store);
-}
-
-#[test]
-fn each_end_is_alerted_once_in_a_fleet_on_postgres() {
-    let base = server(Service::Postgres);
-    let table = unique_prefix("clialert");
-    let _table = PgTable::named(&base, &table);
-    let dir = tempfile::tempdir().unwrap();
-    let url = with_params(&base, &format!("table={table}&pool_size=2"));
-    the_fleet_alerts_each_end_once(dir.path(), &url);
-}
-
-#[test]
-fn each_end_is_alerted_once_in_a_fleet_on_redis() {
-    let base = server(Service::Redis);
-    let prefix = unique_prefix("clialert");
-    let _keys = RedisKeys::under(&base, &prefix);
-    let dir = tempfile::tempdir().unwrap();
-    the_fleet_alerts_each_end_once(dir.path(), &with_params(&base, &format!("prefix={prefix}")));
-}
-
-#[test]
-fn each_end_is_alerted_once_in_a_fleet_on_nats_kv() {
-    let base = server(Service::Nats);
-    let bucket = unique_prefix("clialert");
-    let _bucket = NatsStream::named(&base, format!("KV_{bucket}"));
-    let dir = tempfile::tempdir().unwrap();
-    let url = with_params(
-        &base.replacen("nats://", "nats-kv://", 1),
-        &format!("bucket={bucket}"),
-    );
-    the_fleet_alerts_each_end_once(dir.path(), &url);
-}
+common::servers::on_every_lease_store!(
+    /// The alert command runs once per end, on each lease store.
+    each_end_is_alerted_once_in_a_fleet,
+    "clialert",
+    the_fleet_alerts_each_end_once
+);
 
 fn the_fleet_alerts_each_end_once(d: &Path, store: &str) {
     let config = crontab(d, store);

@@ -19,8 +19,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use anarchon_testkit::servers::{Service, unique_prefix};
-use common::servers::{NatsStream, PgTable, RedisKeys, server, with_params};
 use common::{Fleet, crontab_head, now_ms, run_in, wait_for};
 use nix::sys::signal::Signal;
 
@@ -69,43 +67,12 @@ fn sqlite(dir: &Path, file: &str) -> String {
     format!("sqlite://{}", dir.join(file).display())
 }
 
-#[test]
-fn a_paused_job_runs_nowhere_in_a_fleet_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    the_fleet_obeys_pause_and_resume(dir.path(), &sqlite(dir.path(), "fleet.db"));
-}
-
-#[test]
-fn a_paused_job_runs_nowhere_in_a_fleet_on_postgres() {
-    let base = server(Service::Postgres);
-    let table = unique_prefix("clipause");
-    let _table = PgTable::named(&base, &table);
-    let dir = tempfile::tempdir().unwrap();
-    let url = with_params(&base, &format!("table={table}&pool_size=2"));
-    the_fleet_obeys_pause_and_resume(dir.path(), &url);
-}
-
-#[test]
-fn a_paused_job_runs_nowhere_in_a_fleet_on_redis() {
-    let base = server(Service::Redis);
-    let prefix = unique_prefix("clipause");
-    let _keys = RedisKeys::under(&base, &prefix);
-    let dir = tempfile::tempdir().unwrap();
-    the_fleet_obeys_pause_and_resume(dir.path(), &with_params(&base, &format!("prefix={prefix}")));
-}
-
-#[test]
-fn a_paused_job_runs_nowhere_in_a_fleet_on_nats_kv() {
-    let base = server(Service::Nats);
-    let bucket = unique_prefix("clipause");
-    let _bucket = NatsStream::named(&base, format!("KV_{bucket}"));
-    let dir = tempfile::tempdir().unwrap();
-    let url = with_params(
-        &base.replacen("nats://", "nats-kv://", 1),
-        &format!("bucket={bucket}"),
-    );
-    the_fleet_obeys_pause_and_resume(dir.path(), &url);
-}
+common::servers::on_every_lease_store!(
+    /// A pause holds in the whole fleet and a resume ends it, on each lease store.
+    a_paused_job_runs_nowhere_in_a_fleet,
+    "clipause",
+    the_fleet_obeys_pause_and_resume
+);
 
 /// The manual runs in `manual.log`: (origin, slot, start ms, daemon).
 fn manual_runs(dir: &Path) -> Vec<(String, i64, i64, String)> {

@@ -13,8 +13,6 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
-use anarchon_testkit::servers::{Service, unique_prefix};
-use common::servers::{NatsStream, PgTable, RedisKeys, server, with_params};
 use common::{Fleet, crontab_head, run_in, wait_for};
 use nix::sys::signal::Signal;
 
@@ -105,44 +103,12 @@ fn sample(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)]
         })
 }
 
-#[test]
-fn the_daemon_serves_metrics_status_and_its_page_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("http.db").display());
-    serves_what_the_store_says(dir.path(), &store);
-}
-
-#[test]
-fn the_daemon_serves_metrics_status_and_its_page_on_postgres() {
-    let base = server(Service::Postgres);
-    let table = unique_prefix("clihttp");
-    let _table = PgTable::named(&base, &table);
-    let dir = tempfile::tempdir().unwrap();
-    let url = with_params(&base, &format!("table={table}&pool_size=2"));
-    serves_what_the_store_says(dir.path(), &url);
-}
-
-#[test]
-fn the_daemon_serves_metrics_status_and_its_page_on_redis() {
-    let base = server(Service::Redis);
-    let prefix = unique_prefix("clihttp");
-    let _keys = RedisKeys::under(&base, &prefix);
-    let dir = tempfile::tempdir().unwrap();
-    serves_what_the_store_says(dir.path(), &with_params(&base, &format!("prefix={prefix}")));
-}
-
-#[test]
-fn the_daemon_serves_metrics_status_and_its_page_on_nats_kv() {
-    let base = server(Service::Nats);
-    let bucket = unique_prefix("clihttp");
-    let _bucket = NatsStream::named(&base, format!("KV_{bucket}"));
-    let dir = tempfile::tempdir().unwrap();
-    let url = with_params(
-        &base.replacen("nats://", "nats-kv://", 1),
-        &format!("bucket={bucket}"),
-    );
-    serves_what_the_store_says(dir.path(), &url);
-}
+common::servers::on_every_lease_store!(
+    /// `/metrics`, `/api/status` and the page match the store, on each lease store.
+    the_daemon_serves_metrics_status_and_its_page,
+    "clihttp",
+    serves_what_the_store_says
+);
 
 fn serves_what_the_store_says(d: &Path, store: &str) {
     let addr = free_port();

@@ -15,8 +15,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use anarchon_testkit::servers::{Service, unique_prefix};
-use common::servers::{NatsStream, PgTable, RedisKeys, server, with_params};
 use common::{Fleet, crontab_head, run_in, wait_for};
 use nix::sys::signal::Signal;
 
@@ -62,44 +60,12 @@ fn events(dir: &Path) -> BTreeMap<i64, Vec<String>> {
     out
 }
 
-#[test]
-fn replace_stops_the_old_command_in_a_fleet_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("fleet.db").display());
-    each_slot_replaces_the_one_before(dir.path(), &store);
-}
-
-#[test]
-fn replace_stops_the_old_command_in_a_fleet_on_postgres() {
-    let base = server(Service::Postgres);
-    let table = unique_prefix("clireplace");
-    let _table = PgTable::named(&base, &table);
-    let dir = tempfile::tempdir().unwrap();
-    let url = with_params(&base, &format!("table={table}&pool_size=2"));
-    each_slot_replaces_the_one_before(dir.path(), &url);
-}
-
-#[test]
-fn replace_stops_the_old_command_in_a_fleet_on_redis() {
-    let base = server(Service::Redis);
-    let prefix = unique_prefix("clireplace");
-    let _keys = RedisKeys::under(&base, &prefix);
-    let dir = tempfile::tempdir().unwrap();
-    each_slot_replaces_the_one_before(dir.path(), &with_params(&base, &format!("prefix={prefix}")));
-}
-
-#[test]
-fn replace_stops_the_old_command_in_a_fleet_on_nats_kv() {
-    let base = server(Service::Nats);
-    let bucket = unique_prefix("clireplace");
-    let _bucket = NatsStream::named(&base, format!("KV_{bucket}"));
-    let dir = tempfile::tempdir().unwrap();
-    let url = with_params(
-        &base.replacen("nats://", "nats-kv://", 1),
-        &format!("bucket={bucket}"),
-    );
-    each_slot_replaces_the_one_before(dir.path(), &url);
-}
+common::servers::on_every_lease_store!(
+    /// `replace` stops the old command and runs the new slot, on each lease store.
+    replace_stops_the_old_command_in_a_fleet,
+    "clireplace",
+    each_slot_replaces_the_one_before
+);
 
 fn each_slot_replaces_the_one_before(d: &Path, store: &str) {
     let config = crontab(d, store);

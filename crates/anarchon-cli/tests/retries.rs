@@ -16,8 +16,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use anarchon_testkit::servers::{Service, unique_prefix};
-use common::servers::{NatsStream, PgTable, RedisKeys, server, with_params};
 use common::{Fleet, crontab_head, run_in, wait_for};
 use nix::sys::signal::Signal;
 
@@ -75,47 +73,12 @@ fn retried(dir: &Path) -> Vec<i64> {
         .collect()
 }
 
-#[test]
-fn a_failed_run_is_retried_once_in_a_fleet_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = format!("sqlite://{}", dir.path().join("fleet.db").display());
-    the_fleet_retries_each_failure_once(dir.path(), &store);
-}
-
-#[test]
-fn a_failed_run_is_retried_once_in_a_fleet_on_postgres() {
-    let base = server(Service::Postgres);
-    let table = unique_prefix("cliretry");
-    let _table = PgTable::named(&base, &table);
-    let dir = tempfile::tempdir().unwrap();
-    let url = with_params(&base, &format!("table={table}&pool_size=2"));
-    the_fleet_retries_each_failure_once(dir.path(), &url);
-}
-
-#[test]
-fn a_failed_run_is_retried_once_in_a_fleet_on_redis() {
-    let base = server(Service::Redis);
-    let prefix = unique_prefix("cliretry");
-    let _keys = RedisKeys::under(&base, &prefix);
-    let dir = tempfile::tempdir().unwrap();
-    the_fleet_retries_each_failure_once(
-        dir.path(),
-        &with_params(&base, &format!("prefix={prefix}")),
-    );
-}
-
-#[test]
-fn a_failed_run_is_retried_once_in_a_fleet_on_nats_kv() {
-    let base = server(Service::Nats);
-    let bucket = unique_prefix("cliretry");
-    let _bucket = NatsStream::named(&base, format!("KV_{bucket}"));
-    let dir = tempfile::tempdir().unwrap();
-    let url = with_params(
-        &base.replacen("nats://", "nats-kv://", 1),
-        &format!("bucket={bucket}"),
-    );
-    the_fleet_retries_each_failure_once(dir.path(), &url);
-}
+common::servers::on_every_lease_store!(
+    /// Each failure is retried once by the fleet, on each lease store.
+    a_failed_run_is_retried_once_in_a_fleet,
+    "cliretry",
+    the_fleet_retries_each_failure_once
+);
 
 fn the_fleet_retries_each_failure_once(d: &Path, store: &str) {
     let config = crontab(d, store);

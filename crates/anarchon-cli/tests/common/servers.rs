@@ -133,3 +133,117 @@ impl Drop for PgTable {
         }
     }
 }
+
+/// The lease stores the daemon's fleet tests run on, each in a namespace
+/// of the test's own.
+#[derive(Clone, Copy, Debug)]
+pub enum Lease {
+    /// A SQLite file in the test's directory.
+    Sqlite,
+    /// A table of its own on the test PostgreSQL server.
+    Postgres,
+    /// A key prefix of its own on the test Redis server.
+    Redis,
+    /// A KV bucket of its own on the test NATS server.
+    NatsKv,
+}
+
+/// A lease store for one test: its URL, and the guard that removes the
+/// test's table, keys or bucket when dropped, passed or failed.
+pub struct LeaseStore {
+    /// The store URL for the crontab's `store`.
+    pub url: String,
+    _cleanup: Cleanup,
+}
+
+/// What a [`LeaseStore`] removes when dropped.
+enum Cleanup {
+    /// The file goes with the test's directory.
+    Nothing,
+    Table(PgTable),
+    Keys(RedisKeys),
+    Bucket(NatsStream),
+}
+
+impl Lease {
+    /// A fresh namespace on this store, named from `tag` (a short word for
+    /// the test); a SQLite file goes in `dir`.
+    pub fn store(self, dir: &std::path::Path, tag: &str) -> LeaseStore {
+        let name = anarchon_testkit::servers::unique_prefix(tag);
+        let (url, cleanup) = match self {
+            Lease::Sqlite => (
+                format!("sqlite://{}", dir.join(format!("{tag}.db")).display()),
+                Cleanup::Nothing,
+            ),
+            Lease::Postgres => {
+                let base = server(Service::Postgres);
+                let guard = PgTable::named(&base, &name);
+                let url = with_params(&base, &format!("table={name}&pool_size=2"));
+                (url, Cleanup::Table(guard))
+            }
+            Lease::Redis => {
+                let base = server(Service::Redis);
+                let guard = RedisKeys::under(&base, &name);
+                (
+                    with_params(&base, &format!("prefix={name}")),
+                    Cleanup::Keys(guard),
+                )
+            }
+            Lease::NatsKv => {
+                let base = server(Service::Nats);
+                let guard = NatsStream::named(&base, format!("KV_{name}"));
+                let url = with_params(
+                    &base.replacen("nats://", "nats-kv://", 1),
+                    &format!("bucket={name}"),
+                );
+                (url, Cleanup::Bucket(guard))
+            }
+        };
+        LeaseStore {
+            url,
+            _cleanup: cleanup,
+        }
+    }
+}
+
+/// One test per lease store, in a module `$name`: `on_sqlite`,
+/// `on_postgres`, `on_redis` and `on_nats_kv`, each calling
+/// `$body(dir, url)` with a fresh temporary directory and a fresh
+/// namespace on that store.
+#[allow(unused_macros)]
+macro_rules! on_every_lease_store {
+    ($(#[$doc:meta])* $name:ident, $tag:literal, $body:path) => {
+        $(#[$doc])*
+        mod $name {
+            use super::*;
+
+            fn on(lease: common::servers::Lease) {
+                let dir = tempfile::tempdir().expect("a temporary directory");
+                let store = lease.store(dir.path(), $tag);
+                $body(dir.path(), &store.url);
+            }
+
+            #[test]
+            fn on_sqlite() {
+                on(common::servers::Lease::Sqlite);
+            }
+
+            #[test]
+            fn on_postgres() {
+                on(common::servers::Lease::Postgres);
+            }
+
+            #[test]
+            fn on_redis() {
+                on(common::servers::Lease::Redis);
+            }
+
+            #[test]
+            fn on_nats_kv() {
+                on(common::servers::Lease::NatsKv);
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_every_lease_store;
