@@ -104,19 +104,32 @@ pub async fn locate(service: Service) -> Result<Found, String> {
     .await
 }
 
+/// The URL named by the environment (`from_env`, when not blank), else
+/// `local_default` if something answers at `local_address` within 2 s.
+async fn env_or_local(
+    from_env: Option<String>,
+    local_address: &str,
+    local_default: &str,
+) -> Option<Found> {
+    if let Some(url) = from_env
+        && !url.trim().is_empty()
+    {
+        return Some(Found::FromEnv(url));
+    }
+    let probe = tokio::net::TcpStream::connect(local_address);
+    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), probe).await {
+        return Some(Found::Local(local_default.to_owned()));
+    }
+    None
+}
+
 async fn locate_at(
     service: Service,
     from_env: Option<String>,
     local_address: &str,
 ) -> Result<Found, String> {
-    if let Some(url) = from_env
-        && !url.trim().is_empty()
-    {
-        return Ok(Found::FromEnv(url));
-    }
-    let probe = tokio::net::TcpStream::connect(local_address);
-    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), probe).await {
-        return Ok(Found::Local(service.local_default().to_owned()));
+    if let Some(found) = env_or_local(from_env, local_address, service.local_default()).await {
+        return Ok(found);
     }
     #[cfg(feature = "containers")]
     let container_note = match containers::start(service).await {
@@ -208,14 +221,8 @@ async fn locate_cluster_at(
     from_env: Option<String>,
     local_address: &str,
 ) -> Result<Found, String> {
-    if let Some(url) = from_env
-        && !url.trim().is_empty()
-    {
-        return Ok(Found::FromEnv(url));
-    }
-    let probe = tokio::net::TcpStream::connect(local_address);
-    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), probe).await {
-        return Ok(Found::Local(cluster.local_default().to_owned()));
+    if let Some(found) = env_or_local(from_env, local_address, cluster.local_default()).await {
+        return Ok(found);
     }
     Err(format!(
         "no {name} for the tests: nothing answers at {addr} and {var} is not set.\n\
