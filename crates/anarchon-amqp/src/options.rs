@@ -447,7 +447,7 @@ mod tests {
         // lapin without a TLS backend would open amqps:// as plain TCP.
         for options in [
             AmqpOptions::new("amqps://app:hunter2@h/%2f"),
-            AmqpOptions::new("amqp://app:hunter2@h/%2f").tls_ca_file("/etc/ca.pem"),
+            AmqpOptions::new("amqp://app:hunter2@h/%2f").with_tls_ca_file("/etc/ca.pem"),
         ] {
             let err = options.validate().expect_err("no TLS in this build");
             assert!(matches!(err, Error::TlsNotEnabled { .. }), "{err:?}");

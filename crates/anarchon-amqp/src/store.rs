@@ -45,6 +45,13 @@ const DOUBT_PRUNE_AT: usize = 1024;
 /// * **no answer** (connection dropped, time limit): `Unknown`, which the
 ///   scheduler treats as lost and logs.
 ///
+/// The declaration, the claim and the probe for the caller's mark leave
+/// together and are answered together: a losing claim costs one round trip,
+/// a winning one two (the second declares its mark). The broker takes a
+/// channel's frames in order, so the claim lands in the queue the
+/// declaration made, or is dropped with the channel when the declaration is
+/// refused.
+///
 /// The broker orders the publishes to one queue, and a classic queue with
 /// `reject-publish` never holds more than one ready message, so at most one
 /// claim is ever acknowledged. (Quorum queues can overshoot the limit, so
@@ -320,38 +327,51 @@ impl ClaimStore for AmqpStore {
         let deadline = Instant::now() + self.timeout;
         let gate = gate_queue_name(&self.prefix, &req.run);
         let lease = self.pool.lease(deadline, self.timeout).await?;
+        let was_in_doubt = self.doubt(req.token);
 
-        match declare(&lease, &gate, &self.gate_arguments, deadline).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                lease.fail(&e);
-                return Err(self.declare_error(&gate, e).into());
-            }
+        // One round trip: the gate's declaration, the claim and the probe
+        // for this token's mark leave together on one channel. The broker
+        // handles a channel's frames in order, so the claim reaches the
+        // queue the declaration made (and is dropped with the channel if the
+        // declaration was refused). Only a refused claim needs the probe's
+        // answer; a winning one ignores it.
+        let channel = lease.channel();
+        let declaring =
+            channel.queue_declare(gate.as_str().into(), durable(), self.gate_arguments.clone());
+        let publishing = self.publish_claim(channel, &gate, req);
+        let probing = self.has_mark(channel, &gate, req.token);
+        let sent = timeout_at(deadline, async {
+            tokio::join!(declaring, publishing, probing)
+        })
+        .await;
+        let (declared, published, marked) = match sent {
+            Ok(answers) => answers,
             Err(_) => {
                 lease.hung();
-                return Err(self
-                    .pool
-                    .timeout_error("declaring a gate queue", self.timeout)
-                    .into());
+                tracing::warn!(run = %req.run, queue = %gate, after = ?self.timeout, "no answer to a claim in time: the broker may or may not have taken it");
+                return Ok(ClaimOutcome::Unknown);
             }
+        };
+        if let Err(e) = declared {
+            // The broker closes the channel on a refused declaration and
+            // drops what followed on it: the claim was not stored.
+            lease.fail(&e);
+            if !was_in_doubt {
+                self.settle(req.token);
+            }
+            return Err(self.declare_error(&gate, e).into());
         }
 
-        let was_in_doubt = self.doubt(req.token);
-        let confirmation = match timeout_at(
-            deadline,
-            self.publish_claim(lease.channel(), &gate, req),
-        )
-        .await
-        {
-            Ok(Ok(confirmation)) => confirmation,
-            Ok(Err(PublishFailure::NotSent(e))) => {
+        let confirmation = match published {
+            Ok(confirmation) => confirmation,
+            Err(PublishFailure::NotSent(e)) => {
                 lease.fail(&e);
                 if !was_in_doubt {
                     self.settle(req.token);
                 }
                 return Err(self.pool.amqp_error("publishing a claim", e).into());
             }
-            Ok(Err(PublishFailure::NoAnswer(e)))
+            Err(PublishFailure::NoAnswer(e))
                 if matches!(
                     amqp_kind(&e),
                     Some(AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED))
@@ -368,14 +388,9 @@ impl ClaimStore for AmqpStore {
                 }
                 .into());
             }
-            Ok(Err(PublishFailure::NoAnswer(e))) => {
+            Err(PublishFailure::NoAnswer(e)) => {
                 tracing::warn!(run = %req.run, queue = %gate, error = %e, "no confirm for a claim: the broker may or may not have taken it");
                 lease.fail(&e);
-                return Ok(ClaimOutcome::Unknown);
-            }
-            Err(_) => {
-                tracing::warn!(run = %req.run, queue = %gate, after = ?self.timeout, "no confirm for a claim in time: the broker may or may not have taken it");
-                lease.hung();
                 return Ok(ClaimOutcome::Unknown);
             }
         };
@@ -386,44 +401,31 @@ impl ClaimStore for AmqpStore {
                 self.settle(req.token);
                 Ok(won())
             }
-            Confirmation::Nack(None) => {
-                let marked =
-                    timeout_at(deadline, self.has_mark(lease.channel(), &gate, req.token)).await;
-                match marked {
-                    Ok(Ok(true)) => {
-                        lease.release();
-                        self.settle(req.token);
-                        Ok(won())
-                    }
-                    Ok(Ok(false)) if was_in_doubt => {
-                        lease.release();
-                        Ok(ClaimOutcome::Unknown)
-                    }
-                    Ok(Ok(false)) => {
-                        lease.release();
-                        self.settle(req.token);
-                        Ok(ClaimOutcome::Lost)
-                    }
-                    Ok(Err(e)) => {
-                        lease.fail(&e);
-                        Ok(if was_in_doubt {
-                            ClaimOutcome::Unknown
-                        } else {
-                            self.settle(req.token);
-                            ClaimOutcome::Lost
-                        })
-                    }
-                    Err(_) => {
-                        lease.hung();
-                        Ok(if was_in_doubt {
-                            ClaimOutcome::Unknown
-                        } else {
-                            self.settle(req.token);
-                            ClaimOutcome::Lost
-                        })
-                    }
+            Confirmation::Nack(None) => match marked {
+                Ok(true) => {
+                    lease.release();
+                    self.settle(req.token);
+                    Ok(won())
                 }
-            }
+                Ok(false) if was_in_doubt => {
+                    lease.release();
+                    Ok(ClaimOutcome::Unknown)
+                }
+                Ok(false) => {
+                    lease.release();
+                    self.settle(req.token);
+                    Ok(ClaimOutcome::Lost)
+                }
+                Err(e) => {
+                    lease.fail(&e);
+                    Ok(if was_in_doubt {
+                        ClaimOutcome::Unknown
+                    } else {
+                        self.settle(req.token);
+                        ClaimOutcome::Lost
+                    })
+                }
+            },
             Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => {
                 lease.release();
                 if !was_in_doubt {

@@ -607,7 +607,20 @@ fn table(all: &[Figures], s: &Settings) -> String {
                 .as_ref()
                 .map(|(_, b)| f.claims_per_sec >= 0.5 * b),
         );
-        target("lateness p99 <= 5 ms", Some(f.lateness_p99_ms <= 5.0));
+        // The stores' own targets (issue 19): RabbitMQ and NATS KV claim
+        // at a given rate with eight instances racing; RabbitMQ, whose
+        // claim creates queues, fires within 50 ms rather than 5.
+        if let Some(rate) = own_claim_rate(&f.backend) {
+            target(
+                &format!("claims/s >= {rate}"),
+                Some(f.claims_per_sec >= f64::from(rate)),
+            );
+        }
+        let lateness = lateness_target_ms(&f.backend);
+        target(
+            &format!("lateness p99 <= {lateness} ms"),
+            Some(f.lateness_p99_ms <= lateness),
+        );
         target(
             "takeover <= lease + heartbeat + 100 ms",
             f.lease_store.then_some(
@@ -623,6 +636,21 @@ fn table(all: &[Figures], s: &Settings) -> String {
         let _ = writeln!(t, "{:<18} round trips counted by {}", "", f.counted_by);
     }
     t
+}
+
+/// The claim rate a backend must reach on its own, with eight instances
+/// racing, where it has one.
+fn own_claim_rate(backend: &str) -> Option<u32> {
+    match backend {
+        "rabbitmq" => Some(5_000),
+        "nats-kv" => Some(3_000),
+        _ => None,
+    }
+}
+
+/// The lateness p99 a backend must fire 1,000 jobs a second within.
+fn lateness_target_ms(backend: &str) -> f64 {
+    if backend == "rabbitmq" { 50.0 } else { 5.0 }
 }
 
 /// Appends one target's verdict to a line of the targets list: met, NOT

@@ -827,7 +827,7 @@ impl Target for Amqp {
         self.0.calls()
     }
     fn counted_by(&self) -> &'static str {
-        "the client, as store calls (a claim is a queue declare, a publish and its confirm)"
+        "the client, as store calls (a claim is a queue declare, a publish and a probe for its mark, sent together; a winner then declares its mark)"
     }
     fn namespace(&self) -> String {
         self.0.name.clone()
@@ -840,6 +840,91 @@ impl Target for Amqp {
             cpu: crate::fleet::process_cpu("beam.smp", |_| true),
             ..ServerLoad::default()
         })
+    }
+    /// The broker's own rate at a claim's work without anarchon: each of
+    /// `concurrency` connections declares the gate queue of every run (the
+    /// same arguments) and publishes one persistent message to it with a
+    /// confirm, declaration and publish sent together; all connections race
+    /// for the same runs, as the claims do. Only the winner's mark is left
+    /// out, so this is the ceiling a claim can approach.
+    async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>> {
+        use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+        use lapin::types::{AMQPValue, FieldTable};
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("classic".into()),
+        );
+        arguments.insert("x-max-length".into(), AMQPValue::LongInt(1));
+        arguments.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        arguments.insert("x-expires".into(), AMQPValue::LongLongInt(120_000));
+        let mut channels = Vec::new();
+        for _ in 0..concurrency {
+            let connection =
+                lapin::Connection::connect(&self.0.url, lapin::ConnectionProperties::default())
+                    .await?;
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            channels.push((connection, channel));
+        }
+        let runs = ops / concurrency;
+        let start = Instant::now();
+        let racing = channels.iter().map(|(_, channel)| {
+            let arguments = arguments.clone();
+            let prefix = self.0.name.clone();
+            async move {
+                for run in 0..runs {
+                    let queue = format!("{prefix}.baseline.{run}");
+                    let declaring = channel.queue_declare(
+                        queue.as_str().into(),
+                        QueueDeclareOptions {
+                            durable: true,
+                            ..QueueDeclareOptions::default()
+                        },
+                        arguments.clone(),
+                    );
+                    let publishing = async {
+                        channel
+                            .basic_publish(
+                                "".into(),
+                                queue.as_str().into(),
+                                BasicPublishOptions {
+                                    mandatory: true,
+                                    immediate: false,
+                                },
+                                b"baseline",
+                                lapin::BasicProperties::default().with_delivery_mode(2),
+                            )
+                            .await?
+                            .await
+                    };
+                    let (declared, published) = tokio::join!(declaring, publishing);
+                    declared?;
+                    published?;
+                }
+                Ok::<_, lapin::Error>(())
+            }
+        });
+        for r in join_all(racing).await {
+            r?;
+        }
+        let rate = (runs * concurrency) as f64 / start.elapsed().as_secs_f64();
+        if let Some((_, channel)) = channels.first() {
+            for run in 0..runs {
+                let _ = channel
+                    .queue_delete(
+                        format!("{}.baseline.{run}", self.0.name).as_str().into(),
+                        lapin::options::QueueDeleteOptions::default(),
+                    )
+                    .await;
+            }
+        }
+        Ok(Some(("declare + confirmed publish".into(), rate)))
     }
 }
 
@@ -920,6 +1005,53 @@ impl Target for NatsKv {
     }
     fn counted_by(&self) -> &'static str {
         "the client, as store calls (a claim is a read, a clock write and a compare-and-swap: about 3 round trips)"
+    }
+    /// The server's own rate at the heart of a claim without anarchon:
+    /// `concurrency` connections race to create the same key of a KV
+    /// bucket for every run; one create per key succeeds. A claim also
+    /// reads the server's clock and the job's record, so this is the
+    /// ceiling a claim can approach.
+    async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>> {
+        let bucket = format!("{}_baseline", self.0.name);
+        let mut stores = Vec::new();
+        for _ in 0..concurrency {
+            let js = async_nats::jetstream::new(async_nats::connect(&self.0.url).await?);
+            let kv = js
+                .create_key_value(async_nats::jetstream::kv::Config {
+                    bucket: bucket.clone(),
+                    history: 1,
+                    ..Default::default()
+                })
+                .await?;
+            stores.push((js, kv));
+        }
+        let runs = ops / concurrency;
+        let start = Instant::now();
+        let racing = stores.iter().map(|(_, kv)| async move {
+            let mut won = 0;
+            for run in 0..runs {
+                // Losing the race is the expected answer for all but one.
+                if kv
+                    .create(format!("run{run}"), "claimed".into())
+                    .await
+                    .is_ok()
+                {
+                    won += 1;
+                }
+            }
+            won
+        });
+        let won: usize = join_all(racing).await.into_iter().sum();
+        let rate = (runs * concurrency) as f64 / start.elapsed().as_secs_f64();
+        if won != runs {
+            anyhow::bail!(
+                "the KV baseline created {won} of {runs} keys: the server refused some creates for another reason than the race"
+            );
+        }
+        if let Some((js, _)) = stores.first() {
+            let _ = js.delete_stream(format!("KV_{bucket}")).await;
+        }
+        Ok(Some(("KV create".into(), rate)))
     }
     fn namespace(&self) -> String {
         self.0.name.clone()
