@@ -793,11 +793,12 @@ fn redis_cluster(start: bool) -> std::result::Result<(), String> {
         println!("{name:<10} started at {ports} (cluster_state:ok, masters {masters})");
         return Ok(());
     }
-    if !redis_cluster_created() && redis_cluster_create().is_ok() {
-        if let Some(masters) = wait_for_redis_cluster() {
-            println!("{name:<10} created at {ports} (cluster_state:ok, masters {masters})");
-            return Ok(());
-        }
+    if !redis_cluster_created()
+        && redis_cluster_create().is_ok()
+        && let Some(masters) = wait_for_redis_cluster()
+    {
+        println!("{name:<10} created at {ports} (cluster_state:ok, masters {masters})");
+        return Ok(());
     }
     // Old nodes.conf files (a half-made cluster, nodes that remember
     // others): wipe this cluster's own directories and create it afresh.

@@ -1139,4 +1139,36 @@ mod tests {
         assert_eq!(config_value(&v).as_deref(), Some("allkeys-lru"));
         assert_eq!(config_value(&Value::Array(vec![])), None);
     }
+
+    #[test]
+    fn too_few_replicas_is_a_temporary_error_that_says_so() {
+        let wait = ReplicaWait {
+            replicas: 2,
+            timeout: Duration::from_millis(100),
+        };
+        assert!(check_wait(wait, Value::Int(2), "claiming").is_ok());
+        assert!(check_wait(wait, Value::Int(3), "claiming").is_ok());
+        let err = check_wait(wait, Value::Int(1), "claiming").unwrap_err();
+        assert!(err.is_temporary(), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("only 1 of the 2 replicas"), "{message}");
+        assert_eq!(
+            err.into_store_error("redis-lease").kind(),
+            anarchon_core::StoreErrorKind::Unavailable
+        );
+        assert!(check_wait(wait, Value::Nil, "claiming").is_err());
+    }
+
+    #[test]
+    fn calls_of_one_job_share_a_slot() {
+        let call = |key: &str| Call {
+            lua: &TEST_LUA,
+            keys: vec![key.to_owned(), "other".to_owned()],
+            args: Vec::new(),
+        };
+        assert_eq!(call("{p:a}:runs").slot(), call("{p:a}:live").slot());
+        assert_ne!(call("{p:a}:runs").slot(), call("{p}:pause").slot());
+    }
+
+    static TEST_LUA: Lua = Lua::new("test", "return 1");
 }

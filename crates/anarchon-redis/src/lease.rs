@@ -80,7 +80,11 @@ static SCRIPTS: [&Lua; 6] = [&CLAIM, &STEP, &READ, &GC, &PAUSE, &REQUEST];
 /// and an end that is not after Redis's now is refused with nothing
 /// written. The claim script reads the job's pause and the namespace's in
 /// the same atomic step as the run's record (two `HMGET`s), so a claim that
-/// runs after a pause was written never starts a slot it covers.
+/// runs after a pause was written never starts a slot it covers. On a
+/// Redis Cluster (`cluster=true`) the namespace's pause lies in another hash
+/// slot: it is read one round trip before the claim script, which gets it
+/// as arguments, so a claim can race a namespace-wide pause by that round
+/// trip (a job's own pause still holds exactly).
 ///
 /// Records are kept until [`collect_garbage`](LeaseStore::collect_garbage)
 /// removes them, which the scheduler calls with its history retention.

@@ -778,6 +778,40 @@ mod tests {
                 "needs a rediss:// URL",
             ),
             ("redis://:s3/cret@h", "%2F"),
+            ("redis://:s3cret@h?seed=h2:7001", "add cluster=true"),
+            (
+                "redis://:s3cret@h?cluster=yes",
+                "cluster must be true or false",
+            ),
+            (
+                "redis://:s3cret@h?cluster=true&seed=h2",
+                "seed must be one cluster node as host:port",
+            ),
+            (
+                "redis://:s3cret@h?cluster=true&seed=h2:0",
+                "seed must be one cluster node",
+            ),
+            (
+                "redis://:s3cret@h?cluster=true&seed=h2:7001,h3:7002",
+                "one seed parameter per node",
+            ),
+            ("redis://:s3cret@h/2?cluster=true", "only database 0"),
+            (
+                "redis://:s3cret@h?wait_replicas=1",
+                "wait_replicas needs wait_timeout_ms",
+            ),
+            (
+                "redis://:s3cret@h?wait_timeout_ms=50",
+                "wait_timeout_ms needs wait_replicas",
+            ),
+            (
+                "redis://:s3cret@h?wait_replicas=0&wait_timeout_ms=50",
+                "wait_replicas must be a number",
+            ),
+            (
+                "redis://:s3cret@h?wait_replicas=1&wait_timeout_ms=0",
+                "longer than zero",
+            ),
         ] {
             let err = RedisOptions::from_url(url).unwrap_err();
             let text = err.to_string();
@@ -788,6 +822,33 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn cluster_urls_name_seeds_and_a_wait() {
+        let (options, strategy) = RedisOptions::from_url(
+            "redis://:s3cret@10.0.0.1:7000?cluster=true&seed=10.0.0.2:7000&seed=n3.internal:7001&strategy=script&wait_replicas=1&wait_timeout_ms=50",
+        )
+        .unwrap();
+        assert_eq!(strategy.backend(), "redis-script");
+        assert!(options.is_cluster());
+        assert_eq!(options.seeds, ["10.0.0.2:7000", "n3.internal:7001"]);
+        assert_eq!(
+            options.replica_wait(),
+            Some(ReplicaWait {
+                replicas: 1,
+                timeout: Duration::from_millis(50)
+            })
+        );
+        assert_eq!(options.url, "redis://:s3cret@10.0.0.1:7000");
+        assert!(!format!("{options:?}").contains("s3cret"));
+        let (options, _) = RedisOptions::from_url("redis://h:7000/0?cluster=false").unwrap();
+        assert!(!options.is_cluster());
+        let built = RedisOptions::new("redis://h:7000")
+            .with_cluster(true)
+            .with_seed("h2:7001");
+        assert!(built.is_cluster());
+        assert_eq!(built.seeds, ["h2:7001"]);
     }
 
     #[cfg(feature = "tls")]
