@@ -15,7 +15,9 @@
 //! docs/backends/redis.md, never for a test's assertion.
 //!
 //! `ANARCHON_REDIS_CLUSTER_URL` picks the cluster (default: the test
-//! cluster on 127.0.0.1:7000-7005). The keys are deleted afterwards.
+//! cluster on 127.0.0.1:7000-7005); a URL without `cluster=true` (e.g.
+//! `redis://127.0.0.1:6379`) runs the same race on one server, without
+//! `WAIT`, for comparison. The keys are deleted afterwards.
 
 #![allow(clippy::unwrap_used)]
 
@@ -187,19 +189,28 @@ async fn main() {
     let jobs: usize = args.next().map_or(12, |s| s.parse().unwrap());
     let url = std::env::var("ANARCHON_REDIS_CLUSTER_URL").unwrap_or_else(|_| DEFAULT_URL.into());
     let (base, _) = RedisOptions::from_url(&url).unwrap();
-    let base = base.with_cluster(true);
     println!(
-        "{strategy} on a Redis Cluster: {RACERS} instances, {jobs} jobs x {slots} slots; latency per {}",
+        "{strategy} on {}: {RACERS} instances, {jobs} jobs x {slots} slots; latency per {}",
+        if base.is_cluster() {
+            "a Redis Cluster"
+        } else {
+            "one Redis server (no WAIT: no replicas)"
+        },
         if strategy == "lease-batch" {
             "claim_many of all jobs of a slot"
         } else {
             "claim"
         }
     );
-    for (label, wait) in [
-        ("no WAIT", None),
-        ("WAIT 1 replica", Some(Duration::from_millis(100))),
-    ] {
+    let waits: &[(&str, Option<Duration>)] = if base.is_cluster() {
+        &[
+            ("no WAIT", None),
+            ("WAIT 1 replica", Some(Duration::from_millis(100))),
+        ]
+    } else {
+        &[("no WAIT", None)]
+    };
+    for &(label, wait) in waits {
         let prefix = format!("cbench{}{}", std::process::id(), wait.is_some() as u8);
         let mut opts = base.clone().with_prefix(&prefix).unwrap();
         if let Some(timeout) = wait {
