@@ -584,3 +584,62 @@ async fn with_wait_a_failover_loses_no_acknowledged_win() {
         "no slot was won twice"
     );
 }
+
+/// `SCRIPT FLUSH` on every node of the cluster (what a restart does to
+/// the script cache), and whether each node has the `script` strategy's
+/// script.
+fn flush_scripts() {
+    for node in NODES {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("FLUSH");
+        let flushed: redis::RedisResult<()> =
+            common::query_blocking(&format!("redis://{node}"), &cmd);
+        flushed.unwrap_or_else(|e| panic!("SCRIPT FLUSH on {node}: {e}"));
+    }
+}
+
+fn has_script(node: &str, sha: &str) -> bool {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("EXISTS").arg(sha);
+    let found: Vec<i64> = common::query_blocking(&format!("redis://{node}"), &cmd)
+        .unwrap_or_else(|e| panic!("SCRIPT EXISTS on {node}: {e}"));
+    found == [1]
+}
+
+/// A store loads its scripts on every node when it connects, replicas
+/// too; after `SCRIPT FLUSH` on every node, claims of jobs on every
+/// master still win (each node that answers NOSCRIPT gets the call again
+/// as `EVAL`), and the masters have the script again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_on_every_node_and_reloaded_after_a_flush() {
+    use anarchon_core::ClaimStore as _;
+    refuse_a_cluster_elsewhere();
+    let sha = redis::Script::new(include_str!("../lua/script_claim.lua"))
+        .get_hash()
+        .to_owned();
+    let factory = common::ClusterScriptFactory::new().await;
+    flush_scripts();
+    let store = factory.connect().await.unwrap();
+    for node in NODES {
+        assert!(
+            has_script(node, &sha),
+            "{node} has the script after connect"
+        );
+    }
+    flush_scripts();
+    let slot = now_ms();
+    for job in 0..JOBS {
+        let req = anarchon_testkit::fleet::slot_request(&format!("job-{job}"), slot, "a");
+        let answer = store.claim(&req).await.unwrap();
+        assert!(
+            matches!(answer, ClaimOutcome::Won(_)),
+            "job-{job}: {answer:?}"
+        );
+    }
+    let url = common::cluster_url().await;
+    for node in NODES {
+        if common::is_master(&common::node_url(&url, node)) {
+            assert!(has_script(node, &sha), "master {node} has the script again");
+        }
+    }
+}
