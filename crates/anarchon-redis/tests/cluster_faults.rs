@@ -5,7 +5,8 @@
 //! master acknowledged that the new master does not have — and how long
 //! the claims of the killed master's slots could not be answered, then
 //! starts the killed node again with the arguments it ran with, so it
-//! rejoins as a replica, and waits until the cluster is whole.
+//! rejoins as a replica, and waits until the cluster is whole. One more
+//! test flushes the script cache of every node.
 //!
 //! Run alone, after the suites: `cargo test -p anarchon-redis --test
 //! cluster_faults -- --test-threads=1 --nocapture` (`cargo xtask test-all`
