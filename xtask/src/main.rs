@@ -13,11 +13,15 @@
 //!   `--fleet-only` runs just the fleet, `--no-fleet` leaves it out.
 //! * `soak [--minutes N]`: the randomized history test for longer, with a
 //!   new seed each round.
-//! * `services [--start]`: checks that the four test servers and the
-//!   three-node NATS JetStream cluster answer, and with `--start` starts any
-//!   that has stopped (the commands of the project's machines; elsewhere use
-//!   `docker compose up -d`). The cluster's nodes are plain `nats-server`
-//!   processes with the configuration files in `xtask/nats-cluster/`.
+//! * `services [--start]`: checks that the four test servers, the
+//!   three-node NATS JetStream cluster and the Redis Cluster answer, and
+//!   with `--start` starts any that has stopped (the commands of the
+//!   project's machines; elsewhere use `docker compose up -d`). The NATS
+//!   cluster's nodes are plain `nats-server` processes with the
+//!   configuration files in `xtask/nats-cluster/`; the Redis Cluster's are
+//!   six plain `redis-server --cluster-enabled yes` processes on
+//!   127.0.0.1:7000-7005 (three masters, three replicas), each with its own
+//!   directory under `/var/lib/anarchon-redis-cluster/`.
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -85,6 +89,27 @@ const NATS_CLUSTER: Server = Server {
     // Started node by node by `start_nats_cluster`, not by one command.
     start: "",
 };
+
+/// The Redis Cluster the Redis crate's cluster suites and failover test
+/// use: three masters and three replicas on 127.0.0.1:7000-7005. The URL
+/// names every node (the store may start while one is down); which of them
+/// are masters changes after the failover test.
+const REDIS_CLUSTER: Server = Server {
+    name: "Redis Cluster",
+    env_var: "ANARCHON_REDIS_CLUSTER_URL",
+    default_url: "redis://127.0.0.1:7000?cluster=true&seed=127.0.0.1:7001&seed=127.0.0.1:7002&seed=127.0.0.1:7003&seed=127.0.0.1:7004&seed=127.0.0.1:7005",
+    address: "127.0.0.1:7000",
+    // Started node by node by `redis_cluster`, then created by redis-cli.
+    start: "",
+};
+
+/// The ports of the test Redis Cluster's six nodes.
+const REDIS_CLUSTER_PORTS: [u16; 6] = [7000, 7001, 7002, 7003, 7004, 7005];
+
+/// Where each node of the test Redis Cluster keeps its `nodes.conf`, its
+/// pid file and its log: `<dir>/<port>/`. Only these directories are ever
+/// wiped, and only when the cluster cannot be created over them.
+const REDIS_CLUSTER_DIR: &str = "/var/lib/anarchon-redis-cluster";
 
 /// One node of the test NATS cluster: its name (the server name in its
 /// configuration file `xtask/nats-cluster/<name>.conf`), its client port
@@ -241,6 +266,18 @@ fn test_all(root: &Path, args: &[String]) -> Result<()> {
         None
     };
 
+    // The Redis crate's cluster suites run in `cargo test` too, and its
+    // failover test in the fault step: they need the Redis Cluster.
+    let redis_cluster = if chosen.iter().any(|b| b.name == "redis") {
+        Some(locate(REDIS_CLUSTER).map_err(|message| {
+            anyhow::anyhow!(
+                "{message}\nThe Redis backend's cluster suites and failover test need it."
+            )
+        })?)
+    } else {
+        None
+    };
+
     step("cargo fmt", cargo(&["fmt", "--all", "--", "--check"]))?;
     step(
         "cargo clippy",
@@ -311,26 +348,37 @@ fn test_all(root: &Path, args: &[String]) -> Result<()> {
     )?;
 
     // Fault tests stop or disturb servers, so each crate's run alone, one
-    // test at a time, after everything else.
+    // test at a time, after everything else: `tests/faults.rs`, then (the
+    // Redis crate) `tests/cluster_faults.rs`, which kills a cluster node.
     for backend in &chosen {
-        if root
-            .join("crates")
-            .join(backend.package)
-            .join("tests/faults.rs")
-            .exists()
-        {
-            step(
-                &format!("fault tests: {}", backend.name),
-                cargo(&[
+        // The cluster failover test prints what it measured.
+        for (file, binary, what, output) in [
+            ("tests/faults.rs", "faults", "fault tests", None),
+            (
+                "tests/cluster_faults.rs",
+                "cluster_faults",
+                "cluster fault tests",
+                Some("--nocapture"),
+            ),
+        ] {
+            if root
+                .join("crates")
+                .join(backend.package)
+                .join(file)
+                .exists()
+            {
+                let mut args = vec![
                     "test",
                     "-p",
                     backend.package,
                     "--test",
-                    "faults",
+                    binary,
                     "--",
                     "--test-threads=1",
-                ]),
-            )?;
+                ];
+                args.extend(output);
+                step(&format!("{what}: {}", backend.name), cargo(&args))?;
+            }
         }
     }
 
@@ -343,6 +391,9 @@ fn test_all(root: &Path, args: &[String]) -> Result<()> {
     }
     if let Some(cluster) = &nats_cluster {
         println!("  {:<8} against {cluster}", "nats cluster");
+    }
+    if let Some(cluster) = &redis_cluster {
+        println!("  {:<8} against {cluster}", "redis cluster");
     }
     match &idmp {
         Some(Ok(server)) => println!("  {:<8} against {server}", "redis idmp"),
@@ -526,6 +577,10 @@ fn services(start: bool) -> Result<()> {
         println!("{why}");
         missing.push(NATS_CLUSTER.name);
     }
+    if let Err(why) = redis_cluster(start) {
+        println!("{why}");
+        missing.push(REDIS_CLUSTER.name);
+    }
     if !missing.is_empty() {
         bail!("not answering: {}", missing.join(", "));
     }
@@ -681,6 +736,236 @@ fn meta_leader(monitor: &str) -> Option<String> {
     let value = value.strip_prefix('"')?;
     let leader = &value[..value.find('"')?];
     (!leader.is_empty()).then(|| leader.to_owned())
+}
+
+/// Checks the test Redis Cluster: every node answers and says
+/// `cluster_state:ok` with all 16384 slots assigned. With `start`, starts
+/// the nodes that do not answer, creates the cluster (three masters, three
+/// replicas) if it was never created, and waits for it; if the nodes'
+/// old `nodes.conf` files keep it from being created, stops those six
+/// nodes, wipes their directories under [`REDIS_CLUSTER_DIR`] (and only
+/// those) and creates it afresh.
+fn redis_cluster(start: bool) -> std::result::Result<(), String> {
+    let name = REDIS_CLUSTER.name;
+    let ports = "127.0.0.1:7000-7005";
+    if let Some(masters) = redis_cluster_ok() {
+        println!("{name:<10} answers at {ports} (cluster_state:ok, masters {masters})");
+        return Ok(());
+    }
+    let down: Vec<u16> = REDIS_CLUSTER_PORTS
+        .into_iter()
+        .filter(|port| !answers(&format!("127.0.0.1:{port}")))
+        .collect();
+    if !start {
+        return Err(if down.is_empty() {
+            format!(
+                "{name:<10} answers at {ports} but is NOT OK (cluster_state or slot coverage); run `cargo xtask services --start`"
+            )
+        } else {
+            format!(
+                "{name:<10} DOES NOT ANSWER at {down:?} (ports); run `cargo xtask services --start`"
+            )
+        });
+    }
+    for port in &down {
+        let command = redis_cluster_start(*port);
+        println!("{name:<10} node {port} not answering; starting: {command}");
+        let status = Command::new("sh").arg("-c").arg(&command).status();
+        if !status.as_ref().is_ok_and(|s| s.success()) {
+            println!("  the start command failed: {status:?}");
+        }
+    }
+    if !wait_until(Duration::from_secs(30), || {
+        REDIS_CLUSTER_PORTS
+            .iter()
+            .all(|port| answers(&format!("127.0.0.1:{port}")))
+    }) {
+        return Err(format!(
+            "{name:<10} nodes still do not all answer 30 s after the start; see {REDIS_CLUSTER_DIR}/<port>/redis.log"
+        ));
+    }
+    // Nodes of an existing cluster that were restarted find each other
+    // again from their nodes.conf.
+    if redis_cluster_created()
+        && wait_until(Duration::from_secs(20), || redis_cluster_ok().is_some())
+    {
+        let masters = redis_cluster_ok().unwrap_or_default();
+        println!("{name:<10} started at {ports} (cluster_state:ok, masters {masters})");
+        return Ok(());
+    }
+    if !redis_cluster_created()
+        && redis_cluster_create().is_ok()
+        && let Some(masters) = wait_for_redis_cluster()
+    {
+        println!("{name:<10} created at {ports} (cluster_state:ok, masters {masters})");
+        return Ok(());
+    }
+    // Old nodes.conf files (a half-made cluster, nodes that remember
+    // others): wipe this cluster's own directories and create it afresh.
+    println!(
+        "{name:<10} cannot be created over the nodes' old state; stopping the six nodes and wiping {REDIS_CLUSTER_DIR}/<port>"
+    );
+    for port in REDIS_CLUSTER_PORTS {
+        let _ = Command::new("redis-cli")
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "shutdown",
+                "nosave",
+            ])
+            .output();
+    }
+    wait_until(Duration::from_secs(15), || {
+        REDIS_CLUSTER_PORTS
+            .iter()
+            .all(|port| !answers(&format!("127.0.0.1:{port}")))
+    });
+    for port in REDIS_CLUSTER_PORTS {
+        let dir = Path::new(REDIS_CLUSTER_DIR).join(port.to_string());
+        let _ = std::fs::remove_dir_all(&dir);
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(redis_cluster_start(port))
+            .status();
+        if !status.as_ref().is_ok_and(|s| s.success()) {
+            println!("  starting node {port} failed: {status:?}");
+        }
+    }
+    wait_until(Duration::from_secs(30), || {
+        REDIS_CLUSTER_PORTS
+            .iter()
+            .all(|port| answers(&format!("127.0.0.1:{port}")))
+    });
+    redis_cluster_create()?;
+    match wait_for_redis_cluster() {
+        Some(masters) => {
+            println!("{name:<10} created afresh at {ports} (cluster_state:ok, masters {masters})");
+            Ok(())
+        }
+        None => Err(format!(
+            "{name:<10} is not ok 60 s after it was created; see {REDIS_CLUSTER_DIR}/<port>/redis.log"
+        )),
+    }
+}
+
+/// The command that starts the test Redis Cluster's node on `port` in the
+/// background: cluster mode, loopback only, no persistence of data (the
+/// tests make their own prefixes), its own directory, `nodes.conf`, pid
+/// file and log, and a node timeout of 2 s so a failover takes seconds.
+/// (The failover test of `anarchon-redis` starts a node it killed again
+/// with the arguments it ran with.)
+fn redis_cluster_start(port: u16) -> String {
+    format!(
+        "mkdir -p {REDIS_CLUSTER_DIR}/{port} && redis-server --daemonize yes --cluster-enabled yes \
+         --port {port} --bind 127.0.0.1 --cluster-config-file {REDIS_CLUSTER_DIR}/{port}/nodes.conf \
+         --dir {REDIS_CLUSTER_DIR}/{port} --save '' --appendonly no --cluster-node-timeout 2000 \
+         --pidfile {REDIS_CLUSTER_DIR}/{port}/redis.pid --logfile {REDIS_CLUSTER_DIR}/{port}/redis.log"
+    )
+}
+
+/// `redis-cli --cluster create` over the six nodes, one replica each.
+fn redis_cluster_create() -> std::result::Result<(), String> {
+    let mut cmd = Command::new("redis-cli");
+    cmd.arg("--cluster").arg("create");
+    for port in REDIS_CLUSTER_PORTS {
+        cmd.arg(format!("127.0.0.1:{port}"));
+    }
+    cmd.args(["--cluster-replicas", "1", "--cluster-yes"]);
+    println!("{:<10} creating: {cmd:?}", REDIS_CLUSTER.name);
+    let out = cmd
+        .output()
+        .map_err(|e| format!("could not run redis-cli: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// `CLUSTER INFO` of the node on `port`, if it answers.
+fn cluster_info(port: u16) -> Option<String> {
+    let out = Command::new("redis-cli")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "cluster",
+            "info",
+        ])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn info_value<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix(field)?.strip_prefix(':'))
+}
+
+/// Whether the nodes were ever made a cluster: every node knows six.
+fn redis_cluster_created() -> bool {
+    REDIS_CLUSTER_PORTS.iter().all(|port| {
+        cluster_info(*port)
+            .is_some_and(|info| info_value(&info, "cluster_known_nodes") == Some("6"))
+    })
+}
+
+/// The ports of the masters, when every node says `cluster_state:ok`
+/// with all slots assigned and three masters serve them.
+fn redis_cluster_ok() -> Option<String> {
+    for port in REDIS_CLUSTER_PORTS {
+        let info = cluster_info(port)?;
+        if info_value(&info, "cluster_state") != Some("ok")
+            || info_value(&info, "cluster_slots_assigned") != Some("16384")
+            || info_value(&info, "cluster_size") != Some("3")
+        {
+            return None;
+        }
+    }
+    let masters: Vec<String> = REDIS_CLUSTER_PORTS
+        .iter()
+        .filter(|port| {
+            Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "role"])
+                .output()
+                .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).starts_with("master"))
+        })
+        .map(u16::to_string)
+        .collect();
+    (masters.len() == 3).then(|| masters.join(", "))
+}
+
+/// Waits up to 60 s for the cluster to be ok; the masters' ports.
+fn wait_for_redis_cluster() -> Option<String> {
+    let mut found = None;
+    wait_until(Duration::from_secs(60), || {
+        found = redis_cluster_ok();
+        found.is_some()
+    });
+    found
+}
+
+/// Polls `ready` every half second for up to `limit`.
+fn wait_until(limit: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if ready() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// Runs the randomized history test again and again, an hour of simulated

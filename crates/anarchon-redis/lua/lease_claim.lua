@@ -17,8 +17,10 @@
 -- KEYS[5] window string: the longest max_late (ms) of the job's claims,
 --         which garbage collection keeps the job's runs for (never deleted)
 -- KEYS[6] the job's pause        hash: since, until (absent: until resumed), reason, by
--- KEYS[7] the namespace's pause  hash, the same fields ({p}:pause: in Redis
---         Cluster it would lie in another hash slot than the job's keys)
+-- KEYS[7] the namespace's pause  hash, the same fields ({p}:pause). In Redis
+--         Cluster it lies in another hash slot than the job's keys: there
+--         the caller reads it just before and passes it as ARGV[9..11],
+--         and KEYS[7] names the job's own pause (not read for this).
 -- KEYS[8] waiting sorted set: the slots recorded `waiting` (buffer-one),
 --         scored by the end of their wait (the record's lease); at most
 --         one whose wait has not ended, by construction
@@ -26,6 +28,9 @@
 -- ARGV[5] lease (ms) ARGV[6] the overlap rule: 'allow', 'skip', 'replace'
 -- or 'buffer-one' (anarchon_core::Overlap::as_str)  ARGV[7] max_attempts
 -- ARGV[8] '1' if the claim may start a slot recorded `paused` (a backfill)
+-- ARGV[9] 'given' when the namespace's pause comes as arguments (Redis
+--         Cluster), absent otherwise  ARGV[10] its since ('' for no pause)
+-- ARGV[11] its until ('' for until resumed)
 --
 -- Returns {kind, attempt, fence, lease_until, now, state, earlier}; kind is
 -- one of won, running, done, late, overlap, missed (this claim recorded
@@ -161,7 +166,12 @@ if not_yet_run then
   -- so.
   local job_paused, wrong = holds(KEYS[6])
   if wrong then return redis.error_reply(wrong) end
-  local all_paused, wrong_all = holds(KEYS[7])
+  local all_paused, wrong_all
+  if ARGV[9] == 'given' then
+    all_paused = ARGV[10] ~= '' and (ARGV[11] == '' or now < tonumber(ARGV[11]))
+  else
+    all_paused, wrong_all = holds(KEYS[7])
+  end
   if wrong_all then return redis.error_reply(wrong_all) end
   if job_paused or all_paused then
     if state == nil or waiting then

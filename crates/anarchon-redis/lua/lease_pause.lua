@@ -19,6 +19,10 @@
 --           Returns {'paused', now, until or ''} or {'refused', now, ''}.
 -- 'resume': KEYS[1] the scope's pause  KEYS[2] the index  ARGV[2] scope
 --           Returns {1 if there was a pause else 0, now}.
+--           In Redis Cluster a job's pause and the index lie in two hash
+--           slots: there 'pause' and 'resume' get KEYS[1] only and leave
+--           the index to the caller (SADD before a pause, SREM after a
+--           resume, so the index never misses a pause).
 -- 'read':   KEYS[1..n] pauses  ARGV[2..n+1] their scopes
 --           Returns {now, {scope, since, until, has_reason, reason, has_by, by}, ...}
 --           for the keys that hold a pause ('' for what it does not have).
@@ -42,13 +46,14 @@ if op == 'read' then
   return out
 end
 
-local bad = check(KEYS[1], 'hash') or check(KEYS[2], 'set')
+local index = KEYS[2]
+local bad = check(KEYS[1], 'hash') or (index and check(index, 'set')) or nil
 if bad then return redis.error_reply(bad) end
 local scope = ARGV[2]
 
 if op == 'resume' then
   local removed = redis.call('DEL', KEYS[1])
-  redis.call('SREM', KEYS[2], scope)
+  if index then redis.call('SREM', index, scope) end
   return {removed, now}
 end
 
@@ -79,5 +84,5 @@ if till then fields[#fields + 1] = 'until'; fields[#fields + 1] = till end
 if ARGV[5] == '1' then fields[#fields + 1] = 'reason'; fields[#fields + 1] = ARGV[6] end
 if ARGV[7] == '1' then fields[#fields + 1] = 'by'; fields[#fields + 1] = ARGV[8] end
 redis.call('HSET', KEYS[1], unpack(fields))
-redis.call('SADD', KEYS[2], scope)
+if index then redis.call('SADD', index, scope) end
 return {'paused', now, till or ''}

@@ -1,28 +1,58 @@
 //! The connection to Redis every strategy shares: start-up checks, one
-//! multiplexed connection, scripts by EVALSHA with reload on NOSCRIPT, and
+//! multiplexed connection (or one cluster connection), scripts by EVALSHA
+//! with reload on NOSCRIPT, an optional `WAIT` after write steps, and
 //! noticing when the server changed under us.
 //!
-//! Each store owns a deadpool-redis pool. The pool opens (and, after a
-//! failure, reopens) connections with the configured timeouts; the store
-//! keeps the one it got and sends every call over it, concurrently, as
-//! redis-rs multiplexes requests on one connection. Checking a connection
-//! out of the pool for each call would cost a PING round trip per claim.
+//! **One server.** Each store owns a deadpool-redis pool. The pool opens
+//! (and, after a failure, reopens) connections with the configured
+//! timeouts; the store keeps the one it got and sends every call over it,
+//! concurrently, as redis-rs multiplexes requests on one connection.
+//! Checking a connection out of the pool for each call would cost a PING
+//! round trip per claim. A batch of calls is one pipeline: one round trip.
+//!
+//! **Redis Cluster** (`cluster=true`). The store holds one redis-rs
+//! cluster connection: a multiplexed connection per node, the slot map,
+//! and the redirections (`MOVED`, `ASK`) and slot-map refreshes that follow
+//! a failover. A pipeline goes to one node, so a batch of calls is split by
+//! the hash slot of each call's first key (every key of a call shares its
+//! slot: see [`crate::keys`]); each slot's calls are one pipeline, the
+//! pipelines go out concurrently, and the answers come back in the
+//! caller's order. Scripts are loaded on every node at start-up, replicas
+//! included, so a promoted replica usually has them; a node that answers
+//! NOSCRIPT anyway (restarted, flushed) gets the call again as `EVAL` with
+//! the script's source, which runs it and caches it on that node, in one
+//! round trip to the same node.
+//!
+//! **`WAIT`** ([`RedisOptions::wait_for_replicas`]). A durable call's
+//! pipeline ends with `WAIT n timeout`; on a cluster each slot's pipeline
+//! does, so the `WAIT` runs on the master that ran the scripts. Fewer than
+//! `n` acknowledgements fail the call with [`Error::NotReplicated`].
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use deadpool_redis::redis::aio::MultiplexedConnection;
+use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
+use deadpool_redis::redis::cluster::ClusterClientBuilder;
+use deadpool_redis::redis::cluster_async::ClusterConnection;
+use deadpool_redis::redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, Slot,
+};
 use deadpool_redis::redis::{
     self, AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, Script, ServerErrorKind, Value,
 };
 use deadpool_redis::{Connection, Manager, Pool, PoolError, Runtime};
 
 use crate::error::Error;
-use crate::options::{EvictionCheck, RedisOptions};
+use crate::options::{EvictionCheck, RedisOptions, ReplicaWait};
 use crate::server::{EvictionFinding, ServerInfo, info_field, parse_server};
-use crate::tls::{connection_info, secret_of};
+use crate::tls::{connection_info, secret_of, seed_infos};
 use anarchon_core::url::redact;
+
+/// How often a cluster store counts a new connection generation, so the
+/// lease strategy sends its job list again: a failover may have lost it.
+const CLUSTER_GENERATION: Duration = Duration::from_secs(300);
 
 /// How many times one call loads its scripts again after NOSCRIPT before
 /// it gives up (each time in the same round trip as the resend).
@@ -71,21 +101,61 @@ impl Call {
             .arg(&self.args);
         cmd
     }
+
+    /// The call with the script's source: runs it and caches it on the node.
+    fn eval(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.lua.source)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+
+    /// The hash slot of the call's keys (its first key's; a call without
+    /// keys goes with slot 0's).
+    fn slot(&self) -> Slot {
+        Slot::for_key(self.keys.first().map_or("", String::as_str))
+    }
+}
+
+/// Whether a write step waits for replicas ([`RedisOptions::wait_for_replicas`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Durable {
+    /// A read, or a step that decides nothing: no `WAIT`.
+    No,
+    /// A claim or a lease step: `WAIT` when the options ask for it.
+    Yes,
+}
+
+/// How a store reaches Redis.
+enum Conn {
+    /// One server: the pool, and the connection in use with its generation.
+    Single {
+        pool: Pool,
+        current: Mutex<Option<(u64, Connection)>>,
+        reconnecting: tokio::sync::Mutex<()>,
+    },
+    /// A Redis Cluster: one cluster connection, which follows the cluster
+    /// on its own (it is cloned for each call: a handle on the same
+    /// connections).
+    Cluster {
+        conn: ClusterConnection,
+        since: Instant,
+    },
 }
 
 /// The connection a store owns: pool, connection in use, scripts, server facts.
 pub(crate) struct Link {
     backend: &'static str,
-    pool: Pool,
-    /// The connection in use and its generation.
-    current: Mutex<Option<(u64, Connection)>>,
-    reconnecting: tokio::sync::Mutex<()>,
+    conn: Conn,
     generation: AtomicU64,
     scripts: &'static [&'static Lua],
     server: ServerInfo,
     run_id: Mutex<String>,
     server_changes: AtomicU64,
     connect_timeout: Duration,
+    wait: Option<ReplicaWait>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -127,12 +197,42 @@ fn is_noscript(v: &Value) -> bool {
 
 impl Link {
     /// Connects, reads what the server is, loads `scripts`, and checks the
-    /// eviction policy as `opts` says. One round trip after the connection.
+    /// eviction policy as `opts` says. One round trip after the connection
+    /// (on a cluster: one to every node).
     pub(crate) async fn connect(
         opts: &RedisOptions,
         backend: &'static str,
         scripts: &'static [&'static Lua],
     ) -> Result<Self, Error> {
+        if let Some(wait) = opts.wait {
+            if wait.replicas == 0 || wait.timeout.is_zero() {
+                return Err(Error::InvalidSetting {
+                    setting: "wait_for_replicas",
+                    reason: format!(
+                        "{} replicas within {:?}: ask for at least one replica and a timeout above zero (WAIT with timeout 0 would block forever)",
+                        wait.replicas, wait.timeout
+                    ),
+                });
+            }
+            if wait.timeout >= opts.response_timeout {
+                return Err(Error::InvalidSetting {
+                    setting: "wait_for_replicas",
+                    reason: format!(
+                        "the WAIT timeout {:?} must be shorter than the response timeout {:?}, or the client gives up before Redis answers: lower wait_timeout_ms or raise timeout_ms",
+                        wait.timeout, opts.response_timeout
+                    ),
+                });
+            }
+        }
+        if opts.cluster {
+            return Self::connect_cluster(opts, backend, scripts).await;
+        }
+        if !opts.seeds.is_empty() {
+            return Err(Error::InvalidSetting {
+                setting: "seed",
+                reason: "seed nodes name more nodes of a Redis Cluster: turn cluster mode on (cluster=true, RedisOptions::with_cluster), or remove them".to_owned(),
+            });
+        }
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
             .set_response_timeout(Some(opts.response_timeout));
@@ -209,19 +309,174 @@ impl Link {
             eviction,
             aof_enabled,
         };
+        if info_field(&info, "cluster_enabled") == Some("1") {
+            return Err(Error::InvalidSetting {
+                setting: "cluster",
+                reason: format!(
+                    "{} is a node of a Redis Cluster, and the store was not told so: add cluster=true to the URL (RedisOptions::with_cluster(true)), or each job's keys could go to a node that does not own them",
+                    opts.server()
+                ),
+            });
+        }
         judge_server(&server, opts, backend)?;
         Ok(Self {
             backend,
-            pool,
-            current: Mutex::new(Some((1, obj))),
-            reconnecting: tokio::sync::Mutex::new(()),
+            conn: Conn::Single {
+                pool,
+                current: Mutex::new(Some((1, obj))),
+                reconnecting: tokio::sync::Mutex::new(()),
+            },
             generation: AtomicU64::new(1),
             scripts,
             server,
             run_id: Mutex::new(run_id),
             server_changes: AtomicU64::new(0),
             connect_timeout: opts.connect_timeout,
+            wait: opts.wait,
         })
+    }
+
+    /// [`Link::connect`] for a Redis Cluster: a cluster connection from the
+    /// seeds, `INFO` from every master, the scripts loaded on every node.
+    async fn connect_cluster(
+        opts: &RedisOptions,
+        backend: &'static str,
+        scripts: &'static [&'static Lua],
+    ) -> Result<Self, Error> {
+        let during = "connecting to the Redis Cluster";
+        let seeds = seed_infos(opts)?;
+        let host = opts.server();
+        let host = host.rsplit_once('/').map_or(host.as_str(), |(h, _)| h);
+        let seed_names: Vec<String> = std::iter::once(host.to_owned())
+            .chain(opts.seeds.iter().cloned())
+            .collect();
+        #[allow(unused_mut)]
+        let mut builder = ClusterClientBuilder::new(seeds)
+            .connection_timeout(opts.connect_timeout)
+            .response_timeout(opts.response_timeout);
+        #[cfg(feature = "tls")]
+        if let Some(certificates) = crate::tls::cluster_certificates(opts)? {
+            builder = builder.certs(certificates);
+        }
+        let scrub = |e: &redis::RedisError| {
+            let reason = e.to_string();
+            if secret_of(&opts.url).is_some_and(|s| reason.contains(s)) {
+                e.category().to_owned()
+            } else {
+                reason
+            }
+        };
+        let client = builder.build().map_err(|e| Error::InvalidUrl {
+            reason: format!("{} (got {})", scrub(&e), redact(&opts.url)),
+        })?;
+        // Each seed is tried in turn with the connect timeout.
+        let bound = opts.connect_timeout * u32::try_from(seed_names.len()).unwrap_or(1)
+            + Duration::from_secs(1);
+        let conn = match tokio::time::timeout(bound, client.get_async_connection()).await {
+            Err(_) => {
+                return Err(Error::Unavailable {
+                    during,
+                    cause: format!(
+                        "no seed node ({}) answered within {bound:?}",
+                        seed_names.join(", ")
+                    ),
+                    source: None,
+                });
+            }
+            Ok(Err(e)) => {
+                let shown = scrub(&e);
+                if shown.contains("cluster support disabled") {
+                    return Err(not_a_cluster(opts));
+                }
+                // The cluster client reports a refused password inside an
+                // I/O error ("Failed to create initial connections").
+                if ["AuthenticationFailed", "WRONGPASS", "NOAUTH", "NOPERM"]
+                    .iter()
+                    .any(|code| shown.contains(code))
+                {
+                    return Err(Error::AccessDenied {
+                        during,
+                        detail: shown,
+                    });
+                }
+                return Err(match Error::from_redis(during, e) {
+                    Error::Unavailable { cause, source, .. } => Error::Unavailable {
+                        during,
+                        cause: format!(
+                            "no seed node ({}) gave the cluster's slots: {}",
+                            seed_names.join(", "),
+                            if secret_of(&opts.url).is_some_and(|s| cause.contains(s)) {
+                                "the client's error shows the password, so it is left out"
+                            } else {
+                                &cause
+                            }
+                        ),
+                        source,
+                    },
+                    other => other,
+                });
+            }
+            Ok(Ok(conn)) => conn,
+        };
+        let mut conn_for_start = conn.clone();
+        let infos = masters_info(&mut conn_for_start, "reading INFO").await?;
+        let Some((_, first)) = infos.first() else {
+            return Err(Error::protocol("reading INFO", "the cluster has no master"));
+        };
+        let (product, version, _) = parse_server(first).ok_or_else(|| {
+            Error::protocol(
+                "reading INFO",
+                "INFO has no redis_version or run_id: is this a Redis or Valkey server?",
+            )
+        })?;
+        if info_field(first, "cluster_enabled") != Some("1") {
+            return Err(not_a_cluster(opts));
+        }
+        // The most dangerous policy of any master decides.
+        let eviction = infos
+            .iter()
+            .map(|(_, info)| match info_field(info, "maxmemory_policy") {
+                Some(p) => EvictionFinding::from_policy(p),
+                None => EvictionFinding::Unknown {
+                    reason: "INFO has no maxmemory_policy".into(),
+                },
+            })
+            .max_by_key(eviction_rank)
+            .unwrap_or(EvictionFinding::NoEviction);
+        let aof_enabled = Some(
+            infos
+                .iter()
+                .all(|(_, info)| info_field(info, "aof_enabled") == Some("1")),
+        );
+        let run_id = cluster_fingerprint(&infos);
+        let server = ServerInfo {
+            product,
+            version,
+            run_id: run_id.clone(),
+            eviction,
+            aof_enabled,
+        };
+        load_everywhere(&mut conn_for_start, scripts).await?;
+        judge_server(&server, opts, backend)?;
+        Ok(Self {
+            backend,
+            conn: Conn::Cluster {
+                conn,
+                since: Instant::now(),
+            },
+            generation: AtomicU64::new(1),
+            scripts,
+            server,
+            run_id: Mutex::new(run_id),
+            server_changes: AtomicU64::new(0),
+            connect_timeout: opts.connect_timeout,
+            wait: opts.wait,
+        })
+    }
+
+    /// Whether the store talks to a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster { .. })
     }
 
     /// The server as found at start-up.
@@ -235,21 +490,37 @@ impl Link {
     }
 
     /// The generation of the connection in use: it grows at each reconnect.
+    ///
+    /// A cluster connection never reconnects as a whole; its generation
+    /// grows when the store sees the masters change and every
+    /// [`CLUSTER_GENERATION`], so what the lease strategy sends once per
+    /// connection (its job list) is sent again after a failover lost it.
     pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::SeqCst)
+        match &self.conn {
+            Conn::Single { .. } => self.generation.load(Ordering::SeqCst),
+            Conn::Cluster { since, .. } => {
+                let periods = since.elapsed().as_secs() / CLUSTER_GENERATION.as_secs();
+                1 + self.server_changes() + periods
+            }
+        }
     }
 
     /// The connection in use, or a new one.
-    async fn conn(&self) -> Result<(u64, MultiplexedConnection), Error> {
-        if let Some(current) = self.cached() {
-            return Ok(current);
+    async fn conn(
+        &self,
+        pool: &Pool,
+        current: &Mutex<Option<(u64, Connection)>>,
+        reconnecting: &tokio::sync::Mutex<()>,
+    ) -> Result<(u64, MultiplexedConnection), Error> {
+        if let Some(found) = cached(current) {
+            return Ok(found);
         }
-        let _one_at_a_time = self.reconnecting.lock().await;
-        if let Some(current) = self.cached() {
-            return Ok(current);
+        let _one_at_a_time = reconnecting.lock().await;
+        if let Some(found) = cached(current) {
+            return Ok(found);
         }
         let during = "reconnecting";
-        let obj = checkout(&self.pool, self.connect_timeout, during).await?;
+        let obj = checkout(pool, self.connect_timeout, during).await?;
         let mut conn: MultiplexedConnection = (*obj).clone();
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
@@ -272,20 +543,14 @@ impl Link {
             self.observe_run_id(run_id);
         }
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        *lock(&self.current) = Some((generation, obj));
+        *lock(current) = Some((generation, obj));
         Ok((generation, conn))
-    }
-
-    fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
-        lock(&self.current)
-            .as_ref()
-            .map(|(generation, obj)| (*generation, (**obj).clone()))
     }
 
     /// Forgets the connection of `generation` after a connection-level error,
     /// so the next call opens a new one.
-    fn broken(&self, generation: u64) {
-        let mut current = lock(&self.current);
+    fn broken(current: &Mutex<Option<(u64, Connection)>>, generation: u64) {
+        let mut current = lock(current);
         if current.as_ref().is_some_and(|(g, _)| *g == generation)
             && let Some((_, obj)) = current.take()
         {
@@ -313,18 +578,48 @@ impl Link {
     }
 
     /// Sends `pipe` (no scripts in it) and returns the answers, server
-    /// errors in place.
+    /// errors in place. On a cluster every keyed command of `pipe` must
+    /// lie in one hash slot (a pipeline without keys goes to any node).
     pub(crate) async fn query(
         &self,
         pipe: &Pipeline,
         during: &'static str,
     ) -> Result<Vec<Value>, Error> {
-        let (generation, mut conn) = self.conn().await?;
-        query(&mut conn, pipe, during).await.inspect_err(|e| {
-            if e.is_temporary() {
-                self.broken(generation);
+        match &self.conn {
+            Conn::Single {
+                pool,
+                current,
+                reconnecting,
+            } => {
+                let (generation, mut conn) = self.conn(pool, current, reconnecting).await?;
+                query(&mut conn, pipe, during).await.inspect_err(|e| {
+                    if e.is_temporary() {
+                        Self::broken(current, generation);
+                    }
+                })
             }
-        })
+            Conn::Cluster { conn, .. } => query(&mut conn.clone(), pipe, during).await,
+        }
+    }
+
+    /// [`Link::query`] for a write step: with `WAIT` after it when the
+    /// options ask for one, checked (and its answer dropped).
+    pub(crate) async fn query_durable(
+        &self,
+        pipe: &Pipeline,
+        during: &'static str,
+    ) -> Result<Vec<Value>, Error> {
+        let Some(wait) = self.wait else {
+            return self.query(pipe, during).await;
+        };
+        let mut pipe = pipe.clone();
+        pipe.add_command(wait_cmd(wait));
+        let mut replies = self.query(&pipe, during).await?;
+        let acked = replies
+            .pop()
+            .ok_or_else(|| Error::protocol(during, "no answer to WAIT"))?;
+        check_wait(wait, acked, during)?;
+        Ok(replies)
     }
 
     /// Sends a pipeline of one command and returns its answer, a server
@@ -346,9 +641,12 @@ impl Link {
     pub(crate) async fn eval_one(
         &self,
         call: Call,
+        durable: Durable,
         during: &'static str,
     ) -> Result<Vec<Value>, Error> {
-        let reply = self.eval(&[], std::slice::from_ref(&call), during).await?;
+        let reply = self
+            .eval(&[], std::slice::from_ref(&call), durable, during)
+            .await?;
         let reply = reply.into_iter().next();
         match check(
             reply.ok_or_else(|| Error::protocol(during, "no answer"))?,
@@ -371,10 +669,13 @@ impl Link {
         &self,
         prelude: &[Cmd],
         calls: &[Call],
+        durable: Durable,
         during: &'static str,
     ) -> Result<Vec<Value>, Error> {
-        let (prelude, answers) = self.eval_with_prelude(prelude, calls, during).await?;
-        for reply in prelude {
+        let (prelude, answers) = self
+            .eval_with_prelude(prelude, calls, durable, during)
+            .await?;
+        for reply in prelude? {
             check(reply, during)?;
         }
         Ok(answers)
@@ -382,11 +683,75 @@ impl Link {
 
     /// [`Self::eval`], but the prelude's answers come back unchecked, beside
     /// the calls' answers: a failed prelude command does not hide what the
-    /// calls did.
+    /// calls did. (On a cluster the prelude may fail to be sent at all
+    /// while the calls were answered: then its answers are that error.)
+    ///
+    /// On a cluster the prelude is its own pipeline (its commands must
+    /// share a hash slot) and the calls are grouped by hash slot, each
+    /// group one pipeline; all are sent at once.
     pub(crate) async fn eval_with_prelude(
         &self,
         prelude: &[Cmd],
         calls: &[Call],
+        durable: Durable,
+        during: &'static str,
+    ) -> Result<(Result<Vec<Value>, Error>, Vec<Value>), Error> {
+        let wait = match durable {
+            Durable::Yes => self.wait,
+            Durable::No => None,
+        };
+        if !self.is_cluster() {
+            let all: Vec<&Call> = calls.iter().collect();
+            let (prelude, answers) = self
+                .rounds(prelude, &all, wait, Reload::InPipeline, during)
+                .await?;
+            return Ok((Ok(prelude), answers));
+        }
+        let mut groups: HashMap<Slot, Vec<usize>> = HashMap::new();
+        for (i, call) in calls.iter().enumerate() {
+            groups.entry(call.slot()).or_default().push(i);
+        }
+        let groups: Vec<Vec<usize>> = groups.into_values().collect();
+        let prelude_future = async {
+            if prelude.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for cmd in prelude {
+                pipe.add_command(cmd.clone());
+            }
+            self.query(&pipe, during).await
+        };
+        let group_futures = groups.iter().map(|indices| {
+            let group: Vec<&Call> = indices.iter().map(|&i| &calls[i]).collect();
+            async move { self.rounds(&[], &group, wait, Reload::Eval, during).await }
+        });
+        let (prelude_replies, group_answers) =
+            futures::future::join(prelude_future, futures::future::join_all(group_futures)).await;
+        let mut answers: Vec<Option<Value>> = vec![None; calls.len()];
+        for (indices, result) in groups.iter().zip(group_answers) {
+            let (_, replies) = result?;
+            for (&i, reply) in indices.iter().zip(replies) {
+                answers[i] = Some(reply);
+            }
+        }
+        let answers = answers
+            .into_iter()
+            .map(|a| a.ok_or_else(|| Error::protocol(during, "an answer is missing")))
+            .collect::<Result<_, _>>()?;
+        Ok((prelude_replies, answers))
+    }
+
+    /// Sends `prelude` and `calls` as one pipeline (then again for the
+    /// calls that met NOSCRIPT), with `WAIT` at the end of each when
+    /// `wait` says so.
+    async fn rounds(
+        &self,
+        prelude: &[Cmd],
+        calls: &[&Call],
+        wait: Option<ReplicaWait>,
+        reload_by: Reload,
         during: &'static str,
     ) -> Result<(Vec<Value>, Vec<Value>), Error> {
         let mut prelude_replies = Vec::new();
@@ -396,7 +761,9 @@ impl Link {
         for round in 0..=MAX_RELOADS {
             let mut pipe = redis::pipe();
             pipe.ignore_errors();
-            for lua in &reload {
+            let by_eval = round > 0 && reload_by == Reload::Eval;
+            let loads = if by_eval { 0 } else { reload.len() };
+            for lua in &reload[..loads] {
                 pipe.add_command(lua.load_cmd());
             }
             let prelude_len = if round == 0 { prelude.len() } else { 0 };
@@ -404,18 +771,26 @@ impl Link {
                 pipe.add_command(cmd.clone());
             }
             for &i in &pending {
-                pipe.add_command(calls[i].evalsha());
+                pipe.add_command(if by_eval {
+                    calls[i].eval()
+                } else {
+                    calls[i].evalsha()
+                });
             }
-            let replies = self.query(&pipe, during).await?;
-            let expected = reload.len() + prelude_len + pending.len();
+            if let Some(wait) = wait {
+                pipe.add_command(wait_cmd(wait));
+            }
+            let mut replies = self.query(&pipe, during).await?;
+            let expected = loads + prelude_len + pending.len() + usize::from(wait.is_some());
             if replies.len() != expected {
                 return Err(Error::protocol(
                     during,
                     format!("{} answers to {expected} commands", replies.len()),
                 ));
             }
+            let acked = wait.and_then(|_| replies.pop());
             let mut replies = replies.into_iter();
-            for reply in replies.by_ref().take(reload.len()) {
+            for reply in replies.by_ref().take(loads) {
                 check(reply, during)?;
             }
             prelude_replies.extend(replies.by_ref().take(prelude_len));
@@ -431,6 +806,9 @@ impl Link {
                     answers[i] = Some(reply);
                 }
             }
+            if let (Some(wait), Some(acked)) = (wait, acked) {
+                check_wait(wait, acked, during)?;
+            }
             if again.is_empty() {
                 let answers = answers
                     .into_iter()
@@ -441,7 +819,7 @@ impl Link {
             tracing::info!(
                 backend = self.backend,
                 scripts = ?reload.iter().map(|l| l.name).collect::<Vec<_>>(),
-                "Redis does not have our scripts (SCRIPT FLUSH or a restart): loading them again"
+                "Redis does not have our scripts (SCRIPT FLUSH, a restart or a failover): loading them again"
             );
             pending = again;
         }
@@ -456,11 +834,18 @@ impl Link {
 
     /// Re-reads the server's `run_id` now (one `INFO server`), logging loudly
     /// and counting it if the server changed since the store last looked.
+    /// On a cluster: the `run_id`s of every master, so a failover (a
+    /// replica promoted) or a master's restart counts as a change.
     pub(crate) async fn check_server(&self) -> Result<bool, Error> {
         let before = self.server_changes();
+        let during = "reading INFO";
+        if let Conn::Cluster { conn, .. } = &self.conn {
+            let infos = masters_info(&mut conn.clone(), during).await?;
+            self.observe_run_id(cluster_fingerprint(&infos));
+            return Ok(self.server_changes() > before);
+        }
         let mut pipe = redis::pipe();
         pipe.cmd("INFO").arg("server");
-        let during = "reading INFO";
         let info = text(&self.query_one(&pipe, during).await?)
             .ok_or_else(|| Error::protocol(during, "INFO is not text"))?;
         let (_, _, run_id) =
@@ -468,6 +853,139 @@ impl Link {
         self.observe_run_id(run_id);
         Ok(self.server_changes() > before)
     }
+}
+
+/// How a round reloads scripts Redis no longer has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reload {
+    /// SCRIPT LOAD at the head of the next pipeline (one server).
+    InPipeline,
+    /// The calls again as EVAL with the source (a cluster: the pipeline
+    /// stays on the node that owns the calls' slot).
+    Eval,
+}
+
+/// `WAIT replicas timeout_ms`.
+fn wait_cmd(wait: ReplicaWait) -> Cmd {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(wait.replicas)
+        .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX));
+    cmd
+}
+
+/// The answer to `WAIT`: enough replicas, or [`Error::NotReplicated`].
+fn check_wait(wait: ReplicaWait, acked: Value, during: &'static str) -> Result<(), Error> {
+    let acked = int(&check(acked, during)?)
+        .ok_or_else(|| Error::protocol(during, "WAIT did not answer a number"))?;
+    if acked < i64::from(wait.replicas) {
+        return Err(Error::NotReplicated {
+            during,
+            wanted: wait.replicas,
+            acknowledged: acked,
+            timeout: wait.timeout,
+        });
+    }
+    Ok(())
+}
+
+/// The connection of `current`, if there is one.
+fn cached(current: &Mutex<Option<(u64, Connection)>>) -> Option<(u64, MultiplexedConnection)> {
+    lock(current)
+        .as_ref()
+        .map(|(generation, obj)| (*generation, (**obj).clone()))
+}
+
+/// `INFO` from every master of the cluster: (node, text), by node.
+async fn masters_info(
+    conn: &mut ClusterConnection,
+    during: &'static str,
+) -> Result<Vec<(String, String)>, Error> {
+    let reply = conn
+        .route_command(
+            redis::cmd("INFO"),
+            RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+        )
+        .await
+        .map_err(|e| Error::from_redis(during, e))?;
+    let pairs = match reply {
+        Value::Map(pairs) => pairs,
+        other => {
+            return Err(Error::protocol(
+                during,
+                format!("INFO from every master is not a map: {other:?}"),
+            ));
+        }
+    };
+    let mut infos = Vec::with_capacity(pairs.len());
+    for (node, info) in pairs {
+        let node = text(&node).unwrap_or_default();
+        let info = text(&check(info, during)?)
+            .ok_or_else(|| Error::protocol(during, "INFO is not text"))?;
+        infos.push((node, info));
+    }
+    infos.sort();
+    Ok(infos)
+}
+
+/// The masters' `run_id`s, sorted: changes when a replica takes over or a
+/// master restarts.
+fn cluster_fingerprint(infos: &[(String, String)]) -> String {
+    let mut ids: Vec<String> = infos
+        .iter()
+        .filter_map(|(_, info)| parse_server(info).map(|(_, _, run_id)| run_id))
+        .collect();
+    ids.sort();
+    ids.join(",")
+}
+
+/// The refusal of `cluster=true` on a server without cluster support.
+fn not_a_cluster(opts: &RedisOptions) -> Error {
+    Error::InvalidSetting {
+        setting: "cluster",
+        reason: format!(
+            "{} is not a Redis Cluster node (its cluster support is disabled): remove cluster=true (and any seed) from the URL",
+            opts.server()
+        ),
+    }
+}
+
+/// How much a finding puts the store's keys at risk, to pick the worst
+/// among a cluster's masters.
+fn eviction_rank(finding: &EvictionFinding) -> u8 {
+    match finding {
+        EvictionFinding::NoEviction => 0,
+        EvictionFinding::Unknown { .. } => 1,
+        EvictionFinding::VolatileOnly { .. } => 2,
+        _ => 3,
+    }
+}
+
+/// Loads `scripts` on every node of the cluster, replicas too: a replica
+/// promoted by a failover then has them already.
+async fn load_everywhere(
+    conn: &mut ClusterConnection,
+    scripts: &'static [&'static Lua],
+) -> Result<(), Error> {
+    let during = "loading the scripts";
+    for lua in scripts {
+        conn.route_command(
+            lua.load_cmd(),
+            RoutingInfo::MultiNode((
+                MultipleNodeRoutingInfo::AllNodes,
+                Some(ResponsePolicy::AllSucceeded),
+            )),
+        )
+        .await
+        .map_err(|e| match Error::from_redis(during, e) {
+            Error::Server { detail, .. } => Error::Server {
+                during,
+                detail: format!("script {}: {detail}", lua.name),
+                source: None,
+            },
+            other => other,
+        })?;
+    }
+    Ok(())
 }
 
 /// Logs (or refuses) what the start-up checks found.
@@ -544,8 +1062,8 @@ async fn checkout(
     })
 }
 
-async fn query(
-    conn: &mut MultiplexedConnection,
+async fn query<C: ConnectionLike>(
+    conn: &mut C,
     pipe: &Pipeline,
     during: &'static str,
 ) -> Result<Vec<Value>, Error> {
@@ -621,4 +1139,36 @@ mod tests {
         assert_eq!(config_value(&v).as_deref(), Some("allkeys-lru"));
         assert_eq!(config_value(&Value::Array(vec![])), None);
     }
+
+    #[test]
+    fn too_few_replicas_is_a_temporary_error_that_says_so() {
+        let wait = ReplicaWait {
+            replicas: 2,
+            timeout: Duration::from_millis(100),
+        };
+        assert!(check_wait(wait, Value::Int(2), "claiming").is_ok());
+        assert!(check_wait(wait, Value::Int(3), "claiming").is_ok());
+        let err = check_wait(wait, Value::Int(1), "claiming").unwrap_err();
+        assert!(err.is_temporary(), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("only 1 of the 2 replicas"), "{message}");
+        assert_eq!(
+            err.into_store_error("redis-lease").kind(),
+            anarchon_core::StoreErrorKind::Unavailable
+        );
+        assert!(check_wait(wait, Value::Nil, "claiming").is_err());
+    }
+
+    #[test]
+    fn calls_of_one_job_share_a_slot() {
+        let call = |key: &str| Call {
+            lua: &TEST_LUA,
+            keys: vec![key.to_owned(), "other".to_owned()],
+            args: Vec::new(),
+        };
+        assert_eq!(call("{p:a}:runs").slot(), call("{p:a}:live").slot());
+        assert_ne!(call("{p:a}:runs").slot(), call("{p}:pause").slot());
+    }
+
+    static TEST_LUA: Lua = Lua::new("test", "return 1");
 }

@@ -81,6 +81,38 @@ pub enum Error {
         reason: String,
     },
 
+    /// Two settings of [`RedisOptions`](crate::RedisOptions) do not go
+    /// together, e.g. a `WAIT` timeout as long as the response timeout.
+    #[error("invalid setting {setting}: {reason}")]
+    InvalidSetting {
+        /// The setting, e.g. `wait_for_replicas`.
+        setting: &'static str,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
+
+    /// A write step was applied, but fewer replicas than
+    /// [`RedisOptions::wait_for_replicas`](crate::RedisOptions::wait_for_replicas)
+    /// asks for acknowledged it within the timeout. Temporary: the step
+    /// stands on the master (a claim is the caller's, a heartbeat renewed)
+    /// but may be lost if that master fails before a replica has it; the
+    /// same request sent again with the same token finds its own step and
+    /// waits again.
+    #[error(
+        "Redis applied the step while {during}, but only {acknowledged} of the {wanted} replicas asked for acknowledged it within {timeout:?} (WAIT): it stands on the master and is lost if that master fails before a replica has it; the same request sent again (same token) finds it and waits again"
+    )]
+    NotReplicated {
+        /// What the store was doing.
+        during: &'static str,
+        /// The replicas asked for.
+        wanted: u32,
+        /// The replicas that acknowledged in time (the lowest count when a
+        /// batch went to several masters).
+        acknowledged: i64,
+        /// How long Redis waited.
+        timeout: Duration,
+    },
+
     /// Redis could not be reached or did not answer in time. Temporary.
     #[error("Redis is unreachable while {during}: {cause}")]
     Unavailable {
@@ -182,7 +214,10 @@ pub enum Error {
 impl Error {
     /// Whether sending the same request again may succeed.
     pub fn is_temporary(&self) -> bool {
-        matches!(self, Error::Unavailable { .. })
+        matches!(
+            self,
+            Error::Unavailable { .. } | Error::NotReplicated { .. }
+        )
     }
 
     /// This error as the core's [`StoreError`] for the strategy `backend`:
@@ -191,7 +226,9 @@ impl Error {
     pub fn into_store_error(self, backend: &'static str) -> StoreError {
         let message = self.to_string();
         let error = match &self {
-            Error::Unavailable { .. } => StoreError::unavailable(backend, message),
+            Error::Unavailable { .. } | Error::NotReplicated { .. } => {
+                StoreError::unavailable(backend, message)
+            }
             Error::Server { .. } | Error::Protocol { .. } => StoreError::protocol(backend, message),
             _ => StoreError::invalid(backend, message),
         };
@@ -252,11 +289,17 @@ impl Error {
                     | ServerErrorKind::TryAgain
                     | ServerErrorKind::MasterDown
                     | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::ReadOnly,
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask,
                 ),
                 _,
             )
-            | (_, "BUSY" | "OOM" | "LOADING" | "MASTERDOWN" | "READONLY") => Error::Unavailable {
+            | (
+                _,
+                "BUSY" | "OOM" | "LOADING" | "MASTERDOWN" | "READONLY" | "MOVED" | "ASK"
+                | "CLUSTERDOWN" | "TRYAGAIN",
+            ) => Error::Unavailable {
                 during,
                 cause: detail,
                 source: Some(err),

@@ -9,7 +9,7 @@ use anarchon_core::{ClaimOutcome, ClaimRequest, Clock, JobName, Memory};
 use deadpool_redis::redis::{self, Value};
 
 use crate::MIN_MEMORY;
-use crate::connection::{Call, Link, Lua, int, text};
+use crate::connection::{Call, Durable, Link, Lua, check, int, text};
 use crate::error::Error;
 use crate::keys::job_key;
 use crate::options::{KeyPrefix, RedisOptions};
@@ -154,7 +154,7 @@ impl RedisIdmpStore {
                 Self::MAX_SIZE.to_string(),
             ],
         };
-        let items = self.link.eval_one(call, during).await?;
+        let items = self.link.eval_one(call, Durable::No, during).await?;
         let duration = items.get(1).and_then(int).unwrap_or(-1);
         let maxsize = items.get(2).and_then(int).unwrap_or(-1);
         let want_duration = self.duration.as_secs();
@@ -235,22 +235,29 @@ impl RedisIdmpStore {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         pipe.cmd("XRANGE").arg(&key).arg(&id).arg(&id);
-        Ok(
-            match answer_from_entry(self.link.query_one(&pipe, during).await?, req.token) {
-                Some(answer) => answer,
-                None => {
-                    self.lost_entries.fetch_add(1, Ordering::SeqCst);
-                    tracing::warn!(
-                        backend = BACKEND,
-                        job = %req.run.job,
-                        slot = %req.run.slot,
-                        entry = %id,
-                        "the first claim's entry is gone (trimmed or deleted); treating the claim as lost"
-                    );
-                    ClaimOutcome::Lost
-                }
-            },
-        )
+        // With `WAIT` when the options ask for it: it covers the XADD sent
+        // before on the same connection, to the same node.
+        let range = self
+            .link
+            .query_durable(&pipe, during)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::protocol(during, "no answer"))?;
+        Ok(match answer_from_entry(check(range, during)?, req.token) {
+            Some(answer) => answer,
+            None => {
+                self.lost_entries.fetch_add(1, Ordering::SeqCst);
+                tracing::warn!(
+                    backend = BACKEND,
+                    job = %req.run.job,
+                    slot = %req.run.slot,
+                    entry = %id,
+                    "the first claim's entry is gone (trimmed or deleted); treating the claim as lost"
+                );
+                ClaimOutcome::Lost
+            }
+        })
     }
 }
 

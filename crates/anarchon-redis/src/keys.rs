@@ -7,12 +7,18 @@
 //! pauses — start with `{<prefix>}`: that tag has no `:`, so it never
 //! equals a job's.
 //!
-//! The claim script reads the namespace's pause, `{<prefix>}:pause`, beside
-//! the job's keys, and pausing or resuming one job updates `{<prefix>}:pauses`
-//! beside the job's pause: those scripts touch two hash slots. That is fine
-//! on the single server (or proxy) the crate connects to; a future Redis
-//! Cluster mode must place the namespace's pause differently (for example
-//! copy it into each job's tag, or read it in a separate step).
+//! On one server the claim script reads the namespace's pause,
+//! `{<prefix>}:pause`, beside the job's keys, and pausing or resuming one
+//! job updates `{<prefix>}:pauses` beside the job's pause, each in one
+//! atomic script. A Redis Cluster refuses a script whose keys lie in two
+//! hash slots, so in cluster mode no script does that: the namespace's
+//! pause is read with its own `HMGET` just before a batch of claims and
+//! passed to each claim script as arguments (KEYS\[7\] then names the
+//! job's own pause), a job's pause script writes the job's pause only while
+//! the index `{<prefix>}:pauses` is updated beside it (added to before a
+//! pause, removed from after a resume), and the pauses are read one scope
+//! per call. docs/backends/redis.md (Redis Cluster) says what that
+//! weakens: a claim can race a namespace-wide pause by one round trip.
 //!
 //! | strategy  | key                          | type       | holds |
 //! |-----------|------------------------------|------------|-------|

@@ -18,12 +18,12 @@ use async_trait::async_trait;
 use deadpool_redis::redis::{self, Value};
 use futures::StreamExt as _;
 
-use crate::connection::{Call, Link, Lua, check, int, text};
+use crate::connection::{Call, Durable, Link, Lua, check, int, text};
 use crate::error::Error;
 use crate::keys::{LeaseKeys, hand_over_channel, jobs_key, pause_key};
 use crate::options::{KeyPrefix, RedisOptions};
 use crate::server::ServerInfo;
-use crate::tls::connection_info;
+use crate::tls::{connection_info, seed_infos};
 
 mod gc;
 mod pauses;
@@ -80,7 +80,11 @@ static SCRIPTS: [&Lua; 6] = [&CLAIM, &STEP, &READ, &GC, &PAUSE, &REQUEST];
 /// and an end that is not after Redis's now is refused with nothing
 /// written. The claim script reads the job's pause and the namespace's in
 /// the same atomic step as the run's record (two `HMGET`s), so a claim that
-/// runs after a pause was written never starts a slot it covers.
+/// runs after a pause was written never starts a slot it covers. On a
+/// Redis Cluster (`cluster=true`) the namespace's pause lies in another hash
+/// slot: it is read one round trip before the claim script, which gets it
+/// as arguments, so a claim can race a namespace-wide pause by that round
+/// trip (a job's own pause still holds exactly).
 ///
 /// Records are kept until [`collect_garbage`](LeaseStore::collect_garbage)
 /// removes them, which the scheduler calls with its history retention.
@@ -144,13 +148,27 @@ impl RedisLeaseStore {
     /// eviction policy the options refuse.
     pub async fn connect(opts: &RedisOptions) -> Result<Self, Error> {
         let link = Link::connect(opts, BACKEND, &SCRIPTS).await?;
-        let client = redis::Client::open(connection_info(opts)?)
+        // On a cluster, a `PUBLISH` on any node reaches the subscribers of
+        // every node: the subscription takes the seeds in turn, the next one
+        // each time it is lost (its node may be the one that failed).
+        let infos = if opts.cluster {
+            seed_infos(opts)?
+        } else {
+            vec![connection_info(opts)?]
+        };
+        let clients = infos
+            .into_iter()
+            .map(redis::Client::open)
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|e| Error::protocol("opening the hand-over subscription", e.to_string()))?;
         let hand_overs = Arc::new(HandOvers::new());
         let listener = {
             let (channel, board) = (hand_over_channel(&opts.prefix), hand_overs.clone());
+            let turn = std::sync::atomic::AtomicUsize::new(0);
             Listener::reconnecting("the hand-over subscription", move || {
-                listen(client.clone(), channel.clone(), board.clone())
+                let next = turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let client = clients[next % clients.len()].clone();
+                listen(client, channel.clone(), board.clone())
             })
         };
         // Hand out the store once it hears news (or a second has passed).
@@ -214,13 +232,23 @@ impl RedisLeaseStore {
         self.link.check_server().await
     }
 
-    fn claim_call(&self, req: &LeaseClaim) -> Call {
+    /// The claim script's call for `req`. `namespace_pause` is the
+    /// namespace's pause as read before the claim (cluster mode: since and
+    /// until, `""` for none), or `None` for the script to read `{p}:pause`
+    /// itself (one server).
+    fn claim_call(&self, req: &LeaseClaim, namespace_pause: Option<&(String, String)>) -> Call {
         let run = req.run();
         let keys = LeaseKeys::new(&self.prefix, &run.job);
-        Call {
+        // The namespace's pause has the tag `{p}`: in Redis Cluster it lies
+        // in another hash slot than the job's keys, so there the script gets
+        // it as arguments, read just before, and KEYS[7] names the job's own
+        // pause again (a key in the job's slot, not read for this).
+        let namespace_key = match namespace_pause {
+            None => pause_key(&self.prefix, &PauseScope::All),
+            Some(_) => keys.pause.clone(),
+        };
+        let mut call = Call {
             lua: &CLAIM,
-            // The namespace's pause has the tag `{p}`: in Redis Cluster it
-            // would lie in another hash slot than the job's keys.
             keys: vec![
                 keys.runs,
                 keys.slots,
@@ -228,7 +256,7 @@ impl RedisLeaseStore {
                 keys.fence,
                 keys.window,
                 keys.pause,
-                pause_key(&self.prefix, &PauseScope::All),
+                namespace_key,
                 keys.waiting,
             ],
             args: vec![
@@ -241,7 +269,27 @@ impl RedisLeaseStore {
                 req.max_attempts.get().to_string(),
                 if req.rerun_paused { "1" } else { "0" }.to_owned(),
             ],
+        };
+        if let Some((since, until)) = namespace_pause {
+            call.args
+                .extend(["given".to_owned(), since.clone(), until.clone()]);
         }
+        call
+    }
+
+    /// Cluster mode: the namespace's pause (since, until; `""` for what it
+    /// does not have), read with one `HMGET` before a batch of claims.
+    async fn namespace_pause(&self, during: &'static str) -> Result<(String, String), Error> {
+        let key = pause_key(&self.prefix, &PauseScope::All);
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("HMGET").arg(&key).arg("since").arg("until");
+        let reply = self.link.query_one(&pipe, during).await?;
+        let Value::Array(fields) = reply else {
+            return Err(Error::protocol(during, "HMGET did not answer an array"));
+        };
+        let field = |i: usize| fields.get(i).and_then(text).unwrap_or_default();
+        Ok((field(0), field(1)))
     }
 
     /// An SADD of the jobs not yet in `{p}:jobs` on this connection.
@@ -287,15 +335,24 @@ impl RedisLeaseStore {
         }
         let during = "claiming";
         let (generation, new, prelude) = self.registration(reqs.iter().map(|r| &r.run().job));
-        let calls: Vec<Call> = reqs.iter().map(|r| self.claim_call(r)).collect();
+        let namespace_pause = if self.link.is_cluster() {
+            Some(self.namespace_pause(during).await?)
+        } else {
+            None
+        };
+        let calls: Vec<Call> = reqs
+            .iter()
+            .map(|r| self.claim_call(r, namespace_pause.as_ref()))
+            .collect();
         let (registration, replies) = self
             .link
-            .eval_with_prelude(&prelude, &calls, during)
+            .eval_with_prelude(&prelude, &calls, Durable::Yes, during)
             .await?;
-        match registration
-            .into_iter()
-            .try_for_each(|r| check(r, during).map(drop))
-        {
+        match registration.and_then(|replies| {
+            replies
+                .into_iter()
+                .try_for_each(|r| check(r, during).map(drop))
+        }) {
             // Registered jobs are not sent again on this connection.
             Ok(()) => self.registered(generation, new),
             // Only garbage collection reads the list: the claims stand, and
@@ -333,7 +390,11 @@ impl RedisLeaseStore {
             keys: vec![keys.runs, keys.live],
             args,
         };
-        let reply = self.one(call, during).await?;
+        let reply = self
+            .link
+            .eval_one(call, Durable::Yes, during)
+            .await
+            .map_err(store_err)?;
         match reply.first().and_then(int) {
             Some(1) => Ok(Renewal::Renewed),
             Some(0) => Ok(Renewal::Fenced),
@@ -346,7 +407,10 @@ impl RedisLeaseStore {
 
     /// Runs one script and returns its answer as an array.
     async fn one(&self, call: Call, during: &'static str) -> Result<Vec<Value>, StoreError> {
-        self.link.eval_one(call, during).await.map_err(store_err)
+        self.link
+            .eval_one(call, Durable::No, during)
+            .await
+            .map_err(store_err)
     }
 
     async fn read(

@@ -17,7 +17,9 @@ pub use crate::error::Error;
 pub use crate::idmp::{IDMP_MIN_VERSION, RedisIdmpStore};
 pub use crate::keys::job_key;
 pub use crate::lease::RedisLeaseStore;
-pub use crate::options::{EvictionCheck, KeyPrefix, MAX_PREFIX_LEN, RedisOptions, Strategy};
+pub use crate::options::{
+    EvictionCheck, KeyPrefix, MAX_PREFIX_LEN, RedisOptions, ReplicaWait, Strategy,
+};
 pub use crate::script::RedisScriptStore;
 pub use crate::server::{EvictionFinding, ServerInfo, Version};
 pub use crate::stream_id::RedisStreamIdStore;

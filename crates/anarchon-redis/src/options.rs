@@ -14,7 +14,7 @@ use crate::{MIN_MEMORY, RedisIdmpStore, RedisScriptStore};
 
 /// The query parameters of a store URL that [`RedisOptions::from_url`]
 /// reads itself.
-const STORE_PARAMETERS: &str = "strategy, prefix, window_ms, duration_ms, timeout_ms, connect_timeout_ms, eviction, tls_ca_file";
+const STORE_PARAMETERS: &str = "strategy, prefix, window_ms, duration_ms, timeout_ms, connect_timeout_ms, eviction, tls_ca_file, cluster, seed, wait_replicas, wait_timeout_ms";
 
 /// How a store opened from a URL claims runs: the URL's `strategy`
 /// parameter, with the memory of the claim-only ones.
@@ -150,6 +150,22 @@ pub struct RedisOptions {
     pub(crate) eviction: EvictionCheck,
     pub(crate) tls_ca_file: Option<PathBuf>,
     pub(crate) clock: Arc<dyn Clock>,
+    /// Redis Cluster mode: a cluster client instead of one connection.
+    pub(crate) cluster: bool,
+    /// More cluster nodes to start from than the URL's host (`host:port`).
+    pub(crate) seeds: Vec<String>,
+    /// `WAIT` after each write step: replicas and timeout.
+    pub(crate) wait: Option<ReplicaWait>,
+}
+
+/// How many replicas must have a write step before the store answers, and
+/// how long Redis waits for them: see [`RedisOptions::wait_for_replicas`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaWait {
+    /// The replicas that must acknowledge the step (`WAIT`'s first argument).
+    pub replicas: u32,
+    /// How long Redis waits for them (`WAIT`'s second argument).
+    pub timeout: Duration,
 }
 
 impl RedisOptions {
@@ -174,6 +190,9 @@ impl RedisOptions {
             eviction: EvictionCheck::Warn,
             tls_ca_file: None,
             clock: Arc::new(SystemClock),
+            cluster: false,
+            seeds: Vec::new(),
+            wait: None,
         }
     }
 
@@ -183,7 +202,11 @@ impl RedisOptions {
     /// `script`), `prefix`, `window_ms` (`script` only), `duration_ms`
     /// (`idmp` only, whole seconds), `timeout_ms`, `connect_timeout_ms`,
     /// `eviction` (`warn` or `refuse`) and `tls_ca_file` (a path,
-    /// `%`-escaped where needed; `rediss://` only). They are taken out of
+    /// `%`-escaped where needed; `rediss://` only); for a Redis Cluster
+    /// `cluster=true` and any number of `seed=host:port` (more nodes to
+    /// start from, with the URL's scheme, user and password); and
+    /// `wait_replicas` with `wait_timeout_ms` (see
+    /// [`wait_for_replicas`](Self::wait_for_replicas)). They are taken out of
     /// the URL; the client's `protocol` stays in it. The rest of the URL is
     /// read by the Redis client's own parser, which connects to nothing.
     ///
@@ -233,8 +256,32 @@ impl RedisOptions {
         let mut options = Self::new(String::new());
         let mut prefix = None;
         let mut ca_file = None;
+        let mut wait_replicas = None;
+        let mut wait_timeout = None;
         for &(key, value) in &query.pairs {
             match key {
+                "cluster" => {
+                    options.cluster = match value {
+                        "true" => true,
+                        "false" => false,
+                        _ => {
+                            return Err(invalid(format!(
+                                "cluster must be true or false, not {value:?}"
+                            )));
+                        }
+                    };
+                }
+                "seed" => options.seeds.push(seed_address(value).map_err(invalid)?),
+                "wait_replicas" => {
+                    wait_replicas = Some(value.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                        invalid(format!(
+                            "wait_replicas must be a number of replicas from 1 up, not {value:?}"
+                        ))
+                    })?);
+                }
+                "wait_timeout_ms" => {
+                    wait_timeout = Some(positive_millis(key, value).map_err(invalid)?)
+                }
                 "strategy" => strategy = value,
                 "tls_ca_file" => {
                     ca_file = Some(percent_decode(value).ok_or_else(|| {
@@ -313,6 +360,32 @@ impl RedisOptions {
         if duration.is_some() && !matches!(strategy, Strategy::Idmp(_)) {
             return Err(invalid("duration_ms applies to strategy=idmp only".into()));
         }
+        if !options.seeds.is_empty() && !options.cluster {
+            return Err(invalid(
+                "seed names more nodes of a Redis Cluster: add cluster=true, or remove seed".into(),
+            ));
+        }
+        if options.cluster && !db.is_empty() && db != "0" {
+            return Err(invalid(format!(
+                "a Redis Cluster has only database 0, and the URL asks for database {db}: remove /{db} from the URL"
+            )));
+        }
+        match (wait_replicas, wait_timeout) {
+            (Some(replicas), Some(timeout)) => {
+                options = options.wait_for_replicas(replicas, timeout)
+            }
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(invalid(
+                    "wait_replicas needs wait_timeout_ms too (how long Redis waits for the replicas, e.g. wait_timeout_ms=100)".into(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "wait_timeout_ms needs wait_replicas too (how many replicas must acknowledge each claim, e.g. wait_replicas=1)".into(),
+                ));
+            }
+        }
         options.url = query.rebuild(&kept);
         let tls = query.base.starts_with("rediss://") || query.base.starts_with("valkeys://");
         #[cfg(not(feature = "tls"))]
@@ -342,6 +415,58 @@ impl RedisOptions {
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// Redis Cluster mode: the store connects with a cluster client, which
+    /// learns the cluster's nodes from the URL's host (and the seeds added
+    /// with [`with_seed`](Self::with_seed)), sends each job's keys to the
+    /// master of their hash slot and follows failovers and resharding.
+    /// The URL form is `cluster=true`. See the crate docs (Redis Cluster)
+    /// for what cluster mode changes.
+    pub fn with_cluster(mut self, cluster: bool) -> Self {
+        self.cluster = cluster;
+        self
+    }
+
+    /// One more cluster node (`host:port`) to start from, beside the URL's
+    /// host, with the URL's scheme, user and password: the store can start
+    /// while the URL's own node is down. Only with
+    /// [`with_cluster`](Self::with_cluster); the URL form is `seed=host:port`,
+    /// once per node.
+    pub fn with_seed(mut self, host_port: impl Into<String>) -> Self {
+        self.seeds.push(host_port.into());
+        self
+    }
+
+    /// Makes every write step that decides a run — each claim, and the
+    /// lease strategy's heartbeat, finish, release and give-back — answer
+    /// only once `replicas` replicas have it: the store sends
+    /// `WAIT replicas timeout` right after the step, in the same pipeline
+    /// to the same node. If fewer replicas acknowledge within `timeout`,
+    /// the call fails with [`Error::NotReplicated`], a temporary error: the
+    /// step stands on the master but could be lost if the master fails
+    /// before a replica has it; sent again with the same token, a claim
+    /// finds its own claim and waits again. `WAIT` makes a write survive
+    /// the failover of one master only if a replica that has it is
+    /// promoted; it does not make Redis strongly consistent (see
+    /// docs/backends/redis.md). The URL form is
+    /// `wait_replicas=N&wait_timeout_ms=T`.
+    ///
+    /// `timeout` must be shorter than the response timeout; checked when
+    /// the store connects.
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = Some(ReplicaWait { replicas, timeout });
+        self
+    }
+
+    /// The `WAIT` the store sends after each write step, if any.
+    pub fn replica_wait(&self) -> Option<ReplicaWait> {
+        self.wait
+    }
+
+    /// Whether the store connects to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
     }
 
     /// The key prefix (default `cron`).
@@ -434,8 +559,27 @@ impl fmt::Debug for RedisOptions {
             .field("response_timeout", &self.response_timeout)
             .field("eviction", &self.eviction)
             .field("tls_ca_file", &self.tls_ca_file)
+            .field("cluster", &self.cluster)
+            .field("seeds", &self.seeds)
+            .field("wait", &self.wait)
             .finish_non_exhaustive()
     }
+}
+
+/// A `seed` parameter's value: `host:port`, the port a number.
+fn seed_address(value: &str) -> Result<String, String> {
+    let bad = || {
+        format!(
+            "seed must be one cluster node as host:port (e.g. seed=10.0.0.2:7001), not {value:?}; give one seed parameter per node"
+        )
+    };
+    let (host, port) = value.rsplit_once(':').ok_or_else(bad)?;
+    let plain =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':');
+    if host.is_empty() || !host.chars().all(plain) || port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err(bad());
+    }
+    Ok(value.to_owned())
 }
 
 /// Reads `url` with the Redis client's own parser, which connects to
@@ -634,6 +778,40 @@ mod tests {
                 "needs a rediss:// URL",
             ),
             ("redis://:s3/cret@h", "%2F"),
+            ("redis://:s3cret@h?seed=h2:7001", "add cluster=true"),
+            (
+                "redis://:s3cret@h?cluster=yes",
+                "cluster must be true or false",
+            ),
+            (
+                "redis://:s3cret@h?cluster=true&seed=h2",
+                "seed must be one cluster node as host:port",
+            ),
+            (
+                "redis://:s3cret@h?cluster=true&seed=h2:0",
+                "seed must be one cluster node",
+            ),
+            (
+                "redis://:s3cret@h?cluster=true&seed=h2:7001,h3:7002",
+                "one seed parameter per node",
+            ),
+            ("redis://:s3cret@h/2?cluster=true", "only database 0"),
+            (
+                "redis://:s3cret@h?wait_replicas=1",
+                "wait_replicas needs wait_timeout_ms",
+            ),
+            (
+                "redis://:s3cret@h?wait_timeout_ms=50",
+                "wait_timeout_ms needs wait_replicas",
+            ),
+            (
+                "redis://:s3cret@h?wait_replicas=0&wait_timeout_ms=50",
+                "wait_replicas must be a number",
+            ),
+            (
+                "redis://:s3cret@h?wait_replicas=1&wait_timeout_ms=0",
+                "longer than zero",
+            ),
         ] {
             let err = RedisOptions::from_url(url).unwrap_err();
             let text = err.to_string();
@@ -644,6 +822,33 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn cluster_urls_name_seeds_and_a_wait() {
+        let (options, strategy) = RedisOptions::from_url(
+            "redis://:s3cret@10.0.0.1:7000?cluster=true&seed=10.0.0.2:7000&seed=n3.internal:7001&strategy=script&wait_replicas=1&wait_timeout_ms=50",
+        )
+        .unwrap();
+        assert_eq!(strategy.backend(), "redis-script");
+        assert!(options.is_cluster());
+        assert_eq!(options.seeds, ["10.0.0.2:7000", "n3.internal:7001"]);
+        assert_eq!(
+            options.replica_wait(),
+            Some(ReplicaWait {
+                replicas: 1,
+                timeout: Duration::from_millis(50)
+            })
+        );
+        assert_eq!(options.url, "redis://:s3cret@10.0.0.1:7000");
+        assert!(!format!("{options:?}").contains("s3cret"));
+        let (options, _) = RedisOptions::from_url("redis://h:7000/0?cluster=false").unwrap();
+        assert!(!options.is_cluster());
+        let built = RedisOptions::new("redis://h:7000")
+            .with_cluster(true)
+            .with_seed("h2:7001");
+        assert!(built.is_cluster());
+        assert_eq!(built.seeds, ["h2:7001"]);
     }
 
     #[cfg(feature = "tls")]

@@ -6,7 +6,7 @@ use anarchon_core::time::millis;
 use anarchon_core::{ClaimOutcome, ClaimRequest, Memory, Token};
 
 use crate::MIN_MEMORY;
-use crate::connection::{Call, Link, Lua, text};
+use crate::connection::{Call, Durable, Link, Lua, text};
 use crate::error::Error;
 use crate::keys::job_key;
 use crate::options::{KeyPrefix, RedisOptions};
@@ -103,7 +103,7 @@ impl RedisScriptStore {
                 millis(self.window).to_string(),
             ],
         };
-        let items = self.link.eval_one(call, during).await?;
+        let items = self.link.eval_one(call, Durable::Yes, during).await?;
         let winner = items
             .first()
             .and_then(text)

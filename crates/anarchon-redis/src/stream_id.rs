@@ -101,7 +101,7 @@ impl RedisStreamIdStore {
             .arg("instance")
             .arg(req.instance.as_str());
         pipe.cmd("XRANGE").arg(&key).arg(&id).arg(&id);
-        let mut replies = self.link.query(&pipe, during).await?.into_iter();
+        let mut replies = self.link.query_durable(&pipe, during).await?.into_iter();
         let (Some(added), Some(entry)) = (replies.next(), replies.next()) else {
             return Err(Error::protocol(during, "two answers expected"));
         };

@@ -80,6 +80,35 @@ pub(crate) fn connection_info(opts: &RedisOptions) -> Result<ConnectionInfo, Err
     }
 }
 
+/// The settings for each seed node of a cluster: the URL's own host, then
+/// each `seed` with the URL's scheme, user, password and parameters.
+///
+/// # Errors
+///
+/// As [`connection_info`].
+pub(crate) fn seed_infos(opts: &RedisOptions) -> Result<Vec<ConnectionInfo>, Error> {
+    let mut infos = vec![connection_info(opts)?];
+    for seed in &opts.seeds {
+        let mut at_seed = opts.clone();
+        at_seed.url = with_host(&opts.url, seed);
+        infos.push(connection_info(&at_seed)?);
+    }
+    Ok(infos)
+}
+
+/// `url` with `host_port` in place of its `host[:port]`.
+pub(crate) fn with_host(url: &str, host_port: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let user = authority
+        .rsplit_once('@')
+        .map_or(String::new(), |(user, _)| format!("{user}@"));
+    format!("{scheme}://{user}{host_port}{tail}")
+}
+
 /// A URL the client refuses, without its password.
 fn invalid_url(opts: &RedisOptions, e: &RedisError) -> Error {
     let mut reason = e.to_string();
@@ -165,6 +194,20 @@ mod enabled {
             })
     }
 
+    /// The authorities of `opts`' CA file for a cluster client, which
+    /// connects to the nodes it discovers with them.
+    pub(crate) fn cluster_certificates(
+        opts: &RedisOptions,
+    ) -> Result<Option<deadpool_redis::redis::TlsCertificates>, Error> {
+        let Some(path) = opts.tls_ca_file.as_deref() else {
+            return Ok(None);
+        };
+        Ok(Some(deadpool_redis::redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(read_ca(path)?),
+        }))
+    }
+
     /// If `err` is a failed TLS handshake, what failed and what to check.
     pub(crate) fn handshake_failure(err: &RedisError) -> Option<String> {
         let tls = rustls_error_in(err)?;
@@ -185,11 +228,20 @@ mod enabled {
 }
 
 #[cfg(feature = "tls")]
-pub(crate) use enabled::{handshake_failure, secure};
+pub(crate) use enabled::{cluster_certificates, handshake_failure, secure};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seeds_take_the_urls_credentials() {
+        assert_eq!(
+            with_host("redis://u:pw@h:7000/0?protocol=resp3", "10.0.0.2:7001"),
+            "redis://u:pw@10.0.0.2:7001/0?protocol=resp3"
+        );
+        assert_eq!(with_host("rediss://h", "n2:7002"), "rediss://n2:7002");
+    }
 
     #[test]
     fn secrets_are_found_for_scrubbing() {

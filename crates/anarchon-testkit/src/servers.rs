@@ -169,6 +169,12 @@ pub enum Cluster {
     /// project's machines). One seed URL is enough: the client learns the
     /// other nodes from the one it connects to.
     Nats,
+    /// A Redis Cluster of three masters and three replicas (ports
+    /// 7000–7005 on the project's machines). The URL names one node, with
+    /// `cluster=true` and the others as `seed`s, so a store can start
+    /// while any one node is down; which nodes are masters changes after
+    /// a failover test.
+    Redis,
 }
 
 impl Cluster {
@@ -176,6 +182,7 @@ impl Cluster {
     pub const fn env_var(self) -> &'static str {
         match self {
             Cluster::Nats => "ANARCHON_NATS_CLUSTER_URL",
+            Cluster::Redis => "ANARCHON_REDIS_CLUSTER_URL",
         }
     }
 
@@ -183,12 +190,16 @@ impl Cluster {
     pub const fn local_default(self) -> &'static str {
         match self {
             Cluster::Nats => "nats://127.0.0.1:4231",
+            Cluster::Redis => {
+                "redis://127.0.0.1:7000?cluster=true&seed=127.0.0.1:7001&seed=127.0.0.1:7002&seed=127.0.0.1:7003&seed=127.0.0.1:7004&seed=127.0.0.1:7005"
+            }
         }
     }
 
     const fn local_address(self) -> &'static str {
         match self {
             Cluster::Nats => "127.0.0.1:4231",
+            Cluster::Redis => "127.0.0.1:7000",
         }
     }
 
@@ -196,6 +207,7 @@ impl Cluster {
     pub const fn name(self) -> &'static str {
         match self {
             Cluster::Nats => "NATS JetStream cluster",
+            Cluster::Redis => "Redis Cluster",
         }
     }
 }
@@ -389,6 +401,26 @@ mod tests {
         let found =
             locate_cluster_at(Cluster::Nats, Some("nats://n1:4222".into()), "127.0.0.1:1").await;
         assert_eq!(found, Ok(Found::FromEnv("nats://n1:4222".into())));
+    }
+
+    #[tokio::test]
+    async fn a_missing_redis_cluster_says_how_to_start_it() {
+        let err = locate_cluster_at(Cluster::Redis, None, "127.0.0.1:1")
+            .await
+            .unwrap_err();
+        assert!(err.contains("ANARCHON_REDIS_CLUSTER_URL"), "{err}");
+        assert!(err.contains("Redis Cluster"), "{err}");
+        assert!(err.contains("cargo xtask services --start"), "{err}");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let found = locate_cluster_at(Cluster::Redis, None, &address).await;
+        let Ok(Found::Local(url)) = found else {
+            panic!("{found:?}");
+        };
+        assert!(
+            url.starts_with("redis://127.0.0.1:7000?cluster=true&seed="),
+            "{url}"
+        );
     }
 
     #[test]

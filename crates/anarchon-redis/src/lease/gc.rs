@@ -8,7 +8,7 @@ use anarchon_core::time::millis;
 use deadpool_redis::redis::Value;
 
 use super::{BACKEND, GC, RedisLeaseStore, store_err};
-use crate::connection::{Call, check, int};
+use crate::connection::{Call, Durable, check, int};
 use crate::error::Error;
 use crate::keys::LeaseKeys;
 
@@ -40,7 +40,7 @@ impl RedisLeaseStore {
                     .collect();
                 let replies = self
                     .link
-                    .eval(&[], &calls, during)
+                    .eval(&[], &calls, Durable::No, during)
                     .await
                     .map_err(store_err)?;
                 for (job, reply) in chunk.iter().zip(replies) {

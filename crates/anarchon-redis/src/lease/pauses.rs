@@ -5,10 +5,10 @@ use anarchon_core::time::millis;
 use anarchon_core::{
     Pause, PauseEnd, PauseRequest, PauseScope, Pauses, StoreError, Timestamp, Until,
 };
-use deadpool_redis::redis::Value;
+use deadpool_redis::redis::{self, Value};
 
 use super::{BACKEND, PAUSE, RedisLeaseStore, clock_of, store_err};
-use crate::connection::{Call, int, text};
+use crate::connection::{Call, Durable, check, int, text};
 use crate::error::Error;
 use crate::keys::{pause_key, pauses_key};
 
@@ -19,18 +19,62 @@ const MAX_PAUSE_MS: i64 = 1 << 50;
 
 impl RedisLeaseStore {
     /// One step of `lua/lease_pause.lua` on the pause of `scope`.
+    ///
+    /// On a Redis Cluster a job's pause (`{p:job}:pause`) and the index
+    /// (`{p}:pauses`) lie in two hash slots: the script then writes the
+    /// pause alone, and the index is updated beside it — added to before
+    /// a pause, removed from after a resume — so the index may name a
+    /// scope without a pause (which reading the pauses skips) but never
+    /// misses one.
     async fn pause_step(
         &self,
         scope: &PauseScope,
         args: Vec<String>,
         during: &'static str,
     ) -> Result<Vec<Value>, StoreError> {
+        let pause = pause_key(&self.prefix, scope);
+        let index = pauses_key(&self.prefix);
+        let split = self.link.is_cluster() && matches!(scope, PauseScope::Job(_));
+        if !split {
+            let call = Call {
+                lua: &PAUSE,
+                keys: vec![pause, index],
+                args,
+            };
+            return self.one(call, during).await;
+        }
+        let pausing = args.first().is_some_and(|op| op == "pause");
+        if pausing {
+            self.index(&index, "SADD", scope, during).await?;
+        }
         let call = Call {
             lua: &PAUSE,
-            keys: vec![pause_key(&self.prefix, scope), pauses_key(&self.prefix)],
+            keys: vec![pause],
             args,
         };
-        self.one(call, during).await
+        let reply = self.one(call, during).await?;
+        if !pausing {
+            self.index(&index, "SREM", scope, during).await?;
+        }
+        Ok(reply)
+    }
+
+    /// `SADD` or `SREM` of `scope` in the pause index `index`.
+    async fn index(
+        &self,
+        index: &str,
+        command: &str,
+        scope: &PauseScope,
+        during: &'static str,
+    ) -> Result<(), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd(command).arg(index).arg(scope.key());
+        self.link
+            .query_one(&pipe, during)
+            .await
+            .map(drop)
+            .map_err(store_err)
     }
 
     pub(super) async fn pause_now(
@@ -130,16 +174,22 @@ impl RedisLeaseStore {
                 ),
             }
         }
-        let mut args = vec!["read".to_owned()];
-        args.extend(scopes.iter().map(|s| s.key().to_owned()));
-        let call = Call {
-            lua: &PAUSE,
-            keys: scopes.iter().map(|s| pause_key(&self.prefix, s)).collect(),
-            args,
+        let (now, items) = if self.link.is_cluster() {
+            self.read_pauses_apart(&scopes, during).await?
+        } else {
+            let mut args = vec!["read".to_owned()];
+            args.extend(scopes.iter().map(|s| s.key().to_owned()));
+            let call = Call {
+                lua: &PAUSE,
+                keys: scopes.iter().map(|s| pause_key(&self.prefix, s)).collect(),
+                args,
+            };
+            let mut items = self.one(call, during).await?.into_iter();
+            let now = clock_of(items.next().as_ref(), during)?;
+            (now, items.collect())
         };
-        let mut items = self.one(call, during).await?.into_iter();
-        let now = clock_of(items.next().as_ref(), during)?;
         let pauses = items
+            .into_iter()
             .map(|item| match item {
                 Value::Array(fields) => parse_pause(&fields).map_err(store_err),
                 other => Err(store_err(Error::protocol(
@@ -149,6 +199,57 @@ impl RedisLeaseStore {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Pauses::holding(pauses, now))
+    }
+
+    /// Cluster mode: each scope's pause read by its own script call (the
+    /// calls grouped by hash slot, sent at once), so not one snapshot:
+    /// a pause written meanwhile may be seen or not. The store's `now` is
+    /// the latest clock reading among the answers.
+    async fn read_pauses_apart(
+        &self,
+        scopes: &[PauseScope],
+        during: &'static str,
+    ) -> Result<(Timestamp, Vec<Value>), StoreError> {
+        let calls: Vec<Call> = scopes
+            .iter()
+            .map(|scope| Call {
+                lua: &PAUSE,
+                keys: vec![pause_key(&self.prefix, scope)],
+                args: vec!["read".to_owned(), scope.key().to_owned()],
+            })
+            .collect();
+        let mut now = if calls.is_empty() {
+            // Nothing to read: one clock reading from the index's node.
+            let call = Call {
+                lua: &PAUSE,
+                keys: vec![pause_key(&self.prefix, &PauseScope::All)],
+                args: vec!["read".to_owned(), PauseScope::All.key().to_owned()],
+            };
+            let items = self.one(call, during).await?;
+            Some(clock_of(items.first(), during)?)
+        } else {
+            None
+        };
+        let replies = self
+            .link
+            .eval(&[], &calls, Durable::No, during)
+            .await
+            .map_err(store_err)?;
+        let mut items = Vec::new();
+        for reply in replies {
+            let Value::Array(answer) = check(reply, during).map_err(store_err)? else {
+                return Err(store_err(Error::protocol(
+                    during,
+                    "a pause read is not an array",
+                )));
+            };
+            let mut answer = answer.into_iter();
+            let at = clock_of(answer.next().as_ref(), during)?;
+            now = Some(now.map_or(at, |n: Timestamp| n.max(at)));
+            items.extend(answer);
+        }
+        let now = now.ok_or_else(|| store_err(Error::protocol(during, "no clock reading")))?;
+        Ok((now, items))
     }
 }
 

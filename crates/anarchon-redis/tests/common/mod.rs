@@ -294,3 +294,159 @@ pub async fn within<T>(
         .await
         .unwrap_or_else(|_| panic!("{what} did not finish within {bound:?}"))
 }
+
+// ---------------------------------------------------------------------
+// The Redis Cluster (`ANARCHON_REDIS_CLUSTER_URL`, or the one `cargo
+// xtask services --start` runs on 127.0.0.1:7000-7005).
+// ---------------------------------------------------------------------
+
+/// The test cluster's URL, `cluster=true` and its seeds included (fails
+/// the test with instructions if there is none).
+pub async fn cluster_url() -> String {
+    anarchon_testkit::servers::require_cluster(anarchon_testkit::servers::Cluster::Redis).await
+}
+
+/// Options for the test cluster under `prefix` (cluster mode on even if
+/// the URL from the environment does not say so).
+pub fn cluster_options(url: &str, prefix: &str) -> RedisOptions {
+    let (opts, _) = RedisOptions::from_url(url).expect("the cluster URL is a store URL");
+    opts.with_cluster(true)
+        .with_prefix(prefix)
+        .expect("unique prefixes are valid")
+}
+
+/// The `host:port` of every node the cluster URL names (host and seeds).
+pub fn cluster_nodes(url: &str) -> Vec<String> {
+    let (_, rest) = url.split_once("://").expect("a URL with a scheme");
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let host = rest[..end]
+        .rsplit_once('@')
+        .map_or(&rest[..end], |(_, h)| h);
+    let mut nodes = vec![host.to_owned()];
+    if let Some((_, query)) = rest.split_once('?') {
+        nodes.extend(
+            query
+                .split('&')
+                .filter_map(|pair| pair.strip_prefix("seed="))
+                .map(str::to_owned),
+        );
+    }
+    nodes
+}
+
+/// `url` with its `host[:port]` replaced by `node`, and no query.
+pub fn node_url(url: &str, node: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let user = rest[..end]
+        .rsplit_once('@')
+        .map_or(String::new(), |(user, _)| format!("{user}@"));
+    format!("{scheme}://{user}{node}")
+}
+
+/// Whether the node at `url` is a master now (`ROLE`).
+pub fn is_master(url: &str) -> bool {
+    let role: redis::RedisResult<redis::Value> = query_blocking(url, &redis::cmd("ROLE"));
+    matches!(role, Ok(redis::Value::Array(items))
+        if items.first().is_some_and(|v| matches!(v, redis::Value::BulkString(b) if b == b"master")))
+}
+
+/// Deletes the keys under `prefix` on the one node at `url`, one `DEL`
+/// each (keys of several hash slots cannot share a `DEL` on a cluster).
+fn delete_one_by_one(url: &str, prefix: &str) {
+    use redis::Commands;
+    let Ok(mut conn) = redis::Client::open(url).and_then(|c| c.get_connection()) else {
+        return;
+    };
+    for pattern in [format!("{{{prefix}:*"), format!("{{{prefix}}}:*")] {
+        let keys: Vec<String> = match conn.scan_match::<_, String>(&pattern) {
+            Ok(iter) => iter.filter_map(Result::ok).collect(),
+            Err(_) => continue,
+        };
+        for key in keys {
+            let _: redis::RedisResult<i64> = conn.del(&key);
+        }
+    }
+}
+
+/// Deletes every key under a prefix on every master of the cluster when
+/// dropped, pass or fail.
+pub struct ClusterCleanup {
+    url: String,
+    prefix: String,
+}
+
+impl ClusterCleanup {
+    pub fn new(url: &str, prefix: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            prefix: prefix.to_owned(),
+        }
+    }
+}
+
+impl Drop for ClusterCleanup {
+    fn drop(&mut self) {
+        for node in cluster_nodes(&self.url) {
+            let at = node_url(&self.url, &node);
+            if is_master(&at) {
+                delete_one_by_one(&at, &self.prefix);
+            }
+        }
+    }
+}
+
+macro_rules! cluster_factory {
+    ($name:ident, $store:ty, $stem:literal, |$opts:ident| $connect:expr) => {
+        /// A namespace (key prefix) on the test cluster; each instance is
+        /// a new store with its own cluster connection.
+        pub struct $name {
+            pub url: String,
+            pub prefix: String,
+            pub opts: RedisOptions,
+            _cleanup: ClusterCleanup,
+        }
+
+        impl $name {
+            pub async fn new() -> Self {
+                let url = cluster_url().await;
+                let prefix = unique_prefix($stem);
+                Self {
+                    opts: cluster_options(&url, &prefix),
+                    _cleanup: ClusterCleanup::new(&url, &prefix),
+                    url,
+                    prefix,
+                }
+            }
+
+            pub async fn connect(&self) -> Result<$store, Error> {
+                let $opts = &self.opts;
+                $connect.await
+            }
+        }
+
+        #[async_trait]
+        impl StoreFactory for $name {
+            type Store = $store;
+
+            async fn instance_with_clock(&self, clock: Arc<dyn Clock>) -> Arc<$store> {
+                let $opts = &self.opts.clone().with_clock(clock);
+                Arc::new(
+                    $connect.await.unwrap_or_else(|e| {
+                        panic!("cannot connect to the test Redis Cluster: {e}")
+                    }),
+                )
+            }
+        }
+    };
+}
+
+cluster_factory!(ClusterLeaseFactory, RedisLeaseStore, "clease", |opts| {
+    RedisLeaseStore::connect(opts)
+});
+cluster_factory!(ClusterStreamIdFactory, RedisStreamIdStore, "csid", |opts| {
+    RedisStreamIdStore::connect(opts)
+});
+cluster_factory!(ClusterScriptFactory, RedisScriptStore, "cscript", |opts| {
+    RedisScriptStore::connect(opts, RedisScriptStore::DEFAULT_WINDOW)
+});
