@@ -45,12 +45,14 @@ const DOUBT_PRUNE_AT: usize = 1024;
 /// * **no answer** (connection dropped, time limit): `Unknown`, which the
 ///   scheduler treats as lost and logs.
 ///
-/// The declaration, the claim and the probe for the caller's mark leave
-/// together and are answered together: a losing claim costs one round trip,
-/// a winning one two (the second declares its mark). The broker takes a
-/// channel's frames in order, so the claim lands in the queue the
-/// declaration made, or is dropped with the channel when the declaration is
-/// refused.
+/// The declaration and the claim leave together and are answered together,
+/// so every claim costs two round trips: that one, then the winner's mark
+/// or a loser's probe for its own. The broker takes a channel's frames in
+/// order, so the claim lands in the queue the declaration made, or is
+/// dropped with the channel when the declaration is refused. (Sending the
+/// probe with the claim would save the losers a round trip but cost every
+/// winner a returned message; a lone instance, which wins everything, would
+/// pay it on every run.)
 ///
 /// The broker orders the publishes to one queue, and a classic queue with
 /// `reject-publish` never holds more than one ready message, so at most one
@@ -329,22 +331,16 @@ impl ClaimStore for AmqpStore {
         let lease = self.pool.lease(deadline, self.timeout).await?;
         let was_in_doubt = self.doubt(req.token);
 
-        // One round trip: the gate's declaration, the claim and the probe
-        // for this token's mark leave together on one channel. The broker
-        // handles a channel's frames in order, so the claim reaches the
-        // queue the declaration made (and is dropped with the channel if the
-        // declaration was refused). Only a refused claim needs the probe's
-        // answer; a winning one ignores it.
+        // One round trip: the gate's declaration and the claim leave
+        // together on one channel. The broker handles a channel's frames in
+        // order, so the claim reaches the queue the declaration made (and is
+        // dropped with the channel if the declaration was refused).
         let channel = lease.channel();
         let declaring =
             channel.queue_declare(gate.as_str().into(), durable(), self.gate_arguments.clone());
         let publishing = self.publish_claim(channel, &gate, req);
-        let probing = self.has_mark(channel, &gate, req.token);
-        let sent = timeout_at(deadline, async {
-            tokio::join!(declaring, publishing, probing)
-        })
-        .await;
-        let (declared, published, marked) = match sent {
+        let sent = timeout_at(deadline, async { tokio::join!(declaring, publishing) }).await;
+        let (declared, published) = match sent {
             Ok(answers) => answers,
             Err(_) => {
                 lease.hung();
@@ -401,31 +397,46 @@ impl ClaimStore for AmqpStore {
                 self.settle(req.token);
                 Ok(won())
             }
-            Confirmation::Nack(None) => match marked {
-                Ok(true) => {
-                    lease.release();
-                    self.settle(req.token);
-                    Ok(won())
-                }
-                Ok(false) if was_in_doubt => {
-                    lease.release();
-                    Ok(ClaimOutcome::Unknown)
-                }
-                Ok(false) => {
-                    lease.release();
-                    self.settle(req.token);
-                    Ok(ClaimOutcome::Lost)
-                }
-                Err(e) => {
-                    lease.fail(&e);
-                    Ok(if was_in_doubt {
-                        ClaimOutcome::Unknown
-                    } else {
+            Confirmation::Nack(None) => {
+                // Refused: the gate is taken. Is it this token's own earlier
+                // claim? Only its mark can say (see above).
+                let marked =
+                    timeout_at(deadline, self.has_mark(lease.channel(), &gate, req.token)).await;
+                match marked {
+                    Ok(Ok(true)) => {
+                        lease.release();
                         self.settle(req.token);
-                        ClaimOutcome::Lost
-                    })
+                        Ok(won())
+                    }
+                    Ok(Ok(false)) if was_in_doubt => {
+                        lease.release();
+                        Ok(ClaimOutcome::Unknown)
+                    }
+                    Ok(Ok(false)) => {
+                        lease.release();
+                        self.settle(req.token);
+                        Ok(ClaimOutcome::Lost)
+                    }
+                    Ok(Err(e)) => {
+                        lease.fail(&e);
+                        Ok(if was_in_doubt {
+                            ClaimOutcome::Unknown
+                        } else {
+                            self.settle(req.token);
+                            ClaimOutcome::Lost
+                        })
+                    }
+                    Err(_) => {
+                        lease.hung();
+                        Ok(if was_in_doubt {
+                            ClaimOutcome::Unknown
+                        } else {
+                            self.settle(req.token);
+                            ClaimOutcome::Lost
+                        })
+                    }
                 }
-            },
+            }
             Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => {
                 lease.release();
                 if !was_in_doubt {

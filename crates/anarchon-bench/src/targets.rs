@@ -827,7 +827,7 @@ impl Target for Amqp {
         self.0.calls()
     }
     fn counted_by(&self) -> &'static str {
-        "the client, as store calls (a claim is a queue declare, a publish and a probe for its mark, sent together; a winner then declares its mark)"
+        "the client, as store calls (a claim is a queue declare and a publish sent together, then the winner's mark or a loser's probe for its own)"
     }
     fn namespace(&self) -> String {
         self.0.name.clone()
