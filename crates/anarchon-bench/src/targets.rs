@@ -1013,16 +1013,15 @@ impl Target for NatsKv {
     /// ceiling a claim can approach.
     async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>> {
         let bucket = format!("{}_baseline", self.0.name);
+        // The lease store makes its bucket the way it makes its own (a
+        // stream config the older servers accept); the racers only open it.
+        let connection = anarchon_nats::NatsOptions::new(&self.0.url);
+        let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&bucket);
+        drop(anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?);
         let mut stores = Vec::new();
         for _ in 0..concurrency {
             let js = async_nats::jetstream::new(async_nats::connect(&self.0.url).await?);
-            let kv = js
-                .create_key_value(async_nats::jetstream::kv::Config {
-                    bucket: bucket.clone(),
-                    history: 1,
-                    ..Default::default()
-                })
-                .await?;
+            let kv = js.get_key_value(&bucket).await?;
             stores.push((js, kv));
         }
         let runs = ops / concurrency;
