@@ -845,8 +845,9 @@ impl Target for Amqp {
     /// `concurrency` connections declares the gate queue of every run (the
     /// same arguments) and publishes one persistent message to it with a
     /// confirm, declaration and publish sent together; all connections race
-    /// for the same runs, as the claims do. Only the winner's mark is left
-    /// out, so this is the ceiling a claim can approach.
+    /// for the same runs, as the claims do. The winner's mark and the
+    /// losers' probes for theirs are left out, so this is the ceiling a
+    /// claim can approach.
     async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>> {
         use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
         use lapin::types::{AMQPValue, FieldTable};
@@ -1042,13 +1043,13 @@ impl Target for NatsKv {
         });
         let won: usize = join_all(racing).await.into_iter().sum();
         let rate = (runs * concurrency) as f64 / start.elapsed().as_secs_f64();
+        if let Some((js, _)) = stores.first() {
+            let _ = js.delete_stream(format!("KV_{bucket}")).await;
+        }
         if won != runs {
             anyhow::bail!(
                 "the KV baseline created {won} of {runs} keys: the server refused some creates for another reason than the race"
             );
-        }
-        if let Some((js, _)) = stores.first() {
-            let _ = js.delete_stream(format!("KV_{bucket}")).await;
         }
         Ok(Some(("KV create".into(), rate)))
     }
