@@ -124,11 +124,15 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn lease_only_job_options_are_refused_on_a_claim_only_store() {
+    async fn lease_only_job_options_are_refused_on_a_claim_only_store_at_start_and_by_check() {
         for (line, option) in [
             ("overlap = \"skip\"", "overlap"),
+            ("overlap = \"replace\"", "overlap"),
+            ("overlap = \"buffer-one\"", "overlap"),
             ("max_attempts = 2", "max_attempts"),
             ("catch_up = \"1h\"", "catch_up"),
+            ("retries = 2", "retries"),
+            ("retries = 2\nretry_backoff = \"10s\"", "retries"),
         ] {
             let tab = crontab(&format!(
                 "[[job]]\nname = \"nightly\"\nschedule = \"0 3 * * *\"\ncommand = \"true\"\n{line}\n"
@@ -141,6 +145,12 @@ mod tests {
                 "{text}"
             );
             assert!(text.starts_with("test.toml:2: job \"nightly\": "), "{text}");
+            // `anarchon check` refuses it the same way.
+            let err = check(&tab, claim_only()).unwrap_err();
+            assert_eq!(
+                unsupported(err),
+                (Some("nightly".into()), option, "claim-only-test")
+            );
             // The same crontab suits a lease store.
             let lease: Arc<dyn ClaimStore> = Arc::new(anarchon::MemoryStore::new());
             build(&tab, lease, &Arc::default(), None).unwrap();
