@@ -53,6 +53,8 @@ DECLARE
     v_earlier jsonb;
     v_waiting boolean;
     v_step  text;
+    v_slow  boolean[] := array_fill(false, ARRAY[n]);
+    v_any_slow boolean := false;
 BEGIN
     IF coalesce(array_length(p_slot, 1), 0) <> n
         OR coalesce(array_length(p_token, 1), 0) <> n
@@ -76,14 +78,73 @@ BEGIN
         RAISE EXCEPTION 'anarchon: unknown overlap rule' USING ERRCODE = '22023';
     END IF;
 
-    -- 1. Lock the row of every job in the batch, in byte order of the names.
-    -- Until this transaction ends, any other claim of these jobs waits here;
-    -- and because every caller locks in the same order, two batches that
-    -- share jobs cannot deadlock.
+    -- 0. Claims that the run's own row answers, without the job's lock: a
+    -- run that ended for good, one someone else holds with a live lease,
+    -- our own claim sent again, and a failure whose retry is not due.
+    -- None of them writes, so they need no order among the job's claims:
+    -- the row is read as committed when this statement starts, and the
+    -- time is read after it, so the answer held at that moment (a lease
+    -- live now was live then). This is what the instances that lose a
+    -- race, and backups watching a run, ask; only claims that may change
+    -- something (a slot nobody ran, a lease that ran out, a retry that is
+    -- due) go on to the job's lock, as does a claim whose job has not yet
+    -- recorded its late window.
+    FOR i IN 1 .. n LOOP
+        SELECT t.state, t.attempt, t.token, t.fence, t.lease_until, t.retry_at,
+               t.earlier, coalesce(j.late_window >= p_max_late[i], false) AS window_kept
+          INTO v_run
+          FROM "{{table}}" AS t
+          LEFT JOIN "{{table}}_jobs" AS j ON j.job = t.job
+         WHERE t.job = p_job[i] AND t.slot = p_slot[i];
+        v_found := FOUND;
+        v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+        r_idx := i;
+        r_outcome := NULL;
+        r_attempt := NULL;
+        r_fence := NULL;
+        r_lease_until := NULL;
+        r_store_now := v_now;
+        r_earlier := NULL;
+        IF NOT v_found OR NOT v_run.window_kept
+           OR v_run.state IN ('missed', 'waiting')
+           OR (v_run.state = 'paused' AND p_rerun_paused[i]) THEN
+            NULL;
+        ELSIF v_run.state = 'failed' AND v_run.retry_at IS NOT NULL THEN
+            IF v_now < v_run.retry_at THEN
+                r_outcome := 'running';
+                r_lease_until := v_run.retry_at;
+            END IF;
+        ELSIF v_run.state <> 'running' THEN
+            r_outcome := v_run.state;
+        ELSIF v_run.token = p_token[i] THEN
+            r_outcome := 'won';
+            r_attempt := coalesce(v_run.attempt, 1);
+            r_fence := v_run.fence;
+            r_earlier := v_run.earlier::text;
+        ELSIF coalesce(v_run.lease_until, v_now) >= v_now THEN
+            r_outcome := 'running';
+            r_lease_until := coalesce(v_run.lease_until, v_now);
+        END IF;
+        IF r_outcome IS NULL THEN
+            v_slow[i] := true;
+            v_any_slow := true;
+        ELSE
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+    IF NOT v_any_slow THEN
+        RETURN;
+    END IF;
+
+    -- 1. Lock the row of every job with a claim left, in byte order of the
+    -- names. Until this transaction ends, any other claim of these jobs
+    -- that may write waits here; and because every caller locks in the
+    -- same order, two batches that share jobs cannot deadlock.
     -- The same write records each job's longest late window.
     FOR v_job, v_window IN
         SELECT u.job COLLATE "C", max(u.max_late)
-          FROM unnest(p_job, p_max_late) AS u(job, max_late)
+          FROM unnest(p_job, p_max_late, v_slow) AS u(job, max_late, slow)
+         WHERE u.slow
          GROUP BY 1
          ORDER BY 1
     LOOP
@@ -92,8 +153,9 @@ BEGIN
            SET late_window = greatest(j.late_window, EXCLUDED.late_window);
     END LOOP;
 
-    -- 2. Decide each claim, in the order given.
+    -- 2. Decide each claim left, in the order given.
     FOR i IN 1 .. n LOOP
+        CONTINUE WHEN NOT v_slow[i];
         v_job := p_job[i];
         v_slot := p_slot[i];
         r_idx := i;

@@ -24,7 +24,7 @@ use crate::options::TableName;
 use crate::sql::sql;
 
 /// The schema version this crate needs and migrates to.
-pub const SCHEMA_VERSION: u32 = 10;
+pub const SCHEMA_VERSION: u32 = 11;
 
 struct Migration {
     version: u32,
@@ -83,6 +83,11 @@ const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 10,
         description: "claim function tells the claim that records a slot missed or a run interrupted",
+        tables: None,
+    },
+    Migration {
+        version: 11,
+        description: "claim function answers a claim the run's own row decides without the job's lock",
         tables: None,
     },
 ];

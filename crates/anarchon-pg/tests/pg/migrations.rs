@@ -380,3 +380,47 @@ async fn a_schema_from_version_9_gets_the_function_that_tells_who_recorded_a_mis
         ClaimOutcome::Late
     );
 }
+
+/// Version 11 changed only the claim function (claims the run's own row
+/// answers take no lock): a store that finds version 10, here with a
+/// stand-in function that answers every claim `late`, reinstalls it.
+#[tokio::test]
+async fn a_schema_from_version_10_gets_the_function_that_reads_without_the_lock() {
+    let factory = PgFactory::new().await;
+    let table = factory.table().clone();
+    let mut conn = admin(factory.url()).await;
+    migrate_to(&mut conn, &table, 10).await.expect("v10");
+    exec(
+        &mut conn,
+        format!(
+            r#"CREATE FUNCTION "{table}_claim"(
+                   text[], bigint[], uuid[], text[], bigint[], bigint[], text[], integer[], boolean[])
+               RETURNS TABLE (r_idx integer, r_outcome text, r_attempt integer, r_fence bigint,
+                              r_lease_until bigint, r_store_now bigint, r_earlier text)
+               LANGUAGE sql AS $$ SELECT 1, 'late', NULL::integer, NULL::bigint, NULL::bigint, 0::bigint, NULL::text $$;"#
+        ),
+    )
+    .await;
+    let store = factory.store_with(factory.options()).await;
+    assert_eq!(
+        store.schema_version().await.expect("version"),
+        SCHEMA_VERSION
+    );
+    let run = RunKey::new(job("v10"), Slot::from_millis(future_base()));
+    won(store
+        .claim_lease(&claim(
+            run.clone(),
+            Token::generate(),
+            "new",
+            Overlap::Allow,
+        ))
+        .await
+        .expect("claim"));
+    assert!(matches!(
+        store
+            .claim_lease(&claim(run, Token::generate(), "other", Overlap::Allow))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Running { .. }
+    ));
+}

@@ -189,3 +189,95 @@ async fn overlapping_batches_in_opposite_orders_do_not_deadlock() {
     assert_eq!(winners.len(), JOBS * ROUNDS as usize, "every run was won");
     assert!(winners.values().all(|n| *n == 1), "one winner per run");
 }
+
+/// A claim the run's own row answers — a run someone else holds, our own
+/// claim sent again, a run that ended — takes no lock: it answers while
+/// another session holds the job's row locked. A claim of a slot nobody
+/// ran may start a run, so it waits for that lock, and wins once it is
+/// released. (So the instances that lose a race, and backups watching a
+/// run, do not queue behind the job's winners.)
+#[tokio::test]
+async fn a_claim_that_only_reads_does_not_wait_for_the_jobs_lock() {
+    let factory = PgFactory::new().await;
+    let t = factory.table().as_str().to_owned();
+    let (winner, other) = (factory.instance().await, factory.instance().await);
+    let job = job("lock-free-reads");
+    let base = future_base();
+    let held = RunKey::new(job.clone(), Slot::from_millis(base));
+    let ended = RunKey::new(job.clone(), Slot::from_millis(base + 1000));
+    let fresh = RunKey::new(job.clone(), Slot::from_millis(base + 2000));
+    let holder = Token::generate();
+    let win = won(winner
+        .claim_lease(&claim(held.clone(), holder, "a", Overlap::Allow))
+        .await
+        .expect("claim"));
+    let finisher = Token::generate();
+    won(winner
+        .claim_lease(&claim(ended.clone(), finisher, "a", Overlap::Allow))
+        .await
+        .expect("claim"));
+    assert_eq!(
+        winner
+            .finish(&ended, finisher, RunOutcome::Succeeded)
+            .await
+            .expect("finish"),
+        Renewal::Renewed
+    );
+
+    let mut locker = admin(factory.url()).await;
+    exec(
+        &mut locker,
+        format!(r#"BEGIN; SELECT 1 FROM "{t}_jobs" WHERE job = 'lock-free-reads' FOR UPDATE;"#),
+    )
+    .await;
+    let answer = |run: RunKey, token: Token| {
+        let other = other.clone();
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(10),
+                other.claim_lease(&claim(run, token, "b", Overlap::Allow)),
+            )
+            .await
+            .expect("a claim that only reads answers while the job is locked")
+            .expect("claim")
+        }
+    };
+    assert!(
+        matches!(
+            answer(held.clone(), Token::generate()).await,
+            ClaimOutcome::Running { .. }
+        ),
+        "someone else's live lease"
+    );
+    assert_eq!(
+        answer(held.clone(), holder).await,
+        ClaimOutcome::Won(win),
+        "our own claim sent again"
+    );
+    assert_eq!(
+        answer(ended.clone(), Token::generate()).await,
+        ClaimOutcome::Done(FinalState::Succeeded)
+    );
+
+    let starting = tokio::spawn({
+        let other = other.clone();
+        let fresh = fresh.clone();
+        async move {
+            other
+                .claim_lease(&claim(fresh, Token::generate(), "b", Overlap::Allow))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !starting.is_finished(),
+        "a claim that may start a run waits for the job's lock"
+    );
+    exec(&mut locker, "ROLLBACK;".to_owned()).await;
+    let outcome = tokio::time::timeout(Duration::from_secs(10), starting)
+        .await
+        .expect("the claim goes on once the lock is released")
+        .expect("task")
+        .expect("claim");
+    assert!(matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
+}
