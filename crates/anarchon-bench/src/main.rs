@@ -1,6 +1,6 @@
 //! anarchon's benchmarks: `cargo xtask bench [--quick] [--backends ...]
 //! [--fleet-only | --no-fleet] [--fleet-processes K] [--fleet-jobs M]
-//! [--fleet-secs D]`.
+//! [--fleet-secs D] [--race-finish]`.
 //!
 //! For each backend, on this machine, in one run: claim throughput and
 //! latency with 8 racing instances, round trips per claim (counted by the
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anarchon_core::{
     Attempt, ClaimOutcome, ClaimRequest, Clock, InstanceId, JobName, LeaseClaim, MaxAttempts,
-    Overlap, RunKey, RunState, Schedule, Scheduler, Slot, SystemClock, Token,
+    Overlap, RunKey, RunOutcome, RunState, Schedule, Scheduler, Slot, SystemClock, Token,
 };
 use anarchon_testkit::Faulty;
 use anyhow::{Context, Result, bail};
@@ -36,6 +36,11 @@ use crate::targets::Target;
 
 struct Settings {
     quick: bool,
+    /// `--race-finish`: each winner of the racing claims finishes its run
+    /// at once, as a handler that returns at once would, instead of
+    /// leaving it running for its lease; the finish is not counted as a
+    /// claim, its time is in the race's.
+    race_finish: bool,
     racers: usize,
     slots: usize,
     batch_jobs: usize,
@@ -50,6 +55,7 @@ impl Settings {
     fn new(quick: bool) -> Self {
         Self {
             quick,
+            race_finish: false,
             racers: 8,
             slots: if quick { 100 } else { 2000 },
             batch_jobs: 1000,
@@ -157,6 +163,11 @@ async fn throughput(target: &dyn Target, s: &Settings, f: &mut Figures) -> Resul
                 latencies.push(t.elapsed().as_secs_f64() * 1000.0);
                 if matches!(outcome, ClaimOutcome::Won(_)) {
                     won.push(slot);
+                    if let (true, Some(lease)) = (s.race_finish, &lease) {
+                        lease
+                            .finish(claim.run(), claim.claim.token, RunOutcome::Succeeded)
+                            .await?;
+                    }
                 }
             }
             Ok::<_, anarchon_core::StoreError>((latencies, won))
@@ -518,10 +529,15 @@ fn table(all: &[Figures], s: &Settings) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "\nanarchon benchmarks ({}; {} racing instances, {} slots; {} jobs for precision over {} s; {} takeover trials)\n",
+        "\nanarchon benchmarks ({}; {} racing instances, {} slots{}; {} jobs for precision over {} s; {} takeover trials)\n",
         if s.quick { "quick" } else { "full" },
         s.racers,
         s.slots,
+        if s.race_finish {
+            ", each win finished at once"
+        } else {
+            ""
+        },
         s.precision_jobs,
         s.precision_secs,
         s.takeover_trials
@@ -802,7 +818,10 @@ async fn run_all(args: &[String]) -> Result<()> {
         .and_then(|i| args.get(i + 1))
         .cloned()
         .unwrap_or_else(|| "target/bench/results.json".into());
-    let s = Settings::new(quick);
+    let s = Settings {
+        race_finish: args.iter().any(|a| a == "--race-finish"),
+        ..Settings::new(quick)
+    };
     let mut all = Vec::new();
     for name in &backends {
         eprintln!("== {name} ==");
