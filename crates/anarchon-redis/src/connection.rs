@@ -388,6 +388,19 @@ impl Link {
                 if shown.contains("cluster support disabled") {
                     return Err(not_a_cluster(opts));
                 }
+                // A refused certificate: the same hint as on one server. The
+                // cluster client keeps only the text of the seeds' errors.
+                #[cfg(feature = "tls")]
+                if let Some(detail) = crate::tls::handshake_failure(&e)
+                    .or_else(|| crate::tls::handshake_failure_in_text(&shown))
+                {
+                    let source = (shown == e.to_string()).then_some(e);
+                    return Err(Error::Tls {
+                        during,
+                        detail,
+                        source,
+                    });
+                }
                 // The cluster client reports a refused password inside an
                 // I/O error ("Failed to create initial connections").
                 if ["AuthenticationFailed", "WRONGPASS", "NOAUTH", "NOPERM"]

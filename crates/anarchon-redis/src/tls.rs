@@ -208,27 +208,45 @@ mod enabled {
         }))
     }
 
+    const UNTRUSTED: &str = "the server's certificate is not trusted: if a private authority signed it, give that authority with tls_ca_file; check too that the certificate names the URL's host";
+    const NOT_TLS: &str = "the server did not answer in TLS: is TLS enabled on this port?";
+    const REFUSED: &str = "the server refused the handshake: does it require a client certificate?";
+
     /// If `err` is a failed TLS handshake, what failed and what to check.
     pub(crate) fn handshake_failure(err: &RedisError) -> Option<String> {
         let tls = rustls_error_in(err)?;
         let hint = match tls {
-            rustls::Error::InvalidCertificate(_) => {
-                "the server's certificate is not trusted: if a private authority signed it, give that authority with tls_ca_file; check too that the certificate names the URL's host"
-            }
-            rustls::Error::InvalidMessage(_) => {
-                "the server did not answer in TLS: is TLS enabled on this port?"
-            }
-            rustls::Error::AlertReceived(_) => {
-                "the server refused the handshake: does it require a client certificate?"
-            }
+            rustls::Error::InvalidCertificate(_) => UNTRUSTED,
+            rustls::Error::InvalidMessage(_) => NOT_TLS,
+            rustls::Error::AlertReceived(_) => REFUSED,
             _ => "check the server's TLS settings",
         };
         Some(format!("{tls}; {hint}"))
     }
+
+    /// [`handshake_failure`] for an error that kept only the text of the
+    /// handshake's: the cluster client, when no seed node can be reached,
+    /// reports the last seed's error as a string, so the rustls error is
+    /// no longer in the chain. Recognises rustls's own wording of the
+    /// failures [`handshake_failure`] has a hint for.
+    pub(crate) fn handshake_failure_in_text(text: &str) -> Option<String> {
+        let hint = if text.contains("invalid peer certificate: ") {
+            UNTRUSTED
+        } else if text.contains("received corrupt message of type ") {
+            NOT_TLS
+        } else if text.contains("received fatal alert: ") {
+            REFUSED
+        } else {
+            return None;
+        };
+        Some(format!("{text}; {hint}"))
+    }
 }
 
 #[cfg(feature = "tls")]
-pub(crate) use enabled::{cluster_certificates, handshake_failure, secure};
+pub(crate) use enabled::{
+    cluster_certificates, handshake_failure, handshake_failure_in_text, secure,
+};
 
 #[cfg(test)]
 mod tests {
@@ -319,6 +337,32 @@ mod tests {
             "{err:?}"
         );
         assert!(!format!("{err} {err:?}").contains("s3cret"), "{err:?}");
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn handshake_failures_known_only_by_their_text_get_the_same_hints() {
+        let untrusted = handshake_failure_in_text(
+            "Failed to create initial connections - Io: invalid peer certificate: UnknownIssuer",
+        )
+        .expect("recognised");
+        assert!(
+            untrusted.contains("UnknownIssuer") && untrusted.contains("tls_ca_file"),
+            "{untrusted}"
+        );
+        let plain =
+            handshake_failure_in_text("Io: received corrupt message of type InvalidContentType")
+                .expect("recognised");
+        assert!(plain.contains("is TLS enabled on this port"), "{plain}");
+        let alert = handshake_failure_in_text("received fatal alert: CertificateRequired")
+            .expect("recognised");
+        assert!(alert.contains("client certificate"), "{alert}");
+        assert_eq!(
+            handshake_failure_in_text(
+                "Failed to create initial connections - Io: Connection refused"
+            ),
+            None
+        );
     }
 
     #[cfg(feature = "tls")]

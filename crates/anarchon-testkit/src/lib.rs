@@ -12,7 +12,8 @@
 //! * With the `servers` feature (the project's own tests): `servers`,
 //!   finding its Redis, PostgreSQL, RabbitMQ or NATS server; `restart`,
 //!   restarting one; `tls`, a TLS terminator with its own certificate
-//!   authority in front of a plain server.
+//!   authority in front of a plain server, or that authority's certificate
+//!   files for a server that speaks TLS itself.
 //!
 //! `docs/writing-a-backend.md` shows a third-party crate wiring the suites.
 //!
@@ -51,7 +52,7 @@ pub use crate::factory::{
 pub use crate::proxy::FaultProxy;
 pub use crate::stores::{ClaimOnlyStore, Faulty, FencedResource};
 #[cfg(feature = "servers")]
-pub use crate::tls::{Handshake, TlsTerminator};
+pub use crate::tls::{CertificateFiles, Handshake, TlsTerminator, write_certificates};
 
 /// A random lowercase name prefix for one test's keys, tables or streams,
 /// so tests run in parallel against one server.

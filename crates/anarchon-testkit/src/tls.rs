@@ -17,6 +17,12 @@
 //! terminator has to take part: PostgreSQL's `SSLRequest`, and NATS, whose
 //! server greets first and whose greeting the terminator marks as
 //! TLS-required.
+//!
+//! A terminator cannot stand in front of a server that tells clients its
+//! own address — a Redis Cluster node names itself in `CLUSTER SLOTS` and
+//! `MOVED` — so such servers must speak TLS themselves. For them
+//! [`write_certificates`] writes the same kind of authority and server
+//! certificate as PEM files, for the test to pass to the server it starts.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -68,13 +74,13 @@ impl Drop for TlsTerminator {
     }
 }
 
-/// Errors starting a terminator.
+/// Errors starting a terminator or writing certificate files.
 #[derive(Debug)]
 pub struct TlsSetupError(String);
 
 impl std::fmt::Display for TlsSetupError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "could not start the TLS terminator: {}", self.0)
+        write!(f, "could not set up TLS for the test: {}", self.0)
     }
 }
 
@@ -82,6 +88,104 @@ impl std::error::Error for TlsSetupError {}
 
 fn setup<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> TlsSetupError + '_ {
     move |e| TlsSetupError(format!("{what}: {e}"))
+}
+
+/// A fresh certificate authority: its self-signed certificate and what
+/// signs with its key.
+struct Authority {
+    cert: rcgen::Certificate,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+/// A server certificate for `localhost` and `127.0.0.1`, and its key.
+struct ServerCertificate {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+impl Authority {
+    fn new() -> Result<Self, TlsSetupError> {
+        let key = KeyPair::generate().map_err(setup("CA key"))?;
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(setup("CA"))?;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "anarchon test authority");
+        let cert = params.self_signed(&key).map_err(setup("CA"))?;
+        Ok(Self {
+            cert,
+            issuer: Issuer::new(params, key),
+        })
+    }
+
+    /// A new key and a certificate for it, naming `localhost` and
+    /// `127.0.0.1`, signed by this authority.
+    fn server_certificate(&self) -> Result<ServerCertificate, TlsSetupError> {
+        let key = KeyPair::generate().map_err(setup("server key"))?;
+        let mut params =
+            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+                .map_err(setup("server certificate"))?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "localhost");
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(setup("server certificate"))?;
+        Ok(ServerCertificate { cert, key })
+    }
+}
+
+/// PEM files for a TLS server the test starts itself (a `redis-server
+/// --tls-port`, say): a fresh certificate authority, and a certificate for
+/// `localhost` and `127.0.0.1` it signed, with its key. Made by
+/// [`write_certificates`]; the files stay until their directory is
+/// removed.
+#[derive(Clone, Debug)]
+pub struct CertificateFiles {
+    /// The certificate authority's certificate: what clients (and servers
+    /// checking each other) trust.
+    pub ca_file: PathBuf,
+    /// The server's certificate, signed by the authority.
+    pub cert_file: PathBuf,
+    /// The server certificate's private key (PKCS#8), readable by the
+    /// owner only.
+    pub key_file: PathBuf,
+}
+
+/// Writes a new certificate authority (`ca.pem`), a server certificate for
+/// `localhost` and `127.0.0.1` signed by it (`server.pem`) and that
+/// certificate's key (`server-key.pem`) into `dir`, which must exist.
+///
+/// # Errors
+///
+/// If the certificates cannot be made or a file cannot be written (the
+/// error names the file: check that `dir` exists and is writable).
+pub fn write_certificates(dir: &Path) -> Result<CertificateFiles, TlsSetupError> {
+    let authority = Authority::new()?;
+    let server = authority.server_certificate()?;
+    let files = CertificateFiles {
+        ca_file: dir.join("ca.pem"),
+        cert_file: dir.join("server.pem"),
+        key_file: dir.join("server-key.pem"),
+    };
+    let write = |path: &Path, pem: String| {
+        std::fs::write(path, pem).map_err(|e| {
+            TlsSetupError(format!(
+                "writing {}: {e}; check that the directory exists and is writable",
+                path.display()
+            ))
+        })
+    };
+    write(&files.ca_file, authority.cert.pem())?;
+    write(&files.cert_file, server.cert.pem())?;
+    write(&files.key_file, server.key.serialize_pem())?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&files.key_file, std::fs::Permissions::from_mode(0o600))
+            .map_err(setup("restricting the key file"))?;
+    }
+    Ok(files)
 }
 
 impl TlsTerminator {
@@ -97,25 +201,8 @@ impl TlsTerminator {
         handshake: Handshake,
     ) -> Result<Self, TlsSetupError> {
         let upstream = upstream.into();
-        let ca_key = KeyPair::generate().map_err(setup("CA key"))?;
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(setup("CA"))?;
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "anarchon test authority");
-        let ca_cert = ca_params.self_signed(&ca_key).map_err(setup("CA"))?;
-        let issuer = Issuer::new(ca_params, ca_key);
-
-        let server_key = KeyPair::generate().map_err(setup("server key"))?;
-        let mut server_params =
-            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-                .map_err(setup("server certificate"))?;
-        server_params
-            .distinguished_name
-            .push(DnType::CommonName, "localhost");
-        let server_cert = server_params
-            .signed_by(&server_key, &issuer)
-            .map_err(setup("server certificate"))?;
+        let authority = Authority::new()?;
+        let server = authority.server_certificate()?;
 
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
@@ -124,15 +211,15 @@ impl TlsTerminator {
             .with_no_client_auth()
             .with_single_cert(
                 vec![
-                    CertificateDer::from(server_cert.der().to_vec()),
-                    CertificateDer::from(ca_cert.der().to_vec()),
+                    CertificateDer::from(server.cert.der().to_vec()),
+                    CertificateDer::from(authority.cert.der().to_vec()),
                 ],
-                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der())),
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server.key.serialize_der())),
             )
             .map_err(setup("server configuration"))?;
         let acceptor = TlsAcceptor::from(Arc::new(config));
 
-        let ca_pem = ca_cert.pem();
+        let ca_pem = authority.cert.pem();
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let ca_file = std::env::temp_dir().join(format!(
             "anarchon-test-ca-{}-{}.pem",
@@ -383,5 +470,67 @@ mod tests {
         }
         assert_eq!(terminator.handshakes(), 1);
         assert_eq!(terminator.refused_handshakes(), 1);
+    }
+
+    #[tokio::test]
+    async fn written_certificates_serve_127_0_0_1_and_localhost_to_a_client_trusting_the_ca() {
+        use rustls::pki_types::pem::PemObject;
+        let dir = std::env::temp_dir().join(format!(
+            "anarchon-testkit-certs-{}-{}",
+            std::process::id(),
+            crate::unique_prefix("t")
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let files = write_certificates(&dir).expect("certificates");
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert_file)
+            .expect("cert file")
+            .collect::<Result<_, _>>()
+            .expect("pem");
+        let key = PrivateKeyDer::from_pem_file(&files.key_file).expect("key file");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("the written key matches the written certificate");
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    if let Ok(mut tls) = acceptor.accept(tcp).await {
+                        let _ = tls.write_all(b"hi").await;
+                        let _ = tls.shutdown().await;
+                    }
+                });
+            }
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(&files.ca_file).expect("ca file") {
+            roots.add(cert.expect("pem")).expect("add");
+        }
+        let client = Arc::new(
+            rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
+        );
+        for name in ["127.0.0.1", "localhost"] {
+            let connector = tokio_rustls::TlsConnector::from(client.clone());
+            let tcp = TcpStream::connect(address).await.expect("connect");
+            let name = rustls::pki_types::ServerName::try_from(name).expect("name");
+            let mut tls = connector
+                .connect(name.clone(), tcp)
+                .await
+                .unwrap_or_else(|e| panic!("{name:?}: {e}"));
+            let mut hello = [0u8; 2];
+            tls.read_exact(&mut hello).await.expect("read");
+            assert_eq!(&hello, b"hi");
+        }
+        std::fs::remove_dir_all(&dir).expect("remove temp dir");
     }
 }
