@@ -345,26 +345,7 @@ async fn a_schema_from_version_8_gets_the_overlap_rules_replace_and_buffer_one()
 /// reinstalls it, and the claim that records a slot `missed` is told so.
 #[tokio::test]
 async fn a_schema_from_version_9_gets_the_function_that_tells_who_recorded_a_miss() {
-    let factory = PgFactory::new().await;
-    let table = factory.table().clone();
-    let mut conn = admin(factory.url()).await;
-    migrate_to(&mut conn, &table, 9).await.expect("v9");
-    exec(
-        &mut conn,
-        format!(
-            r#"CREATE FUNCTION "{table}_claim"(
-                   text[], bigint[], uuid[], text[], bigint[], bigint[], text[], integer[], boolean[])
-               RETURNS TABLE (r_idx integer, r_outcome text, r_attempt integer, r_fence bigint,
-                              r_lease_until bigint, r_store_now bigint, r_earlier text)
-               LANGUAGE sql AS $$ SELECT 1, 'late', NULL::integer, NULL::bigint, NULL::bigint, 0::bigint, NULL::text $$;"#
-        ),
-    )
-    .await;
-    let store = factory.store_with(factory.options()).await;
-    assert_eq!(
-        store.schema_version().await.expect("version"),
-        SCHEMA_VERSION
-    );
+    let (_factory, store) = reopened_after_a_function_only_version(9).await;
     // A slot an hour old on the store's clock, far past the claim's minute
     // of max_late.
     let probe = RunKey::new(job("old"), Slot::from_millis(0));
@@ -386,26 +367,7 @@ async fn a_schema_from_version_9_gets_the_function_that_tells_who_recorded_a_mis
 /// stand-in function that answers every claim `late`, reinstalls it.
 #[tokio::test]
 async fn a_schema_from_version_10_gets_the_function_that_reads_without_the_lock() {
-    let factory = PgFactory::new().await;
-    let table = factory.table().clone();
-    let mut conn = admin(factory.url()).await;
-    migrate_to(&mut conn, &table, 10).await.expect("v10");
-    exec(
-        &mut conn,
-        format!(
-            r#"CREATE FUNCTION "{table}_claim"(
-                   text[], bigint[], uuid[], text[], bigint[], bigint[], text[], integer[], boolean[])
-               RETURNS TABLE (r_idx integer, r_outcome text, r_attempt integer, r_fence bigint,
-                              r_lease_until bigint, r_store_now bigint, r_earlier text)
-               LANGUAGE sql AS $$ SELECT 1, 'late', NULL::integer, NULL::bigint, NULL::bigint, 0::bigint, NULL::text $$;"#
-        ),
-    )
-    .await;
-    let store = factory.store_with(factory.options()).await;
-    assert_eq!(
-        store.schema_version().await.expect("version"),
-        SCHEMA_VERSION
-    );
+    let (_factory, store) = reopened_after_a_function_only_version(10).await;
     let run = RunKey::new(job("v10"), Slot::from_millis(future_base()));
     won(store
         .claim_lease(&claim(
@@ -423,4 +385,34 @@ async fn a_schema_from_version_10_gets_the_function_that_reads_without_the_lock(
             .expect("claim"),
         ClaimOutcome::Running { .. }
     ));
+}
+
+/// A table at schema `version` whose claim function is a stand-in that
+/// answers every claim `late` (as a function of that version would not),
+/// then a store opened on it: the store must have migrated the table to
+/// [`SCHEMA_VERSION`], reinstalling the current function.
+async fn reopened_after_a_function_only_version(version: u32) -> (PgFactory, PgStore) {
+    let factory = PgFactory::new().await;
+    let table = factory.table().clone();
+    let mut conn = admin(factory.url()).await;
+    migrate_to(&mut conn, &table, version)
+        .await
+        .unwrap_or_else(|e| panic!("v{version}: {e}"));
+    exec(
+        &mut conn,
+        format!(
+            r#"CREATE FUNCTION "{table}_claim"(
+                   text[], bigint[], uuid[], text[], bigint[], bigint[], text[], integer[], boolean[])
+               RETURNS TABLE (r_idx integer, r_outcome text, r_attempt integer, r_fence bigint,
+                              r_lease_until bigint, r_store_now bigint, r_earlier text)
+               LANGUAGE sql AS $$ SELECT 1, 'late', NULL::integer, NULL::bigint, NULL::bigint, 0::bigint, NULL::text $$;"#
+        ),
+    )
+    .await;
+    let store = factory.store_with(factory.options()).await;
+    assert_eq!(
+        store.schema_version().await.expect("version"),
+        SCHEMA_VERSION
+    );
+    (factory, store)
 }
