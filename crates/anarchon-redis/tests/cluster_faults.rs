@@ -114,14 +114,49 @@ fn node_arguments(node: &str) -> Vec<String> {
 }
 
 /// Whether every node in `nodes` says `cluster_state:ok` with all slots
-/// assigned and served, and every replica among them has its link to its
-/// master up (its first sync done).
+/// assigned and served, flags no node as failed (a node that came back is
+/// left out of `CLUSTER SLOTS`, and so out of a client's view of the
+/// cluster, until every node has cleared its flag), and every replica
+/// among them has its link to its master up (its first sync done).
 fn whole(nodes: &[&str]) -> bool {
     nodes.iter().all(|node| {
         cluster_info(node, "cluster_state").as_deref() == Some("ok")
             && cluster_info(node, "cluster_slots_ok").as_deref() == Some("16384")
+            && flags_none_failed(node, nodes)
             && (cluster_role(node).as_deref() != Some("slave") || replica_linked(node))
     })
+}
+
+/// Whether `CLUSTER NODES` on `node` flags none of `nodes` `fail` or
+/// `fail?` (a node left out of `nodes`, the one a test killed, may be).
+fn flags_none_failed(node: &str, nodes: &[&str]) -> bool {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("NODES");
+    let table: Result<String, _> = common::query_blocking(&format!("redis://{node}"), &cmd);
+    table.is_ok_and(|table| {
+        table.lines().all(|line| {
+            let mut fields = line.split_whitespace().skip(1);
+            let (Some(address), Some(flags)) = (fields.next(), fields.next()) else {
+                return false;
+            };
+            let address = address.split('@').next().unwrap_or(address);
+            !nodes.contains(&address) || !flags.split(',').any(|f| f.starts_with("fail"))
+        })
+    })
+}
+
+/// Waits (up to 60 s) until the cluster is [`whole`]: an earlier test of
+/// this binary may have restarted a node moments ago.
+async fn until_whole() {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !tokio::task::spawn_blocking(|| whole(&NODES)).await.unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "the test cluster (127.0.0.1:7000-7005) is not whole after 60 s: \
+             run `cargo xtask services --start`"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Whether the replica `node` says `master_link_status:up`.
@@ -494,10 +529,7 @@ async fn fail_over(
     restart_early: bool,
 ) -> (Race, usize) {
     refuse_a_cluster_elsewhere();
-    assert!(
-        tokio::task::spawn_blocking(|| whole(&NODES)).await.unwrap(),
-        "the test cluster is not whole before the test: run `cargo xtask services --start`"
-    );
+    until_whole().await;
     let mut stores = Vec::new();
     for _ in 0..RACERS {
         stores.push(Arc::new(RedisLeaseStore::connect(opts).await.unwrap()));
@@ -619,6 +651,7 @@ async fn scripts_are_on_every_node_and_reloaded_after_a_flush() {
         .get_hash()
         .to_owned();
     let factory = common::ClusterScriptFactory::new().await;
+    until_whole().await;
     flush_scripts();
     let store = factory.connect().await.unwrap();
     for node in NODES {
