@@ -397,13 +397,22 @@ impl NatsClaimStore {
 
     /// [`Self::publish`] without waiting out another claim in process.
     async fn publish_deciding(&self, req: &ClaimRequest) -> Result<(u64, bool), Sent> {
-        match self.publish_once(req).await {
-            Err(Sent::StreamGone(_)) if self.claims.storage == Storage::Memory => {
-                tracing::warn!(stream = %self.stream, "the in-memory claims stream is gone (did the NATS server restart?): creating it again; every run claimed before is forgotten");
-                self.recreate().await.map_err(Sent::Failed)?;
-                self.publish_once(req).await
+        let mut pause = crate::connection::NO_RESPONDER_FIRST_PAUSE;
+        loop {
+            match self.publish_once(req).await {
+                Err(Sent::StreamGone(_)) if self.claims.storage == Storage::Memory => {
+                    tracing::warn!(stream = %self.stream, "the in-memory claims stream is gone (did the NATS server restart?): creating it again; every run claimed before is forgotten");
+                    self.recreate().await.map_err(Sent::Failed)?;
+                    return self.publish_once(req).await;
+                }
+                // A replicated stream between leaders answers no one for a
+                // moment; nothing was stored, so the claim is sent again.
+                Err(Sent::StreamGone(_)) if pause <= crate::connection::NO_RESPONDER_LAST_PAUSE => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                other => return other,
             }
-            other => other,
         }
     }
 

@@ -217,7 +217,7 @@ pub(crate) async fn ensure_stream<T>(
             Err(_) => return Err(timeout(role.looking_up)),
             Ok(Ok(stream)) => {
                 let checked = verify(&stream.cached_info().config)?;
-                return Ok((checked, stream));
+                return Ok((checked, led(stream, url, limit).await?));
             }
             Ok(Err(e)) => match e.kind() {
                 GetStreamErrorKind::JetStream(js)
@@ -237,7 +237,7 @@ pub(crate) async fn ensure_stream<T>(
             Ok(Ok(stream)) => {
                 tracing::info!(stream = %name, subjects = %subject, "{}", role.created);
                 let checked = verify(&stream.cached_info().config)?;
-                return Ok((checked, stream));
+                return Ok((checked, led(stream, url, limit).await?));
             }
             Ok(Err(e)) => match e.kind() {
                 CreateStreamErrorKind::JetStream(js)
@@ -286,4 +286,47 @@ pub(crate) async fn ensure_stream<T>(
             reason: "it was created and deleted again while this store was opening".into(),
         },
     })
+}
+
+/// The first wait before a write that found no responder (a stream
+/// between leaders) is sent again; each next wait doubles.
+pub(crate) const NO_RESPONDER_FIRST_PAUSE: Duration = Duration::from_millis(25);
+/// The longest such wait: after it, the stream counts as gone (about
+/// 0.8 s of waits in all).
+pub(crate) const NO_RESPONDER_LAST_PAUSE: Duration = Duration::from_millis(400);
+
+/// `stream` once it has a leader. A replicated stream just created on a
+/// cluster takes no writes until its replicas elect one: until then a
+/// publish to its subjects finds no responder, as if the stream did not
+/// exist. A stream outside a cluster (no cluster information) is led by
+/// its server.
+async fn led(mut stream: Stream, url: &str, limit: Duration) -> Result<Stream, Error> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let leaderless = |stream: &Stream| {
+        stream
+            .cached_info()
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.leader.is_none())
+    };
+    while leaderless(&stream) {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::Timeout {
+                url: url.to_owned(),
+                doing: "waiting for the stream's replicas to elect a leader",
+                after: limit,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        match tokio::time::timeout(limit, stream.info()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "reading the stream's info while waiting for its leader");
+            }
+            Err(_) => {
+                tracing::debug!("no answer to the stream's info while waiting for its leader")
+            }
+        }
+    }
+    Ok(stream)
 }

@@ -165,14 +165,24 @@ impl NatsLeaseStore {
         payload: Vec<u8>,
         expected: Option<u64>,
     ) -> Result<Option<u64>, StoreError> {
-        match self.write_once(key, payload.clone(), expected).await {
-            Err(Gone::Yes(_)) if self.may_recreate() => {
-                self.recreate().await?;
-                self.write_once(key, payload, expected)
-                    .await
-                    .map_err(Gone::into_error)
+        let mut pause = crate::connection::NO_RESPONDER_FIRST_PAUSE;
+        loop {
+            match self.write_once(key, payload.clone(), expected).await {
+                Err(Gone::Yes(_)) if self.may_recreate() => {
+                    self.recreate().await?;
+                    return self
+                        .write_once(key, payload, expected)
+                        .await
+                        .map_err(Gone::into_error);
+                }
+                // A replicated bucket between leaders answers no one for a
+                // moment; nothing was stored, so the write is sent again.
+                Err(Gone::Yes(_)) if pause <= crate::connection::NO_RESPONDER_LAST_PAUSE => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                other => return other.map_err(Gone::into_error),
             }
-            other => other.map_err(Gone::into_error),
         }
     }
 
