@@ -18,6 +18,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -31,6 +33,7 @@ use anarchon_redis::{Error, RedisLeaseStore, RedisOptions, RedisScriptStore, Red
 use anarchon_testkit::claim::claim_request;
 use anarchon_testkit::lease::lease_claim;
 use anarchon_testkit::{CertificateFiles, unique_prefix, write_certificates};
+use common::within;
 
 /// How long a store may take to connect to the cluster.
 const BOUND: Duration = Duration::from_secs(20);
@@ -323,12 +326,6 @@ fn without_ca(url: &str, prefix: &str) -> RedisOptions {
     opts.with_cluster(true).with_prefix(prefix).unwrap()
 }
 
-async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(BOUND, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within {BOUND:?}"))
-}
-
 /// A slot ten minutes from now, on a whole second: never late.
 fn slot_ahead() -> Slot {
     let now = anarchon_core::Clock::now(&anarchon_core::SystemClock).as_millis();
@@ -351,12 +348,16 @@ async fn the_strategies_win_claims_on_a_tls_cluster() {
 
     // Lease: the first claimant wins each run, another token is told the
     // run is running; the winner heartbeats and finishes one of them.
-    let lease = within("lease connect", RedisLeaseStore::connect(&opts))
+    let lease = within(BOUND, "lease connect", RedisLeaseStore::connect(&opts))
         .await
         .unwrap();
-    let rival = within("second lease connect", RedisLeaseStore::connect(&opts))
-        .await
-        .unwrap();
+    let rival = within(
+        BOUND,
+        "second lease connect",
+        RedisLeaseStore::connect(&opts),
+    )
+    .await
+    .unwrap();
     let lease_runs = runs("lease", 8, slot);
     let mut tokens = Vec::new();
     for run in &lease_runs {
@@ -396,22 +397,29 @@ async fn the_strategies_win_claims_on_a_tls_cluster() {
     );
 
     // Stream-id and script: first claimant wins, another token loses.
-    let stream_id = within("stream-id connect", RedisStreamIdStore::connect(&opts))
-        .await
-        .unwrap();
+    let stream_id = within(
+        BOUND,
+        "stream-id connect",
+        RedisStreamIdStore::connect(&opts),
+    )
+    .await
+    .unwrap();
     let stream_id_rival = within(
+        BOUND,
         "second stream-id connect",
         RedisStreamIdStore::connect(&opts),
     )
     .await
     .unwrap();
     let script = within(
+        BOUND,
         "script connect",
         RedisScriptStore::connect(&opts, RedisScriptStore::DEFAULT_WINDOW),
     )
     .await
     .unwrap();
     let script_rival = within(
+        BOUND,
         "second script connect",
         RedisScriptStore::connect(&opts, RedisScriptStore::DEFAULT_WINDOW),
     )
@@ -461,6 +469,7 @@ async fn racing_instances_win_each_run_once_over_tls() {
     for i in 0..4 {
         stores.push(std::sync::Arc::new(
             within(
+                BOUND,
                 &format!("lease connect {i}"),
                 RedisLeaseStore::connect(&opts),
             )
@@ -492,7 +501,7 @@ async fn racing_instances_win_each_run_once_over_tls() {
         .collect();
     let mut outcomes = Vec::new();
     for task in tasks {
-        outcomes.extend(within("the race", task).await.unwrap());
+        outcomes.extend(within(BOUND, "the race", task).await.unwrap());
     }
     assert_eq!(outcomes.len(), runs.len() * stores.len());
     for run in &runs {
@@ -526,7 +535,7 @@ async fn racing_instances_win_each_run_once_over_tls() {
 async fn a_tls_cluster_without_the_ca_is_refused_with_a_hint() {
     let cluster = TlsCluster::start(None);
     let opts = without_ca(&cluster.url(None), &unique_prefix("ctlsnoca"));
-    let err = within("lease connect", RedisLeaseStore::connect(&opts))
+    let err = within(BOUND, "lease connect", RedisLeaseStore::connect(&opts))
         .await
         .unwrap_err();
     let message = err.to_string();
@@ -540,6 +549,7 @@ async fn a_tls_cluster_without_the_ca_is_refused_with_a_hint() {
     assert!(message.contains("tls_ca_file"), "{message}");
 
     let err = within(
+        BOUND,
         "script connect",
         RedisScriptStore::connect(&opts, RedisScriptStore::DEFAULT_WINDOW),
     )
@@ -550,6 +560,7 @@ async fn a_tls_cluster_without_the_ca_is_refused_with_a_hint() {
 
     // The same cluster, trusting its authority, connects.
     within(
+        BOUND,
         "lease connect with the CA",
         RedisLeaseStore::connect(&opts.with_tls_ca_file(&cluster.certs.ca_file)),
     )
@@ -564,7 +575,7 @@ async fn a_tls_cluster_url_never_prints_its_password() {
     let wrong = unique_prefix("sentinel-wrong-password-");
     let opts = without_ca(&cluster.url(Some(&wrong)), &unique_prefix("ctlspw"))
         .with_tls_ca_file(&cluster.certs.ca_file);
-    let err = within("lease connect", RedisLeaseStore::connect(&opts))
+    let err = within(BOUND, "lease connect", RedisLeaseStore::connect(&opts))
         .await
         .unwrap_err();
     let shown = format!("{err} {err:?}");
@@ -578,6 +589,7 @@ async fn a_tls_cluster_url_never_prints_its_password() {
 
     // With the right password the store connects.
     within(
+        BOUND,
         "lease connect",
         RedisLeaseStore::connect(&cluster.options(&unique_prefix("ctlspw"))),
     )
