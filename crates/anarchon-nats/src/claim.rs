@@ -18,7 +18,7 @@ use async_nats::jetstream::stream::{
 use async_trait::async_trait;
 
 use crate::BACKEND;
-use crate::connection::{Connected, StreamRole, connect, ensure_stream};
+use crate::connection::{Connected, NoResponderPatience, StreamRole, connect, ensure_stream};
 use crate::error::Error;
 use crate::options::{
     NatsOptions, Storage, StreamOptions, read_store_url, validate_prefix, validate_replicas,
@@ -397,7 +397,7 @@ impl NatsClaimStore {
 
     /// [`Self::publish`] without waiting out another claim in process.
     async fn publish_deciding(&self, req: &ClaimRequest) -> Result<(u64, bool), Sent> {
-        let mut pause = crate::connection::NO_RESPONDER_FIRST_PAUSE;
+        let mut patience = NoResponderPatience::new();
         loop {
             match self.publish_once(req).await {
                 Err(Sent::StreamGone(_)) if self.claims.storage == Storage::Memory => {
@@ -405,11 +405,10 @@ impl NatsClaimStore {
                     self.recreate().await.map_err(Sent::Failed)?;
                     return self.publish_once(req).await;
                 }
-                // A replicated stream between leaders answers no one for a
-                // moment; nothing was stored, so the claim is sent again.
-                Err(Sent::StreamGone(_)) if pause <= crate::connection::NO_RESPONDER_LAST_PAUSE => {
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
+                Err(Sent::StreamGone(gone)) => {
+                    if !patience.wait().await {
+                        return Err(Sent::StreamGone(gone));
+                    }
                 }
                 other => return other,
             }

@@ -288,12 +288,34 @@ pub(crate) async fn ensure_stream<T>(
     })
 }
 
-/// The first wait before a write that found no responder (a stream
-/// between leaders) is sent again; each next wait doubles.
-pub(crate) const NO_RESPONDER_FIRST_PAUSE: Duration = Duration::from_millis(25);
-/// The longest such wait: after it, the stream counts as gone (about
-/// 0.8 s of waits in all).
-pub(crate) const NO_RESPONDER_LAST_PAUSE: Duration = Duration::from_millis(400);
+/// How long a write that found no responder waits before it is sent
+/// again. A replicated stream between leaders (just created, or failing
+/// over) answers no one for a moment, the same as a stream that is gone;
+/// nothing was stored, so sending again is safe. The waits are 25, 50,
+/// 100, 200 and 400 ms; after them the stream counts as gone.
+pub(crate) struct NoResponderPatience {
+    next: Duration,
+}
+
+impl NoResponderPatience {
+    const FIRST: Duration = Duration::from_millis(25);
+    const LAST: Duration = Duration::from_millis(400);
+
+    pub(crate) fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+
+    /// Waits before the next send; `false` (at once) when the patience is
+    /// used up.
+    pub(crate) async fn wait(&mut self) -> bool {
+        if self.next > Self::LAST {
+            return false;
+        }
+        tokio::time::sleep(self.next).await;
+        self.next *= 2;
+        true
+    }
+}
 
 /// `stream` once it has a leader. A replicated stream just created on a
 /// cluster takes no writes until its replicas elect one: until then a
@@ -318,7 +340,7 @@ async fn led(mut stream: Stream, url: &str, limit: Duration) -> Result<Stream, E
             });
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
-        match tokio::time::timeout(limit, stream.info()).await {
+        match tokio::time::timeout_at(deadline, stream.info()).await {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => {
                 tracing::debug!(%error, "reading the stream's info while waiting for its leader");

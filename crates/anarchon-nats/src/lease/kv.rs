@@ -13,7 +13,7 @@ use futures::TryStreamExt;
 use super::clock::server_millis;
 use super::records::{JobDoc, Outside, RunDoc};
 use super::{Counters, LEASE_BACKEND, LEASE_BUCKET, NatsLeaseStore};
-use crate::connection::ensure_stream;
+use crate::connection::{NoResponderPatience, ensure_stream};
 use crate::options::Storage;
 
 const EXPECTED_LAST_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
@@ -46,7 +46,8 @@ pub fn is_wrong_last_sequence(error: &PublishError) -> bool {
 /// A failed request, and whether it failed because the bucket's stream is
 /// gone.
 enum Gone {
-    /// No stream: deleted, or an in-memory bucket after a server restart.
+    /// No stream answered: deleted, an in-memory bucket after a server
+    /// restart, or a replicated bucket between leaders.
     Yes(StoreError),
     /// Any other failure.
     Not(StoreError),
@@ -165,7 +166,7 @@ impl NatsLeaseStore {
         payload: Vec<u8>,
         expected: Option<u64>,
     ) -> Result<Option<u64>, StoreError> {
-        let mut pause = crate::connection::NO_RESPONDER_FIRST_PAUSE;
+        let mut patience = NoResponderPatience::new();
         loop {
             match self.write_once(key, payload.clone(), expected).await {
                 Err(Gone::Yes(_)) if self.may_recreate() => {
@@ -175,11 +176,10 @@ impl NatsLeaseStore {
                         .await
                         .map_err(Gone::into_error);
                 }
-                // A replicated bucket between leaders answers no one for a
-                // moment; nothing was stored, so the write is sent again.
-                Err(Gone::Yes(_)) if pause <= crate::connection::NO_RESPONDER_LAST_PAUSE => {
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
+                Err(Gone::Yes(gone)) => {
+                    if !patience.wait().await {
+                        return Err(gone);
+                    }
                 }
                 other => return other.map_err(Gone::into_error),
             }
