@@ -5,7 +5,7 @@
 //!   alone. Prints which backend was tested against which server.
 //! * `bench [--quick] [--backends memory,sqlite,…] [--fleet-only |
 //!   --no-fleet] [--fleet-processes K] [--fleet-jobs M] [--fleet-secs D]
-//!   [--race-finish]`:
+//!   [--fleet-keep DIR] [--race-finish]`:
 //!   the benchmarks of `crates/anarchon-bench`, in release mode; tables on
 //!   stdout and `target/bench/results.json`. After the single-process
 //!   figures comes the fleet: K processes (8) × M per-second jobs (200) for
@@ -187,7 +187,7 @@ fn main() -> Result<()> {
         Some("soak") => soak(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask test-all [--backends memory,sqlite,pg,redis,amqp,nats]\n       cargo xtask bench [--quick] [--backends memory,sqlite,postgres,redis-lease,redis-stream-id,redis-script,rabbitmq,nats,nats-kv]\n                         [--fleet-only | --no-fleet] [--fleet-processes K] [--fleet-jobs M] [--fleet-secs D] [--race-finish]\n       cargo xtask soak [--minutes N]\n       cargo xtask services [--start]"
+                "usage: cargo xtask test-all [--backends memory,sqlite,pg,redis,amqp,nats]\n       cargo xtask bench [--quick] [--backends memory,sqlite,postgres,redis-lease,redis-stream-id,redis-script,rabbitmq,nats,nats-kv]\n                         [--fleet-only | --no-fleet] [--fleet-processes K] [--fleet-jobs M] [--fleet-secs D] [--fleet-keep DIR] [--race-finish]\n       cargo xtask soak [--minutes N]\n       cargo xtask services [--start]"
             );
             bail!("unknown or missing task")
         }

@@ -45,6 +45,9 @@ pub(crate) struct FleetSettings {
     pub(crate) jobs: usize,
     /// D: seconds the fleet runs.
     pub(crate) secs: u64,
+    /// `--fleet-keep DIR`: where each backend's executions file is kept
+    /// (as `DIR/<backend>.txt`) for a closer look; dropped when `None`.
+    pub(crate) keep: Option<std::path::PathBuf>,
 }
 
 impl FleetSettings {
@@ -55,6 +58,7 @@ impl FleetSettings {
             processes: 8,
             jobs: 200,
             secs: if quick { 5 } else { 20 },
+            keep: None,
         }
     }
 }
@@ -342,6 +346,12 @@ async fn run(
         }
     })
     .await?;
+    if let Some(keep) = &s.keep {
+        std::fs::create_dir_all(keep)?;
+        let kept = keep.join(format!("{backend}.txt"));
+        std::fs::copy(&plan.out, &kept)
+            .with_context(|| format!("keeping the executions file as {}", kept.display()))?;
+    }
     let (mut f, before) = result?;
     // A PostgreSQL backend may hold back its statistics for up to ten
     // seconds while its connection idles, but publishes them when it
@@ -729,6 +739,7 @@ mod tests {
             processes: 2,
             jobs: 2,
             secs: 4,
+            keep: None,
         };
         // Slots 1000..4000; the inner window is 2000 and 3000.
         let text = "\

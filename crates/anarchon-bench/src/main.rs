@@ -1,6 +1,6 @@
 //! anarchon's benchmarks: `cargo xtask bench [--quick] [--backends ...]
 //! [--fleet-only | --no-fleet] [--fleet-processes K] [--fleet-jobs M]
-//! [--fleet-secs D] [--race-finish]`.
+//! [--fleet-secs D] [--fleet-keep DIR] [--race-finish]`.
 //!
 //! For each backend, on this machine, in one run: claim throughput and
 //! latency with 8 racing instances, round trips per claim (counted by the
@@ -808,6 +808,11 @@ async fn run_all(args: &[String]) -> Result<()> {
         processes: number_arg(args, "--fleet-processes", defaults.processes)?,
         jobs: number_arg(args, "--fleet-jobs", defaults.jobs)?,
         secs: number_arg(args, "--fleet-secs", defaults.secs)?,
+        keep: args
+            .iter()
+            .position(|a| a == "--fleet-keep")
+            .and_then(|i| args.get(i + 1))
+            .map(std::path::PathBuf::from),
     };
     if fleet_settings.processes == 0 || fleet_settings.jobs == 0 || fleet_settings.secs < 3 {
         bail!("a fleet needs at least 1 process, 1 job and 3 seconds");
