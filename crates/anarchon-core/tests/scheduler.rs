@@ -1384,6 +1384,78 @@ async fn claims_go_out_ahead_and_handlers_start_on_the_slot() {
     }
 }
 
+/// Before any batch has been timed, the first claims go out half a second
+/// ahead: a fleet started together sends them all at once, and on a store
+/// where they contend that first batch takes a few hundred milliseconds.
+/// Here the answer takes 300 ms, and the first slot still starts on time.
+#[tokio::test(start_paused = true)]
+async fn the_first_claims_get_a_head_start_a_contended_batch_needs() {
+    let (clock, store) = setup();
+    let slow = Faulty::new(store.clone());
+    slow.set_claim_reply_delay(Duration::from_millis(300));
+    let started: Arc<Mutex<Vec<(Slot, Timestamp)>>> = Arc::default();
+    let mut b = instance(slow.clone(), clock.clone(), "slow");
+    let (st, clk) = (started.clone(), clock.clone());
+    b.job("every-second", every(1))
+        .unwrap()
+        .run(move |ctx| {
+            st.lock().unwrap().push((ctx.slot(), clk.now()));
+            async { Ok::<_, String>(()) }
+        })
+        .unwrap();
+    // Started 200 ms into a second: the first slot is 800 ms away.
+    sleep(0.2).await;
+    let s = b.start().unwrap();
+    sleep(1.5).await;
+    s.shutdown().await;
+    let started = started.lock().unwrap().clone();
+    assert_eq!(started.len(), 1, "{started:?}");
+    let (slot, at) = started[0];
+    assert_eq!(at, slot.at(), "the first slot starts on time: {started:?}");
+}
+
+/// A batch that takes longer than its head start teaches the scheduler a
+/// longer one, and the very next slot's claim already goes out with it:
+/// when the store turns slow, one slot starts late, not two.
+///
+/// Failed before the fix: the timer had gone to sleep until the next
+/// claim time as the shorter head start put it, so the slot after the
+/// slow batch was as late as the slow batch's own.
+#[tokio::test(start_paused = true)]
+async fn a_longer_head_start_applies_from_the_next_slot() {
+    let (clock, store) = setup();
+    let slow = Faulty::new(store.clone());
+    let started: Arc<Mutex<Vec<(Slot, Timestamp)>>> = Arc::default();
+    let mut b = instance(slow.clone(), clock.clone(), "slow");
+    let (st, clk) = (started.clone(), clock.clone());
+    b.job("every-second", every(1))
+        .unwrap()
+        .run(move |ctx| {
+            st.lock().unwrap().push((ctx.slot(), clk.now()));
+            async { Ok::<_, String>(()) }
+        })
+        .unwrap();
+    let s = b.start().unwrap();
+    // Eleven quick slots: the head start shrinks towards its least.
+    sleep(10.5).await;
+    slow.set_claim_reply_delay(Duration::from_millis(400));
+    sleep(3.0).await;
+    s.shutdown().await;
+    let started = started.lock().unwrap().clone();
+    assert_eq!(started.len(), 14, "{started:?}");
+    let late: Vec<usize> = started
+        .iter()
+        .enumerate()
+        .filter(|(_, (slot, at))| at != &slot.at())
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(
+        late,
+        vec![11],
+        "only the first slot claimed once the store is slow starts late: {started:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_offset_to_the_store_clock_is_measured_and_exposed() {
     let (clock, store) = setup();

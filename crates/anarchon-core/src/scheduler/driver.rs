@@ -32,7 +32,8 @@ pub(crate) fn claim_ahead(inner: &Inner) -> Duration {
 }
 
 /// Learns from a batch that took `took`: twice that, or what we had decayed
-/// by a tenth, within the bounds.
+/// by a tenth, within the bounds. A longer head start wakes the timer: it
+/// may be asleep until the next slot's claim time as the shorter one put it.
 fn learn_claim_time(inner: &Inner, took: Duration) {
     let had = claim_ahead(inner);
     let next = (took * 2)
@@ -41,6 +42,9 @@ fn learn_claim_time(inner: &Inner, took: Duration) {
     inner
         .claim_ahead_ms
         .store(millis(next) as u64, std::sync::atomic::Ordering::Relaxed);
+    if next > had {
+        inner.claim_ahead_grew.notify_one();
+    }
 }
 /// The most claims sent in one `claim_many` call.
 const BATCH_LIMIT: usize = 1000;
@@ -185,6 +189,7 @@ pub(crate) async fn drive(inner: Arc<Inner>) {
         if let Some(nap) = nap {
             tokio::select! {
                 () = tokio::time::sleep(nap) => continue,
+                () = inner.claim_ahead_grew.notified() => continue,
                 _ = permits.acquire(), if !backlog.is_empty() => continue,
                 () = inner.stop.cancelled() => return,
             }

@@ -413,8 +413,9 @@ where
             hand_over: CancellationToken::new(),
             tasks: TaskTracker::new(),
             claim_ahead_ms: std::sync::atomic::AtomicU64::new(
-                calls::MIN_CLAIM_AHEAD.as_millis() as u64
+                calls::FIRST_CLAIM_AHEAD.as_millis() as u64
             ),
+            claim_ahead_grew: tokio::sync::Notify::new(),
         });
         let driver = tokio::spawn(driver::drive(inner.clone()));
         Ok(Scheduler {
@@ -511,6 +512,10 @@ pub(crate) struct Inner {
     /// The head start of claims before their fire time, in ms (see
     /// `driver::claim_ahead`).
     pub(crate) claim_ahead_ms: std::sync::atomic::AtomicU64,
+    /// Wakes the timer when the head start grew, so that the next slot's
+    /// claim goes out with it rather than at the time the timer chose with
+    /// the shorter one.
+    pub(crate) claim_ahead_grew: tokio::sync::Notify,
 }
 
 /// A running scheduler.
