@@ -35,7 +35,7 @@ use anyhow::{Context, Result, bail};
 use tokio::sync::mpsc;
 
 use crate::targets::Target;
-use crate::{cpu_seconds, make_target, percentile, sorted, verdict};
+use crate::{cpu_seconds, make_target, percentile, sorted, value_arg, verdict};
 
 /// The size of a fleet.
 pub(crate) struct FleetSettings {
@@ -507,11 +507,7 @@ fn tally(text: &str, s: &FleetSettings, first_slot: i64) -> Result<FleetFigures>
 /// --start-at UNIX_MS --out FILE`: one process of a fleet.
 pub(crate) async fn worker(args: &[String]) -> Result<()> {
     let arg = |name: &str| -> Result<&str> {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .map(String::as_str)
-            .with_context(|| format!("fleet-worker needs {name}"))
+        value_arg(args, name)?.with_context(|| format!("fleet-worker needs {name}"))
     };
     let backend = arg("--backend")?;
     let jobs: usize = arg("--jobs")?.parse()?;

@@ -752,12 +752,24 @@ async fn measure(target: &dyn Target, s: &Settings, f: &mut Figures) -> Result<(
     footprint(target.name(), s, f)
 }
 
-/// The number after `flag`, or `default` when the flag is absent.
-fn number_arg<T: std::str::FromStr>(args: &[String], flag: &str, default: T) -> Result<T> {
+/// The value after `flag`; `None` when the flag is absent, an error when
+/// it is the last argument.
+pub(crate) fn value_arg<'a>(args: &'a [String], flag: &str) -> Result<Option<&'a str>> {
     match args.iter().position(|a| a == flag) {
         Some(i) => args
             .get(i + 1)
-            .and_then(|v| v.parse().ok())
+            .map(|v| Some(v.as_str()))
+            .with_context(|| format!("{flag} needs a value")),
+        None => Ok(None),
+    }
+}
+
+/// The number after `flag`, or `default` when the flag is absent.
+fn number_arg<T: std::str::FromStr>(args: &[String], flag: &str, default: T) -> Result<T> {
+    match value_arg(args, flag)? {
+        Some(v) => v
+            .parse()
+            .ok()
             .with_context(|| format!("{flag} needs a number")),
         None => Ok(default),
     }
@@ -770,17 +782,12 @@ async fn run_all(args: &[String]) -> Result<()> {
     if fleet_only && no_fleet {
         bail!("--fleet-only and --no-fleet exclude each other");
     }
-    let chosen: Option<Vec<String>> = match args.iter().position(|a| a == "--backends") {
-        Some(i) => Some(
-            args.get(i + 1)
-                .context("--backends needs a list")?
-                .split(',')
-                .map(|b| b.trim().to_owned())
-                .filter(|b| !b.is_empty())
-                .collect(),
-        ),
-        None => None,
-    };
+    let chosen: Option<Vec<String>> = value_arg(args, "--backends")?.map(|list| {
+        list.split(',')
+            .map(|b| b.trim().to_owned())
+            .filter(|b| !b.is_empty())
+            .collect()
+    });
     let backends: Vec<String> = match (&chosen, fleet_only) {
         (_, true) => Vec::new(),
         (Some(list), false) => list.clone(),
@@ -808,21 +815,14 @@ async fn run_all(args: &[String]) -> Result<()> {
         processes: number_arg(args, "--fleet-processes", defaults.processes)?,
         jobs: number_arg(args, "--fleet-jobs", defaults.jobs)?,
         secs: number_arg(args, "--fleet-secs", defaults.secs)?,
-        keep: args
-            .iter()
-            .position(|a| a == "--fleet-keep")
-            .and_then(|i| args.get(i + 1))
-            .map(std::path::PathBuf::from),
+        keep: value_arg(args, "--fleet-keep")?.map(std::path::PathBuf::from),
     };
     if fleet_settings.processes == 0 || fleet_settings.jobs == 0 || fleet_settings.secs < 3 {
         bail!("a fleet needs at least 1 process, 1 job and 3 seconds");
     }
-    let out_path = args
-        .iter()
-        .position(|a| a == "--out")
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| "target/bench/results.json".into());
+    let out_path = value_arg(args, "--out")?
+        .unwrap_or("target/bench/results.json")
+        .to_owned();
     let s = Settings {
         race_finish: args.iter().any(|a| a == "--race-finish"),
         ..Settings::new(quick)
