@@ -1347,19 +1347,37 @@ async fn a_hanging_heartbeat_does_not_hold_the_runner_past_its_lease() {
     drop(s);
 }
 
-#[tokio::test(start_paused = true)]
-async fn claims_go_out_ahead_and_handlers_start_on_the_slot() {
-    let (clock, store) = setup();
-    let started: Arc<Mutex<Vec<(Slot, Timestamp)>>> = Arc::default();
-    let mut b = Scheduler::builder(store.clone()).clock(clock.clone());
+/// When each run's handler started, by the instance's clock.
+type HandlerStarts = Arc<Mutex<Vec<(Slot, Timestamp)>>>;
+
+/// Adds `job` on `schedule` to `b`, with a handler that records its slot
+/// and the time on `clock` when it starts.
+fn recording_start_times<S: ClaimStore + ?Sized>(
+    b: &mut SchedulerBuilder<S>,
+    clock: &Arc<TestClock>,
+    job: &str,
+    schedule: Schedule,
+) -> HandlerStarts
+where
+    Arc<S>: IntoDynClaim,
+{
+    let started: HandlerStarts = Arc::default();
     let (st, clk) = (started.clone(), clock.clone());
-    b.job("on-time", every(60))
+    b.job(job, schedule)
         .unwrap()
         .run(move |ctx| {
             st.lock().unwrap().push((ctx.slot(), clk.now()));
             async { Ok::<_, String>(()) }
         })
         .unwrap();
+    started
+}
+
+#[tokio::test(start_paused = true)]
+async fn claims_go_out_ahead_and_handlers_start_on_the_slot() {
+    let (clock, store) = setup();
+    let mut b = Scheduler::builder(store.clone()).clock(clock.clone());
+    let started = recording_start_times(&mut b, &clock, "on-time", every(60));
     let s = b.start().unwrap();
     sleep(150.0).await;
     s.shutdown().await;
@@ -1393,16 +1411,8 @@ async fn the_first_claims_get_a_head_start_a_contended_batch_needs() {
     let (clock, store) = setup();
     let slow = Faulty::new(store.clone());
     slow.set_claim_reply_delay(Duration::from_millis(300));
-    let started: Arc<Mutex<Vec<(Slot, Timestamp)>>> = Arc::default();
     let mut b = instance(slow.clone(), clock.clone(), "slow");
-    let (st, clk) = (started.clone(), clock.clone());
-    b.job("every-second", every(1))
-        .unwrap()
-        .run(move |ctx| {
-            st.lock().unwrap().push((ctx.slot(), clk.now()));
-            async { Ok::<_, String>(()) }
-        })
-        .unwrap();
+    let started = recording_start_times(&mut b, &clock, "every-second", every(1));
     // Started 200 ms into a second: the first slot is 800 ms away.
     sleep(0.2).await;
     let s = b.start().unwrap();
@@ -1425,16 +1435,8 @@ async fn the_first_claims_get_a_head_start_a_contended_batch_needs() {
 async fn a_longer_head_start_applies_from_the_next_slot() {
     let (clock, store) = setup();
     let slow = Faulty::new(store.clone());
-    let started: Arc<Mutex<Vec<(Slot, Timestamp)>>> = Arc::default();
     let mut b = instance(slow.clone(), clock.clone(), "slow");
-    let (st, clk) = (started.clone(), clock.clone());
-    b.job("every-second", every(1))
-        .unwrap()
-        .run(move |ctx| {
-            st.lock().unwrap().push((ctx.slot(), clk.now()));
-            async { Ok::<_, String>(()) }
-        })
-        .unwrap();
+    let started = recording_start_times(&mut b, &clock, "every-second", every(1));
     let s = b.start().unwrap();
     // Eleven quick slots: the head start shrinks towards its least.
     sleep(10.5).await;
@@ -2057,7 +2059,7 @@ async fn replace_cancels_the_run_still_going_and_runs_the_new_slot() {
 #[tokio::test(start_paused = true)]
 async fn buffer_one_runs_the_waiting_slot_when_the_live_run_ends() {
     let (clock, store) = setup();
-    let started: Arc<Mutex<Vec<(Slot, Timestamp)>>> = Arc::default();
+    let started: HandlerStarts = Arc::default();
     let mut b = instance(store.clone(), clock.clone(), "a");
     let noted = started.clone();
     let test_clock = clock.clone();
