@@ -12,12 +12,20 @@ mod common;
 /// The claim store (JetStream de-duplication) on a stream with three
 /// replicas.
 mod claims {
-    anarchon_testkit::claim_suite!(crate::common::NatsFactory::on_cluster().await);
+    anarchon_testkit::claim_suite!(
+        crate::common::NatsFactory::on_cluster()
+            .await
+            .with_call_limit(crate::common::CLUSTER_CALL_LIMIT)
+    );
 }
 
 /// The KV lease store on a bucket with three replicas.
 mod kv_leases {
-    anarchon_testkit::lease_suite!(crate::common::NatsLeaseFactory::on_cluster().await);
+    anarchon_testkit::lease_suite!(
+        crate::common::NatsLeaseFactory::on_cluster()
+            .await
+            .with_call_limit(crate::common::CLUSTER_CALL_LIMIT)
+    );
 }
 
 /// The streams really are replicated: a store's stream and a lease

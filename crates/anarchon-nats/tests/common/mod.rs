@@ -21,6 +21,15 @@ pub(crate) async fn url() -> String {
     require(Service::Nats).await
 }
 
+/// How long the cluster suites let one call to the cluster take. A
+/// three-node cluster on a loaded two-core machine (the suites run two
+/// tests at once, each racing eight instances, beside whatever else the
+/// machine runs) has been seen to take longer than the stores' 5 s default
+/// to answer a first `$JS.API.INFO`. The suites check who wins, not how
+/// fast, so they wait longer rather than fail on a slow answer; the fault
+/// tests keep their own short limits.
+pub(crate) const CLUSTER_CALL_LIMIT: Duration = Duration::from_secs(20);
+
 /// How many replicas the streams and buckets of the cluster tests have:
 /// one per node of the test cluster.
 pub(crate) const CLUSTER_REPLICAS: usize = 3;
@@ -208,6 +217,13 @@ macro_rules! factory_on_its_own_stream {
                     connection: NatsOptions::new(url),
                     $options,
                 }
+            }
+
+            /// The same factory, its instances waiting up to `limit` for
+            /// each call to the server.
+            pub(crate) fn with_call_limit(mut self, limit: Duration) -> Self {
+                self.connection = self.connection.with_timeout(limit);
+                self
             }
 
             /// Another factory on the same namespace whose instances
