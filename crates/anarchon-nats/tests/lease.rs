@@ -795,6 +795,66 @@ async fn round_trips_per_call() {
     assert_eq!(cost(&b, before), (3, 6), "late claim recording missed");
 }
 
+/// Ended runs move from the job's document to their run keys only with a
+/// claim that may start a run: a claim that finds its slot held (as seven
+/// of a fleet's eight do) costs what it costs with nothing ended and
+/// writes no record; the next claim of a new slot moves them.
+#[tokio::test]
+async fn only_a_claim_that_may_start_moves_ended_runs() {
+    let factory = NatsLeaseFactory::new().await;
+    let raw = Raw::open(&factory).await;
+    let (a, b) = (factory.instance().await, factory.instance().await);
+    let job = job("moves");
+    let first = future_slot(&factory, 0).as_millis();
+    let run = |k: i64| RunKey::new(job.clone(), Slot::from_millis(first + k * 1000));
+    let ended = lease_claim(run(0), Token::generate(), "a");
+    won(a.claim_lease(&ended).await.unwrap());
+    won(a
+        .claim_lease(&lease_claim(run(1), Token::generate(), "a"))
+        .await
+        .unwrap());
+    a.finish(ended.run(), ended.claim.token, RunOutcome::Succeeded)
+        .await
+        .unwrap();
+    let ended_key = NatsLeaseStore::run_key(ended.run());
+    let job_key = NatsLeaseStore::job_key(&job);
+
+    let before = b.stats();
+    assert!(matches!(
+        b.claim_lease(&lease_claim(run(1), Token::generate(), "b"))
+            .await
+            .unwrap(),
+        ClaimOutcome::Running { .. }
+    ));
+    let after = b.stats();
+    assert_eq!(
+        (
+            after.round_trips - before.round_trips,
+            after.requests - before.requests
+        ),
+        (2, 3),
+        "a claim of a live lease costs the same with an ended run in the document"
+    );
+    assert!(
+        raw.get(&ended_key).await.is_none(),
+        "a claim that found its slot held wrote the ended run's record"
+    );
+    let (_, _, document) = raw.get(&job_key).await.unwrap();
+    assert!(document.contains("ended"), "{document}");
+
+    won(b
+        .claim_lease(&lease_claim(run(2), Token::generate(), "b"))
+        .await
+        .unwrap());
+    let (_, _, record) = raw
+        .get(&ended_key)
+        .await
+        .expect("the claim that started a run moved the ended one to its key");
+    assert!(record.contains("succeeded"), "{record}");
+    let (_, _, document) = raw.get(&job_key).await.unwrap();
+    assert!(!document.contains("ended"), "{document}");
+}
+
 /// Pauses are KV keys of the bucket — `pause.job.<job>` and `pause.all` —
 /// holding server times; a resume purges the key. What each pause call
 /// costs, and a claim of a paused job: one round trip more for a slot the

@@ -128,8 +128,16 @@ impl NatsLeaseStore {
                     .iter()
                     .any(|(_, c)| !in_doc(c.run().slot.as_millis()));
             // Ended runs move to their run keys before the swap that drops
-            // them from the document; only a call that may write does it.
-            let flush: Vec<(i64, &RunDoc)> = if timed {
+            // them from the document, in the round trip that reads the
+            // clock. Only a call that may start a run does it: in a fleet,
+            // the instances that find their slot already claimed would
+            // otherwise each write the same records again. A takeover that
+            // swaps without moving them leaves them in the document (only
+            // what was moved is dropped) for the next start to move.
+            let moves = claims
+                .iter()
+                .any(|(_, c)| doc.may_start(c.run().slot.as_millis()));
+            let flush: Vec<(i64, &RunDoc)> = if timed && moves {
                 doc.movable().collect()
             } else {
                 Vec::new()

@@ -357,6 +357,14 @@ impl JobDoc {
             .map(|(s, r)| (*s, r))
     }
 
+    /// Whether a claim of `slot` may start a run and so swap the document:
+    /// the slot is neither live here nor ended here (a waiting slot may
+    /// start). A claim of a live slot writes only when it takes a lapsed
+    /// lease over, and one of an ended slot never does.
+    pub(crate) fn may_start(&self, slot: i64) -> bool {
+        !self.live.contains_key(&slot) && self.ended.get(&slot).is_none_or(RunDoc::is_waiting)
+    }
+
     /// Whether a run of the job other than `slot` is live at `now`: holds
     /// a live lease, or failed with its retry not due yet.
     fn another_run_is_live(&self, slot: i64, now: i64) -> bool {
