@@ -114,17 +114,55 @@ fn node_arguments(node: &str) -> Vec<String> {
 }
 
 /// Whether every node in `nodes` says `cluster_state:ok` with all slots
-/// assigned and served, flags no node as failed (a node that came back is
-/// left out of `CLUSTER SLOTS`, and so out of a client's view of the
-/// cluster, until every node has cleared its flag), and every replica
-/// among them has its link to its master up (its first sync done).
+/// assigned and served, flags no node as failed, lists every one of
+/// `nodes` in its `CLUSTER SLOTS` (the table a client builds its view of
+/// the cluster from), and every replica among them has its link to its
+/// master up (its first sync done).
+///
+/// A node that came back after a kill rejoins as a replica, and the
+/// others learn that by gossip: for a moment after the flags clear, a
+/// node's `CLUSTER SLOTS` may still leave it out, and a client that
+/// connects then does not know the node at all.
 fn whole(nodes: &[&str]) -> bool {
     nodes.iter().all(|node| {
         cluster_info(node, "cluster_state").as_deref() == Some("ok")
             && cluster_info(node, "cluster_slots_ok").as_deref() == Some("16384")
             && flags_none_failed(node, nodes)
+            && slots_list_every_node(node, nodes)
             && (cluster_role(node).as_deref() != Some("slave") || replica_linked(node))
     })
+}
+
+/// Whether `CLUSTER SLOTS` on `node` names each of `nodes` as a master or
+/// a replica of some slot range.
+fn slots_list_every_node(node: &str, nodes: &[&str]) -> bool {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("SLOTS");
+    let Ok(redis::Value::Array(ranges)) =
+        common::query_blocking::<redis::Value>(&format!("redis://{node}"), &cmd)
+    else {
+        return false;
+    };
+    let mut listed = Vec::new();
+    for range in &ranges {
+        let redis::Value::Array(fields) = range else {
+            return false;
+        };
+        // start, end, then one entry per node serving the range:
+        // [host, port, id, ...], the master first.
+        for entry in fields.iter().skip(2) {
+            let redis::Value::Array(parts) = entry else {
+                return false;
+            };
+            let (Some(redis::Value::BulkString(host)), Some(redis::Value::Int(port))) =
+                (parts.first(), parts.get(1))
+            else {
+                return false;
+            };
+            listed.push(format!("{}:{port}", String::from_utf8_lossy(host)));
+        }
+    }
+    nodes.iter().all(|n| listed.iter().any(|l| l == n))
 }
 
 /// Whether `CLUSTER NODES` on `node` flags none of `nodes` `fail` or
