@@ -709,33 +709,36 @@ async fn history_slots(store: &NatsLeaseStore, job: &JobName) -> Vec<Slot> {
     history.iter().map(|r| r.run.slot).collect()
 }
 
+/// The round trips and requests `store` made since its stats read
+/// `before`.
+fn cost_since(store: &NatsLeaseStore, before: anarchon_nats::LeaseStats) -> (u64, u64) {
+    let after = store.stats();
+    (
+        after.round_trips - before.round_trips,
+        after.requests - before.requests,
+    )
+}
+
 /// What each call costs, in round trips and requests, as the docs say.
 #[tokio::test]
 async fn round_trips_per_call() {
     let factory = NatsLeaseFactory::new().await;
     let (a, b) = (factory.instance().await, factory.instance().await);
     let run = RunKey::new(job("costs"), future_slot(&factory, 0));
-    let cost = |store: &NatsLeaseStore, before: anarchon_nats::LeaseStats| {
-        let after = store.stats();
-        (
-            after.round_trips - before.round_trips,
-            after.requests - before.requests,
-        )
-    };
     let token = Token::generate();
     let claim = lease_claim(run.clone(), token, "a");
 
     let before = a.stats();
     won(a.claim_lease(&claim).await.unwrap());
     assert_eq!(
-        cost(&a, before),
+        cost_since(&a, before),
         (3, 6),
         "claim that wins: the pauses are read with the clock"
     );
 
     let before = a.stats();
     won(a.claim_lease(&claim).await.unwrap());
-    assert_eq!(cost(&a, before), (1, 2), "own retry");
+    assert_eq!(cost_since(&a, before), (1, 2), "own retry");
 
     let before = b.stats();
     let other = lease_claim(run.clone(), Token::generate(), "b");
@@ -743,28 +746,28 @@ async fn round_trips_per_call() {
         b.claim_lease(&other).await.unwrap(),
         ClaimOutcome::Running { .. }
     ));
-    assert_eq!(cost(&b, before), (2, 3), "claim of a live lease");
+    assert_eq!(cost_since(&b, before), (2, 3), "claim of a live lease");
 
     let before = b.stats();
     b.peek(&run).await.unwrap();
-    assert_eq!(cost(&b, before), (2, 3), "peek");
+    assert_eq!(cost_since(&b, before), (2, 3), "peek");
 
     let before = a.stats();
     a.heartbeat(&run, token, Duration::from_secs(30))
         .await
         .unwrap();
-    assert_eq!(cost(&a, before), (2, 2), "heartbeat");
+    assert_eq!(cost_since(&a, before), (2, 2), "heartbeat");
 
     let before = a.stats();
     a.finish(&run, token, RunOutcome::Succeeded).await.unwrap();
-    assert_eq!(cost(&a, before), (2, 2), "finish");
+    assert_eq!(cost_since(&a, before), (2, 2), "finish");
 
     let before = b.stats();
     assert_eq!(
         b.claim_lease(&other).await.unwrap(),
         ClaimOutcome::Done(FinalState::Succeeded)
     );
-    assert_eq!(cost(&b, before), (1, 2), "claim of a run that ended");
+    assert_eq!(cost_since(&b, before), (1, 2), "claim of a run that ended");
 
     let before = b.stats();
     let batch: Vec<LeaseClaim> = (0..20)
@@ -780,7 +783,7 @@ async fn round_trips_per_call() {
         won(outcome);
     }
     assert_eq!(
-        cost(&b, before),
+        cost_since(&b, before),
         (3, 1 + 20 + 1 + 20 + 1 + 20),
         "20 jobs in one batch: the round trips of one claim; pause.all read once"
     );
@@ -792,7 +795,11 @@ async fn round_trips_per_call() {
         "b",
     );
     assert_eq!(b.claim_lease(&late).await.unwrap(), ClaimOutcome::Missed);
-    assert_eq!(cost(&b, before), (3, 6), "late claim recording missed");
+    assert_eq!(
+        cost_since(&b, before),
+        (3, 6),
+        "late claim recording missed"
+    );
 }
 
 /// Ended runs move from the job's document to their run keys only with a
@@ -826,12 +833,8 @@ async fn only_a_claim_that_may_start_moves_ended_runs() {
             .unwrap(),
         ClaimOutcome::Running { .. }
     ));
-    let after = b.stats();
     assert_eq!(
-        (
-            after.round_trips - before.round_trips,
-            after.requests - before.requests
-        ),
+        cost_since(&b, before),
         (2, 3),
         "a claim of a live lease costs the same with an ended run in the document"
     );
@@ -865,13 +868,7 @@ async fn pauses_are_keys_of_the_bucket_on_the_servers_clock() {
     let factory = NatsLeaseFactory::new().await;
     let raw = Raw::open(&factory).await;
     let store = factory.instance().await;
-    let cost = |before: anarchon_nats::LeaseStats| {
-        let after = store.stats();
-        (
-            after.round_trips - before.round_trips,
-            after.requests - before.requests,
-        )
-    };
+    let cost = |before| cost_since(&store, before);
     let quiet = job("quiet");
     let scope = PauseScope::Job(quiet.clone());
 
