@@ -46,19 +46,40 @@ macro_rules! lease_script {
 }
 
 static CLAIM: Lua = lease_script!("lease_claim");
+/// Many claims in one script, for a single Redis: the claim script becomes
+/// the body of a function that `lua/lease_claim_batch.lua` calls once per
+/// claim.
+static CLAIM_BATCH: Lua = Lua::new(
+    "lease_claim_batch",
+    concat!(
+        include_str!("../lua/lease_prelude.lua"),
+        "local function claim(KEYS, ARGV)\n",
+        include_str!("../lua/lease_claim.lua"),
+        "\nend\n",
+        include_str!("../lua/lease_claim_batch.lua")
+    ),
+);
 static STEP: Lua = lease_script!("lease_heartbeat");
 static READ: Lua = lease_script!("lease_read");
 static GC: Lua = lease_script!("lease_gc");
 static PAUSE: Lua = lease_script!("lease_pause");
 static REQUEST: Lua = lease_script!("lease_request");
-static SCRIPTS: [&Lua; 6] = [&CLAIM, &STEP, &READ, &GC, &PAUSE, &REQUEST];
+static SCRIPTS: [&Lua; 7] = [&CLAIM, &CLAIM_BATCH, &STEP, &READ, &GC, &PAUSE, &REQUEST];
+
+/// The most claims one batch script carries. Redis runs nothing else while
+/// a script runs, so a long batch is cut into scripts of this many (all
+/// still sent in one round trip).
+const CLAIMS_PER_SCRIPT: usize = 100;
 
 /// The Redis `lease` strategy: a [`LeaseStore`].
 ///
 /// Every step — claim, heartbeat, finish, release, peek, history — is one
 /// Lua script run by EVALSHA, so it is atomic and uses Redis's clock
 /// (`TIME`); [`claim_many`](LeaseStore::claim_many) sends all its claims in
-/// one round trip. The claim follows the flowchart of
+/// one round trip. On a single Redis a batch's claims share one script call
+/// (up to a hundred claims each, every claim answered on its own), so the
+/// claims that lose in a fleet cost one field read each, not a script call;
+/// on a Redis Cluster each claim is its own script. The claim follows the flowchart of
 /// [`MemoryStore`](anarchon_core::MemoryStore) step by step.
 ///
 /// Keys of job `j` under prefix `p` (all with the hash tag `{p:j}`):
@@ -340,10 +361,19 @@ impl RedisLeaseStore {
         } else {
             None
         };
-        let calls: Vec<Call> = reqs
-            .iter()
-            .map(|r| self.claim_call(r, namespace_pause.as_ref()))
-            .collect();
+        // On a single Redis every key lies on the one server, so a batch is
+        // one script per `CLAIMS_PER_SCRIPT` claims; on a cluster each claim
+        // is a script of its own, sent to the node of its job's hash slot.
+        let calls: Vec<Call> = match &namespace_pause {
+            Some(pause) => reqs
+                .iter()
+                .map(|r| self.claim_call(r, Some(pause)))
+                .collect(),
+            None => reqs
+                .chunks(CLAIMS_PER_SCRIPT)
+                .map(|chunk| self.batch_call(chunk))
+                .collect(),
+        };
         let (registration, replies) = self
             .link
             .eval_with_prelude(&prelude, &calls, Durable::Yes, during)
@@ -363,10 +393,34 @@ impl RedisLeaseStore {
                 "could not add jobs to the job list, so garbage collection does not see them yet: {error}"
             ),
         }
+        if namespace_pause.is_some() {
+            return Ok(replies
+                .into_iter()
+                .map(|v| parse_claim(check(v, during)?))
+                .collect());
+        }
         Ok(replies
             .into_iter()
-            .map(|v| parse_claim(check(v, during)?))
+            .zip(reqs.chunks(CLAIMS_PER_SCRIPT))
+            .flat_map(|(reply, chunk)| unbatch(reply, chunk.len(), during))
             .collect())
+    }
+
+    /// One script for the claims of `chunk` (see `lua/lease_claim_batch.lua`):
+    /// each claim's eight keys, and its arguments after their count.
+    fn batch_call(&self, chunk: &[LeaseClaim]) -> Call {
+        let mut batch = Call {
+            lua: &CLAIM_BATCH,
+            keys: Vec::with_capacity(chunk.len() * 8),
+            args: Vec::with_capacity(chunk.len() * 9),
+        };
+        for req in chunk {
+            let one = self.claim_call(req, None);
+            batch.keys.extend(one.keys);
+            batch.args.push(one.args.len().to_string());
+            batch.args.extend(one.args);
+        }
+        batch
     }
 
     /// One heartbeat, release or finish step.
@@ -508,6 +562,28 @@ fn clock_of(item: Option<&Value>, during: &'static str) -> Result<Timestamp, Sto
     item.and_then(int)
         .map(Timestamp::from_millis)
         .ok_or_else(|| store_err(Error::protocol(during, "no clock reading")))
+}
+
+/// The answers to the `n` claims of one batch script: its own answer to
+/// each, or, if the script as a whole was refused, that error for each.
+fn unbatch(reply: Value, n: usize, during: &'static str) -> Vec<Result<ClaimOutcome, Error>> {
+    match reply {
+        Value::Array(answers) if answers.len() == n => answers
+            .into_iter()
+            .map(|v| parse_claim(check(v, during)?))
+            .collect(),
+        Value::ServerError(_) => (0..n)
+            .map(|_| check(reply.clone(), during).and_then(parse_claim))
+            .collect(),
+        _ => (0..n)
+            .map(|_| {
+                Err(Error::protocol(
+                    during,
+                    format!("a batch of {n} claims was not answered with {n} answers"),
+                ))
+            })
+            .collect(),
+    }
 }
 
 fn parse_claim(reply: Value) -> Result<ClaimOutcome, Error> {

@@ -545,9 +545,11 @@ async fn bad_prefixes_and_urls_are_refused_without_showing_the_password() {
     }
 }
 
-/// One batch, three jobs: one with a key of the wrong type, one with a
-/// corrupt record, one sound. The sound job's claim is won and stands; each
-/// broken job gets its own error, naming what is wrong.
+/// One batch, four jobs: one with a key of the wrong type, one whose fence
+/// counter is not a number (Redis refuses the `INCR` halfway through the
+/// claim, which a batch script must not let stop the claims after it), one
+/// with a corrupt record, one sound. The sound job's claim is won and
+/// stands; each broken job gets its own error, naming what is wrong.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_jobs_broken_keys_cost_its_batch_nothing() {
     let (factory, store, mut conn, slot) = a_store_to_plant_keys_under().await;
@@ -564,23 +566,29 @@ async fn one_jobs_broken_keys_cost_its_batch_nothing() {
         )
         .await
         .unwrap();
-    let batch: Vec<_> = ["wrong-type", "sound", "corrupt"]
+    let _: () = conn
+        .set(format!("{{{p}:bad-fence}}:fence"), "not a number")
+        .await
+        .unwrap();
+    let batch: Vec<_> = ["wrong-type", "bad-fence", "sound", "corrupt"]
         .iter()
         .map(|name| lease_claim(RunKey::new(job(name), slot), Token::generate(), "a"))
         .collect();
     let answers = anarchon_testkit::fleet::answers_to_a_batch(&*store, &batch).await;
     let err = answers[0].as_ref().unwrap_err();
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let err = answers[1].as_ref().unwrap_err();
+    assert!(err.to_string().contains("not an integer"), "{err}");
     assert!(
-        matches!(answers[1], Ok(anarchon_core::ClaimOutcome::Won(_))),
+        matches!(answers[2], Ok(anarchon_core::ClaimOutcome::Won(_))),
         "the sound job's claim: {:?}",
-        answers[1]
+        answers[2]
     );
-    let err = answers[2].as_ref().unwrap_err();
+    let err = answers[3].as_ref().unwrap_err();
     assert!(err.to_string().contains("not valid JSON"), "{err}");
     // The win was written and is the claimer's: a retry is recognised.
     assert!(matches!(
-        store.claim_lease(&batch[1]).await.unwrap(),
+        store.claim_lease(&batch[2]).await.unwrap(),
         anarchon_core::ClaimOutcome::Won(_)
     ));
 }

@@ -144,14 +144,57 @@ async fn a_lease_claim_is_one_command_and_a_batch_one_round_trip() {
     assert!(outcomes.iter().all(|o| matches!(o, ClaimOutcome::Won(_))));
     let new_jobs = proxy.take();
     assert_eq!(new_jobs.round_trips, 1, "{new_jobs:?}");
-    assert_eq!(new_jobs.count("EVALSHA"), BATCH);
+    assert_eq!(
+        new_jobs.count("EVALSHA"),
+        1,
+        "a batch is one script call on a single Redis: {new_jobs:?}"
+    );
     assert_eq!(new_jobs.count("SADD"), 1, "one SADD registers all new jobs");
 
     let again = store.claim_many(&batch).await.unwrap().all().unwrap();
     let known_jobs = proxy.take();
     assert_eq!(known_jobs.round_trips, 1);
-    assert_eq!(known_jobs.commands.len(), BATCH, "{known_jobs:?}");
+    assert_eq!(known_jobs.commands, ["EVALSHA"], "{known_jobs:?}");
     assert_eq!(again, outcomes, "own retries: the same wins");
+
+    // A long batch is cut into scripts of a hundred claims, all sent in one
+    // round trip and answered in the order of the claims: every third run
+    // was taken first by another instance, and only those answer running.
+    const LONG: usize = 250;
+    let runs: Vec<RunKey> = (0..LONG)
+        .map(|i| {
+            let name = format!("batch-{}", i % BATCH);
+            RunKey::new(job(&name), slot_after(base, 1 + i as i64))
+        })
+        .collect();
+    let taken: Vec<_> = runs
+        .iter()
+        .step_by(3)
+        .map(|run| lease_claim(run.clone(), Token::generate(), "b"))
+        .collect();
+    store.claim_many(&taken).await.unwrap().all().unwrap();
+    proxy.take();
+    let long: Vec<_> = runs
+        .iter()
+        .map(|run| lease_claim(run.clone(), Token::generate(), "a"))
+        .collect();
+    let outcomes = store.claim_many(&long).await.unwrap().all().unwrap();
+    let cut = proxy.take();
+    assert_eq!(cut.round_trips, 1, "{cut:?}");
+    assert_eq!(cut.count("EVALSHA"), 3, "{cut:?}");
+    for (i, outcome) in outcomes.iter().enumerate() {
+        if i % 3 == 0 {
+            assert!(
+                matches!(outcome, ClaimOutcome::Running { .. }),
+                "claim {i}, taken by b: {outcome:?}"
+            );
+        } else {
+            assert!(
+                matches!(outcome, ClaimOutcome::Won(_)),
+                "claim {i}: {outcome:?}"
+            );
+        }
+    }
 
     // Heartbeat, release, finish, peek and history: one script each.
     let run = batch[0].run().clone();

@@ -1,0 +1,49 @@
+-- anarchon, Redis `lease` strategy: many claims in one script.
+-- The Rust side sends lease_prelude.lua, then lease_claim.lua as the body of
+-- `local function claim(KEYS, ARGV)`, then this file (see `src/lease.rs`).
+-- Only on a single Redis: on a Redis Cluster the claims of different jobs
+-- lie in different hash slots, so each is its own script there.
+--
+-- Why: in a fleet every instance claims every run, and all but one of them
+-- lose. A losing claim reads one field; what it cost was the script call
+-- around it (EVALSHA, TIME). One call for a whole batch pays that once.
+--
+-- KEYS: the eight keys of lease_claim.lua for each claim, claim after claim.
+-- ARGV: for each claim, the number of its arguments, then those arguments
+--       (ARGV of lease_claim.lua).
+--
+-- Returns one answer per claim, in order: lease_claim.lua's array, or an
+-- error reply for that claim alone. A claim that fails (a key of the wrong
+-- type, a corrupt record, a command Redis refuses) stops nothing but
+-- itself: each runs under pcall, and what it wrote before it failed stays,
+-- as it would have as a script of its own.
+--
+-- Every claim of the batch sees the same `now`: the script is one atomic
+-- step on Redis, read once from TIME by the prelude.
+
+local answers = {}
+local k, a = 0, 1
+while a <= #ARGV do
+  local n = tonumber(ARGV[a])
+  if not n or a + n > #ARGV or k + 8 > #KEYS then
+    return redis.error_reply('ERR anarchon: a batch of claims with keys or arguments missing at claim ' .. (#answers + 1))
+  end
+  local keys, args = {}, {}
+  for i = 1, 8 do keys[i] = KEYS[k + i] end
+  for i = 1, n do args[i] = ARGV[a + i] end
+  k, a = k + 8, a + 1 + n
+  local ok, answer = pcall(claim, keys, args)
+  if not ok then
+    -- redis.call raises a table with `err` (Redis 7) or a string (Redis 6).
+    if type(answer) == 'table' and answer.err then
+      answer = redis.error_reply(answer.err)
+    else
+      answer = redis.error_reply('ERR anarchon: ' .. tostring(answer))
+    end
+  end
+  answers[#answers + 1] = answer
+end
+if k ~= #KEYS then
+  return redis.error_reply('ERR anarchon: a batch of claims with ' .. (#KEYS - k) .. ' keys left over')
+end
+return answers
