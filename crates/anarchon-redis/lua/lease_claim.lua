@@ -50,8 +50,15 @@
 -- Most claims of a slot find it running or ended: in a fleet of N, N - 1
 -- claims lose. Those read one field and write nothing, so they check no
 -- key's type: Redis itself refuses to read a run hash of the wrong type.
--- A claim that will write checks every key it may write first, so a
--- wrong-typed key stops it before anything is changed.
+-- No claim asks a key's TYPE. A key that is read before the first write
+-- (the runs, the late window, the pauses, the live and waiting sets where
+-- the overlap rule reads them) is checked by that read; the keys that are
+-- only written (fence, slots, live) are written first, in that order, each
+-- through `read` (a pcall that names the key when Redis refuses its type).
+-- So a wrong-typed key stops the claim before the run's record is written:
+-- at most the fence has grown (a fence only has to grow) and the slot is
+-- listed in `slots` with no record (readers and garbage collection pass
+-- over such a slot).
 
 local slot, token, instance = ARGV[1], ARGV[2], ARGV[3]
 local max_late, lease = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -111,26 +118,57 @@ elseif not not_yet_run then
   end
 end
 
--- This claim may write. A key it reads before its first write is checked
--- by that read (the late window here, the pauses and the waiting set
--- below); a key it only writes is checked now.
-local bad = check(KEYS[2], 'zset') or check(KEYS[3], 'zset') or check(KEYS[4], 'string')
-  or (state == 'waiting' and check(KEYS[8], 'zset')) or nil
+-- This claim may write. A waiting slot's first write takes it out of the
+-- waiting set, so that key is checked now (a rare path); every other key
+-- is checked by a read or by its first write (above).
+local bad = state == 'waiting' and check(KEYS[8], 'zset') or nil
 if bad then return redis.error_reply(bad) end
 local stored, refused = read('GET', KEYS[5], 'string')
 if refused then return redis.error_reply(refused) end
 local window = tonumber(stored or '0') or 0
 
-local function write(r)
+-- Lists the slot in `slots`, scored by its instant: a manual run's slot is
+-- its request time negated (anarchon_core::Slot::at), so history and
+-- collection go by time. (nil and why, when the key is not a sorted set.)
+local function list_slot()
+  local _, wrong = read('ZADD', KEYS[2], 'zset', math.abs(tonumber(slot)), slot)
+  return wrong
+end
+
+-- Writes the slot's record (runs and late window are checked by their
+-- reads above).
+local function put(r)
   -- The job's late window grows with the first record this claim writes.
   if max_late > window then
     redis.call('SET', KEYS[5], int(max_late))
     window = max_late
   end
   redis.call('HSET', KEYS[1], slot, cjson.encode(r))
-  -- Scored by the slot's instant: a manual run's slot is its request time
-  -- negated (anarchon_core::Slot::at), so history and collection go by time.
-  redis.call('ZADD', KEYS[2], math.abs(tonumber(slot)), slot)
+end
+
+-- Records an ending that holds no lease (paused, missed, skipped,
+-- waiting): the slot is listed first, so a wrong-typed `slots` stops it
+-- with nothing written. (nil and why.)
+local function write(r)
+  local wrong = list_slot()
+  if wrong then return wrong end
+  put(r)
+end
+
+-- Starts the slot's run: a new fence, the slot listed, the run live until
+-- `lease_until`, then its record. The keys only written come first, so a
+-- wrong-typed one stops the claim before the record is written.
+-- (nil and why.)
+local function start(r, lease_until)
+  local fence, wrong = read('INCR', KEYS[4], 'string')
+  if wrong then return nil, wrong end
+  wrong = list_slot()
+  if wrong then return nil, wrong end
+  local _, not_live = read('ZADD', KEYS[3], 'zset', int(lease_until), slot)
+  if not_live then return nil, not_live end
+  r.fence = int(fence)
+  put(r)
+  return fence
 end
 
 -- Whether the pause under `key` holds at now: there is one, and it lasts
@@ -145,8 +183,10 @@ end
 
 -- Whether another run of the job is live: a lease end or a pending
 -- retry's due time >= now. At most two entries, one may be this slot.
+-- (nil and why, when the key is not a sorted set.)
 local function another_live()
-  local live = redis.call('ZRANGEBYSCORE', KEYS[3], int(now), '+inf', 'LIMIT', 0, 2)
+  local live, wrong = read('ZRANGEBYSCORE', KEYS[3], 'zset', int(now), '+inf', 'LIMIT', 0, 2)
+  if wrong then return nil, wrong end
   for _, other in ipairs(live) do
     if other ~= slot then return true end
   end
@@ -160,6 +200,12 @@ if not_yet_run then
   -- or running), it no longer waits.
   local function stop_waiting()
     if waiting then redis.call('ZREM', KEYS[8], slot) end
+  end
+  -- Records the slot ended as `r` (it no longer waits). (nil and why.)
+  local function end_as(r)
+    local wrong = write(r)
+    if wrong then return wrong end
+    stop_waiting()
   end
   -- 5. The job or every job is paused: a fresh or waiting slot is recorded
   -- `paused` (nobody's, like a skipped one); a missed or paused slot stays
@@ -175,8 +221,8 @@ if not_yet_run then
   if wrong_all then return redis.error_reply(wrong_all) end
   if job_paused or all_paused then
     if state == nil or waiting then
-      stop_waiting()
-      write({state = 'paused', finished = int(now)})
+      local wrong = end_as({state = 'paused', finished = int(now)})
+      if wrong then return redis.error_reply(wrong) end
       return {'done', 0, 0, 0, now, 'paused', ''}
     end
     if rerun_paused then return {'done', 0, 0, 0, now, 'paused', ''} end
@@ -186,23 +232,29 @@ if not_yet_run then
   -- its max_late is missed like one never claimed.
   if now - math.abs(tonumber(slot)) > max_late then
     if state == nil or waiting then
-      stop_waiting()
-      write({state = 'missed', finished = int(now)})
+      local wrong = end_as({state = 'missed', finished = int(now)})
+      if wrong then return redis.error_reply(wrong) end
       -- This claim recorded the miss: the one claimant told so.
       return {'missed', 0, 0, 0, now, '', ''}
     end
     return {'late', 0, 0, 0, now, '', ''}
   end
-  if rule == 'skip' and another_live() then
-    stop_waiting()
-    write({state = 'skipped', finished = int(now)})
-    return {'overlap', 0, 0, 0, now, '', ''}
+  if rule == 'skip' then
+    local live, wrong = another_live()
+    if wrong then return redis.error_reply(wrong) end
+    if live then
+      wrong = end_as({state = 'skipped', finished = int(now)})
+      if wrong then return redis.error_reply(wrong) end
+      return {'overlap', 0, 0, 0, now, '', ''}
+    end
   end
   if rule == 'buffer-one' then
     if waiting then
       -- The waiting slot starts once the live run has ended; until then
       -- the caller looks again a lease later.
-      if another_live() then return {'running', 0, 0, now + lease, now, 'waiting', ''} end
+      local live, wrong = another_live()
+      if wrong then return redis.error_reply(wrong) end
+      if live then return {'running', 0, 0, now + lease, now, 'waiting', ''} end
     else
       -- One slot waits at most: while another's wait lasts, this one is
       -- skipped, even if the live run has just ended.
@@ -210,27 +262,35 @@ if not_yet_run then
       if wrong then return redis.error_reply(wrong) end
       for _, other in ipairs(waits) do
         if other ~= slot then
-          write({state = 'skipped', finished = int(now)})
+          wrong = write({state = 'skipped', finished = int(now)})
+          if wrong then return redis.error_reply(wrong) end
           return {'overlap', 0, 0, 0, now, '', ''}
         end
       end
-      if another_live() then
+      local live
+      live, wrong = another_live()
+      if wrong then return redis.error_reply(wrong) end
+      if live then
         -- Nobody's, until the end of its wait: the slot plus max_late.
         local wait_until = math.abs(tonumber(slot)) + max_late
-        write({state = 'waiting', lease = int(wait_until)})
+        wrong = write({state = 'waiting', lease = int(wait_until)})
+        if wrong then return redis.error_reply(wrong) end
         redis.call('ZADD', KEYS[8], int(wait_until), slot)
         return {'running', 0, 0, now + lease, now, 'waiting', ''}
       end
     end
   end
+  -- Every other run still going is to end `replaced`: those running
+  -- (whatever their lease) and those failed with a retry pending or due.
+  -- Each keeps its holder, so its heartbeat and finish are fenced. All are
+  -- read before anything is written, so a corrupt record stops the claim
+  -- with nothing changed; they are written after this run has started, so
+  -- a key that stops the start leaves them as they were.
+  local ended = {}
   if rule == 'replace' then
-    -- Every other run still going ends `replaced`: those running (whatever
-    -- their lease) and those failed with a retry pending or due. Each
-    -- keeps its holder, so its heartbeat and finish are fenced. All are
-    -- read before anything is written, so a corrupt record stops the claim
-    -- with nothing changed.
-    local ended = {}
-    for _, other in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '+inf')) do
+    local going, wrong = read('ZRANGEBYSCORE', KEYS[3], 'zset', '-inf', '+inf')
+    if wrong then return redis.error_reply(wrong) end
+    for _, other in ipairs(going) do
       if other ~= slot then
         local other_raw = redis.call('HGET', KEYS[1], other)
         local r = nil
@@ -244,23 +304,23 @@ if not_yet_run then
         ended[#ended + 1] = {other, r}
       end
     end
-    for _, pair in ipairs(ended) do
-      local other, r = pair[1], pair[2]
-      if r and (r.state == 'running' or (r.state == 'failed' and r.retry_at ~= nil)) then
-        r.state = 'replaced'
-        r.finished = int(now)
-        r.retry_at = nil
-        redis.call('HSET', KEYS[1], other, cjson.encode(r))
-      end
-      redis.call('ZREM', KEYS[3], other)
-    end
   end
-  stop_waiting()
-  local fence = redis.call('INCR', KEYS[4])
   local lease_until = now + lease
-  write({state = 'running', attempt = '1', token = token, fence = int(fence),
-         instance = instance, started = int(now), lease = int(lease_until)})
-  redis.call('ZADD', KEYS[3], int(lease_until), slot)
+  local fence, wrong = start({state = 'running', attempt = '1', token = token,
+                              instance = instance, started = int(now), lease = int(lease_until)},
+                             lease_until)
+  if wrong then return redis.error_reply(wrong) end
+  stop_waiting()
+  for _, pair in ipairs(ended) do
+    local other, r = pair[1], pair[2]
+    if r and (r.state == 'running' or (r.state == 'failed' and r.retry_at ~= nil)) then
+      r.state = 'replaced'
+      r.finished = int(now)
+      r.retry_at = nil
+      redis.call('HSET', KEYS[1], other, cjson.encode(r))
+    end
+    redis.call('ZREM', KEYS[3], other)
+  end
   return {'won', 1, fence, lease_until, now, 'running', ''}
 end
 
@@ -277,19 +337,18 @@ if state ~= 'running' then
     rec.earlier = past
   end
   attempt = (failed or 1) + 1
-  fence = redis.call('INCR', KEYS[4])
   lease_until = now + lease
   rec.state = 'running'
   rec.attempt = int(attempt)
   rec.token = token
-  rec.fence = int(fence)
   rec.instance = instance
   rec.lease = int(lease_until)
   rec.finished = nil
   rec.error = nil
   rec.retry_at = nil
-  write(rec)
-  redis.call('ZADD', KEYS[3], int(lease_until), slot)
+  local wrong
+  fence, wrong = start(rec, lease_until)
+  if wrong then return redis.error_reply(wrong) end
   return {'won', attempt, fence, lease_until, now, 'running',
           rec.earlier and cjson.encode(rec.earlier) or ''}
 end
@@ -299,7 +358,6 @@ end
 -- ran out joins the past attempts, with when its lease ended.
 local given_back = rec.token == nil
 if given_back or attempt < max_attempts then
-  fence = redis.call('INCR', KEYS[4])
   if not given_back then
     local past = rec.earlier or {}
     past[#past + 1] = {attempt = attempt, ended = 'taken-over', at = lease_until,
@@ -310,17 +368,22 @@ if given_back or attempt < max_attempts then
   lease_until = now + lease
   rec.attempt = int(attempt)
   rec.token = token
-  rec.fence = int(fence)
   rec.instance = instance
   rec.lease = int(lease_until)
-  write(rec)
-  redis.call('ZADD', KEYS[3], int(lease_until), slot)
+  local wrong
+  fence, wrong = start(rec, lease_until)
+  if wrong then return redis.error_reply(wrong) end
   return {'won', attempt, fence, lease_until, now, 'running',
           rec.earlier and cjson.encode(rec.earlier) or ''}
 end
 rec.state = 'interrupted'
 rec.finished = int(now)
-write(rec)
-redis.call('ZREM', KEYS[3], slot)
+-- The slot is listed already (listing it again checks the key); the live
+-- set is checked by taking the slot out, before the record changes.
+local wrong = list_slot()
+if wrong then return redis.error_reply(wrong) end
+local _, not_live = read('ZREM', KEYS[3], 'zset', slot)
+if not_live then return redis.error_reply(not_live) end
+put(rec)
 -- This claim ended the run: the one claimant told so.
 return {'interrupted', 0, 0, 0, now, '', ''}

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anarchon_core::{
     ClaimOutcome, ClaimStore, LeaseStore, Overlap, PauseRequest, PauseScope, RunKey, RunOutcome,
-    StoreError, StoreErrorKind, Token,
+    Slot, StoreError, StoreErrorKind, Token,
 };
 use anarchon_redis::{
     Error, EvictionFinding, KeyPrefix, RedisIdmpStore, RedisLeaseStore, RedisOptions,
@@ -543,6 +543,92 @@ async fn bad_prefixes_and_urls_are_refused_without_showing_the_password() {
         assert_secret_hidden(&secret, &err.to_string());
         assert_secret_hidden(&secret, &format!("{err:?}"));
     }
+}
+
+/// The keys a claim only writes (the fence, the slot list, the live set)
+/// are not asked their type: their first write is, and Redis's refusal is
+/// reported naming the key. They are written before the run's record, so a
+/// refused claim leaves no record, and under `replace` the runs it would
+/// have replaced go on as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_the_claim_only_writes_is_checked_by_its_first_write() {
+    let (factory, store, mut conn, slot) = a_store_to_plant_keys_under().await;
+    let p = &factory.prefix;
+    let refused = |what: &str, err: StoreError, key: &str| {
+        assert_eq!(err.kind(), StoreErrorKind::Invalid, "{what}: {err}");
+        let message = err.to_string();
+        assert!(message.contains("WRONGTYPE"), "{what}: {message}");
+        assert!(message.contains(key), "{what}: the key is named: {message}");
+    };
+    let runs = |name: &str| format!("{{{p}:{name}}}:runs");
+
+    // The fence: a hash where the counter should be.
+    let fence = format!("{{{p}:hash-fence}}:fence");
+    let _: () = conn.hset(&fence, "x", "y").await.unwrap();
+    let err = lease_claim_refused(&*store, &RunKey::new(job("hash-fence"), slot)).await;
+    refused("claim", err, &fence);
+    let written: bool = conn.exists(runs("hash-fence")).await.unwrap();
+    assert!(!written, "a refused claim writes no record");
+
+    // The slot list: a list where the sorted set should be.
+    let slots = format!("{{{p}:list-slots}}:slots");
+    let _: () = conn.rpush(&slots, "x").await.unwrap();
+    let err = lease_claim_refused(&*store, &RunKey::new(job("list-slots"), slot)).await;
+    refused("claim", err, &slots);
+    let written: bool = conn.exists(runs("list-slots")).await.unwrap();
+    assert!(!written, "a refused claim writes no record");
+
+    // The live set, read first by `skip` (is another run going?).
+    let live = format!("{{{p}:skip-live}}:live");
+    let _: () = conn.set(&live, "not a sorted set").await.unwrap();
+    let mut skipping = lease_claim(RunKey::new(job("skip-live"), slot), Token::generate(), "a");
+    skipping.overlap = Overlap::Skip;
+    let err = store.claim_lease(&skipping).await.unwrap_err();
+    refused("claim under skip", err, &live);
+    let written: bool = conn.exists(runs("skip-live")).await.unwrap();
+    assert!(!written, "a refused claim writes no record");
+
+    // `replace` with the slot list broken after a run started: the new
+    // claim is refused by name and the running run is not replaced.
+    let first = RunKey::new(job("replacing"), slot);
+    let won = store
+        .claim_lease(&lease_claim(first.clone(), Token::generate(), "a"))
+        .await
+        .unwrap();
+    assert!(matches!(won, ClaimOutcome::Won(_)), "{won:?}");
+    // (Peek checks the slot list too, so the records are read directly.)
+    let reader = conn.clone();
+    let record = |slot: Slot| {
+        let mut conn = reader.clone();
+        let key = runs("replacing");
+        async move {
+            let raw: Option<String> = conn.hget(key, slot.as_millis()).await.unwrap();
+            raw
+        }
+    };
+    let before = record(slot).await.expect("the first run's record");
+    assert!(before.contains(r#""state":"running""#), "{before}");
+    let slots = format!("{{{p}:replacing}}:slots");
+    let _: () = conn.del(&slots).await.unwrap();
+    let _: () = conn.rpush(&slots, "x").await.unwrap();
+    let mut replacing = lease_claim(
+        RunKey::new(job("replacing"), Slot::from_millis(slot.as_millis() + 1000)),
+        Token::generate(),
+        "b",
+    );
+    replacing.overlap = Overlap::Replace;
+    let err = store.claim_lease(&replacing).await.unwrap_err();
+    refused("claim under replace", err, &slots);
+    assert_eq!(
+        record(slot).await.as_deref(),
+        Some(before.as_str()),
+        "the running run was not replaced"
+    );
+    assert_eq!(
+        record(replacing.run().slot).await,
+        None,
+        "the refused claim left no record"
+    );
 }
 
 /// One batch, four jobs: one with a key of the wrong type, one whose fence
