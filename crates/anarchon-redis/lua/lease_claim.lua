@@ -1,5 +1,9 @@
 -- anarchon, Redis `lease` strategy: the claim flowchart as one atomic step
 -- on Redis's own clock (TIME).
+-- This file is the body of `local function claim(KEYS, ARGV, memo)`, which
+-- lease_claim_batch.lua calls once per claim of a batch (see
+-- `src/lease.rs`). memo is a table shared by the claims of one script:
+-- what they read that no claim writes (the pauses) is read once.
 -- Mirrors: anarchon_core::decide::claim, steps 1-6 (TIME is read up front
 -- and the pauses are read in the same script, so as decide::claim_at; the
 -- live runs only for `overlap = skip` and `buffer-one`, the waiting slot
@@ -174,11 +178,17 @@ end
 -- Whether the pause under `key` holds at now: there is one, and it lasts
 -- until resumed or ends after now.
 -- (nil and why, when the key is not a hash.)
+-- Every claim of a batch that may start its slot asks about the
+-- namespace's pause: it is read once per script (no claim writes a pause).
 local function holds(key)
+  local known = memo[key]
+  if known ~= nil then return known end
   local pause, wrong = read('HMGET', key, 'hash', 'since', 'until')
   if wrong then return nil, wrong end
-  if not pause[1] then return false end
-  return not pause[2] or now < tonumber(pause[2])
+  local held = false
+  if pause[1] then held = not pause[2] or now < tonumber(pause[2]) end
+  memo[key] = held
+  return held
 end
 
 -- Whether another run of the job is live: a lease end or a pending

@@ -1,12 +1,14 @@
--- anarchon, Redis `lease` strategy: many claims in one script.
+-- anarchon, Redis `lease` strategy: claims, one or many in one script.
 -- The Rust side sends lease_prelude.lua, then lease_claim.lua as the body of
--- `local function claim(KEYS, ARGV)`, then this file (see `src/lease.rs`).
--- Only on a single Redis: on a Redis Cluster the claims of different jobs
--- lie in different hash slots, so each is its own script there.
+-- `local function claim(KEYS, ARGV, memo)`, then this file (see
+-- `src/lease.rs`). On a single Redis one script carries up to a hundred
+-- claims; on a Redis Cluster the claims of different jobs lie in different
+-- hash slots, so there each script carries one.
 --
 -- Why: in a fleet every instance claims every run, and all but one of them
 -- lose. A losing claim reads one field; what it cost was the script call
--- around it (EVALSHA, TIME). One call for a whole batch pays that once.
+-- around it (EVALSHA, TIME). One call for a whole batch pays that once, and
+-- the winner's read of the namespace's pause is shared too (memo).
 --
 -- KEYS: the eight keys of lease_claim.lua for each claim, claim after claim.
 -- ARGV: for each claim, the number of its arguments, then those arguments
@@ -21,7 +23,7 @@
 -- Every claim of the batch sees the same `now`: the script is one atomic
 -- step on Redis, read once from TIME by the prelude.
 
-local answers = {}
+local answers, memo = {}, {}
 local k, a = 0, 1
 while a <= #ARGV do
   local n = tonumber(ARGV[a])
@@ -32,7 +34,7 @@ while a <= #ARGV do
   for i = 1, 8 do keys[i] = KEYS[k + i] end
   for i = 1, n do args[i] = ARGV[a + i] end
   k, a = k + 8, a + 1 + n
-  local ok, answer = pcall(claim, keys, args)
+  local ok, answer = pcall(claim, keys, args, memo)
   if not ok then
     -- redis.call raises a table with `err` (Redis 7) or a string (Redis 6).
     if type(answer) == 'table' and answer.err then

@@ -45,15 +45,13 @@ macro_rules! lease_script {
     };
 }
 
-static CLAIM: Lua = lease_script!("lease_claim");
-/// Many claims in one script, for a single Redis: the claim script becomes
-/// the body of a function that `lua/lease_claim_batch.lua` calls once per
-/// claim.
-static CLAIM_BATCH: Lua = Lua::new(
-    "lease_claim_batch",
+/// Claims, one or many in one script: `lua/lease_claim.lua` is the body of
+/// a function that `lua/lease_claim_batch.lua` calls once per claim.
+static CLAIM: Lua = Lua::new(
+    "lease_claim",
     concat!(
         include_str!("../lua/lease_prelude.lua"),
-        "local function claim(KEYS, ARGV)\n",
+        "local function claim(KEYS, ARGV, memo)\n",
         include_str!("../lua/lease_claim.lua"),
         "\nend\n",
         include_str!("../lua/lease_claim_batch.lua")
@@ -64,7 +62,7 @@ static READ: Lua = lease_script!("lease_read");
 static GC: Lua = lease_script!("lease_gc");
 static PAUSE: Lua = lease_script!("lease_pause");
 static REQUEST: Lua = lease_script!("lease_request");
-static SCRIPTS: [&Lua; 7] = [&CLAIM, &CLAIM_BATCH, &STEP, &READ, &GC, &PAUSE, &REQUEST];
+static SCRIPTS: [&Lua; 6] = [&CLAIM, &STEP, &READ, &GC, &PAUSE, &REQUEST];
 
 /// The most claims one batch script carries. Redis runs nothing else while
 /// a script runs, so a long batch is cut into scripts of this many (all
@@ -253,11 +251,15 @@ impl RedisLeaseStore {
         self.link.check_server().await
     }
 
-    /// The claim script's call for `req`. `namespace_pause` is the
-    /// namespace's pause as read before the claim (cluster mode: since and
-    /// until, `""` for none), or `None` for the script to read `{p}:pause`
-    /// itself (one server).
-    fn claim_call(&self, req: &LeaseClaim, namespace_pause: Option<&(String, String)>) -> Call {
+    /// The claim script's keys and arguments for `req` (see
+    /// `lua/lease_claim.lua`). `namespace_pause` is the namespace's pause as
+    /// read before the claim (cluster mode: since and until, `""` for none),
+    /// or `None` for the script to read `{p}:pause` itself (one server).
+    fn claim_keys_and_args(
+        &self,
+        req: &LeaseClaim,
+        namespace_pause: Option<&(String, String)>,
+    ) -> (Vec<String>, Vec<String>) {
         let run = req.run();
         let keys = LeaseKeys::new(&self.prefix, &run.job);
         // The namespace's pause has the tag `{p}`: in Redis Cluster it lies
@@ -268,34 +270,30 @@ impl RedisLeaseStore {
             None => pause_key(&self.prefix, &PauseScope::All),
             Some(_) => keys.pause.clone(),
         };
-        let mut call = Call {
-            lua: &CLAIM,
-            keys: vec![
-                keys.runs,
-                keys.slots,
-                keys.live,
-                keys.fence,
-                keys.window,
-                keys.pause,
-                namespace_key,
-                keys.waiting,
-            ],
-            args: vec![
-                run.slot.as_millis().to_string(),
-                req.claim.token.to_string(),
-                req.claim.instance.as_str().to_owned(),
-                millis(req.claim.max_late).to_string(),
-                millis(req.lease).to_string(),
-                req.overlap.as_str().to_owned(),
-                req.max_attempts.get().to_string(),
-                if req.rerun_paused { "1" } else { "0" }.to_owned(),
-            ],
-        };
+        let claim_keys = vec![
+            keys.runs,
+            keys.slots,
+            keys.live,
+            keys.fence,
+            keys.window,
+            keys.pause,
+            namespace_key,
+            keys.waiting,
+        ];
+        let mut args = vec![
+            run.slot.as_millis().to_string(),
+            req.claim.token.to_string(),
+            req.claim.instance.as_str().to_owned(),
+            millis(req.claim.max_late).to_string(),
+            millis(req.lease).to_string(),
+            req.overlap.as_str().to_owned(),
+            req.max_attempts.get().to_string(),
+            if req.rerun_paused { "1" } else { "0" }.to_owned(),
+        ];
         if let Some((since, until)) = namespace_pause {
-            call.args
-                .extend(["given".to_owned(), since.clone(), until.clone()]);
+            args.extend(["given".to_owned(), since.clone(), until.clone()]);
         }
-        call
+        (claim_keys, args)
     }
 
     /// Cluster mode: the namespace's pause (since, until; `""` for what it
@@ -364,16 +362,14 @@ impl RedisLeaseStore {
         // On a single Redis every key lies on the one server, so a batch is
         // one script per `CLAIMS_PER_SCRIPT` claims; on a cluster each claim
         // is a script of its own, sent to the node of its job's hash slot.
-        let calls: Vec<Call> = match &namespace_pause {
-            Some(pause) => reqs
-                .iter()
-                .map(|r| self.claim_call(r, Some(pause)))
-                .collect(),
-            None => reqs
-                .chunks(CLAIMS_PER_SCRIPT)
-                .map(|chunk| self.batch_call(chunk))
-                .collect(),
+        let per_script = match namespace_pause {
+            Some(_) => 1,
+            None => CLAIMS_PER_SCRIPT,
         };
+        let calls: Vec<Call> = reqs
+            .chunks(per_script)
+            .map(|chunk| self.batch_call(chunk, namespace_pause.as_ref()))
+            .collect();
         let (registration, replies) = self
             .link
             .eval_with_prelude(&prelude, &calls, Durable::Yes, during)
@@ -393,32 +389,26 @@ impl RedisLeaseStore {
                 "could not add jobs to the job list, so garbage collection does not see them yet: {error}"
             ),
         }
-        if namespace_pause.is_some() {
-            return Ok(replies
-                .into_iter()
-                .map(|v| parse_claim(check(v, during)?))
-                .collect());
-        }
         Ok(replies
             .into_iter()
-            .zip(reqs.chunks(CLAIMS_PER_SCRIPT))
+            .zip(reqs.chunks(per_script))
             .flat_map(|(reply, chunk)| unbatch(reply, chunk.len(), during))
             .collect())
     }
 
     /// One script for the claims of `chunk` (see `lua/lease_claim_batch.lua`):
     /// each claim's eight keys, and its arguments after their count.
-    fn batch_call(&self, chunk: &[LeaseClaim]) -> Call {
+    fn batch_call(&self, chunk: &[LeaseClaim], namespace_pause: Option<&(String, String)>) -> Call {
         let mut batch = Call {
-            lua: &CLAIM_BATCH,
+            lua: &CLAIM,
             keys: Vec::with_capacity(chunk.len() * 8),
             args: Vec::with_capacity(chunk.len() * 9),
         };
         for req in chunk {
-            let one = self.claim_call(req, None);
-            batch.keys.extend(one.keys);
-            batch.args.push(one.args.len().to_string());
-            batch.args.extend(one.args);
+            let (keys, args) = self.claim_keys_and_args(req, namespace_pause);
+            batch.keys.extend(keys);
+            batch.args.push(args.len().to_string());
+            batch.args.extend(args);
         }
         batch
     }

@@ -696,3 +696,43 @@ async fn pauses_are_kept_under_their_scopes_tag_and_listed() {
     assert!(!store.resume(&PauseScope::All).await.unwrap());
     assert!(keys_of(&factory.url, p).await.is_empty());
 }
+
+/// The claims of one batch script share what none of them writes: the
+/// pauses are read once per script. A pause of one job holds that job
+/// only, the others of the batch start; a pause of every job holds each
+/// claim of the batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claims_of_one_batch_each_see_their_own_jobs_pause() {
+    let factory = LeaseFactory::new().await;
+    let store = factory.instance().await;
+    let slot = future_slot(&factory, 0);
+    store
+        .pause(&PauseScope::Job(job("held")), &PauseRequest::new())
+        .await
+        .unwrap();
+    let claims = |names: &[&str], slot: Slot| -> Vec<_> {
+        names
+            .iter()
+            .map(|name| lease_claim(RunKey::new(job(name), slot), Token::generate(), "a"))
+            .collect()
+    };
+    let batch = claims(&["free", "held", "also-free"], slot);
+    let outcomes = store.claim_many(&batch).await.unwrap().all().unwrap();
+    assert!(matches!(outcomes[0], ClaimOutcome::Won(_)), "{outcomes:?}");
+    assert_eq!(outcomes[1], ClaimOutcome::Done(FinalState::Paused));
+    assert!(matches!(outcomes[2], ClaimOutcome::Won(_)), "{outcomes:?}");
+
+    store
+        .pause(&PauseScope::All, &PauseRequest::new())
+        .await
+        .unwrap();
+    let next = Slot::from_millis(slot.as_millis() + 1000);
+    let batch = claims(&["free", "held", "also-free"], next);
+    let outcomes = store.claim_many(&batch).await.unwrap().all().unwrap();
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| *o == ClaimOutcome::Done(FinalState::Paused)),
+        "{outcomes:?}"
+    );
+}
