@@ -154,6 +154,15 @@ async fn lease_claim_refused(store: &(impl LeaseStore + ?Sized), run: &RunKey) -
         .unwrap_err()
 }
 
+/// `err` refuses `what` for a key of the wrong type, naming `key`.
+fn wrong_type(what: &str, err: StoreError, key: &str) {
+    assert_eq!(err.kind(), StoreErrorKind::Invalid, "{what}: {err}");
+    let message = err.to_string();
+    assert!(message.contains("wrong type"), "{what}: {message}");
+    assert!(message.contains("WRONGTYPE"), "{what}: {message}");
+    assert!(message.contains(key), "{what}: the key is named: {message}");
+}
+
 fn assert_secret_hidden(secret: &str, shown: &str) {
     assert!(!shown.contains(secret), "the password leaked into: {shown}");
 }
@@ -368,14 +377,6 @@ async fn keys_of_the_wrong_type_are_clear_errors() {
     let (factory, store, mut conn, slot) = a_store_to_plant_keys_under().await;
     let p = &factory.prefix;
 
-    let wrong_type = |what: &str, err: StoreError, key: &str| {
-        assert_eq!(err.kind(), StoreErrorKind::Invalid, "{what}: {err}");
-        let message = err.to_string();
-        assert!(message.contains("wrong type"), "{what}: {message}");
-        assert!(message.contains("WRONGTYPE"), "{what}: {message}");
-        assert!(message.contains(key), "{what}: the key is named: {message}");
-    };
-
     // The run records: a string where the hash should be.
     let runs = format!("{{{p}:strings}}:runs");
     let _: () = conn.set(&runs, "not a hash").await.unwrap();
@@ -554,19 +555,13 @@ async fn bad_prefixes_and_urls_are_refused_without_showing_the_password() {
 async fn a_key_the_claim_only_writes_is_checked_by_its_first_write() {
     let (factory, store, mut conn, slot) = a_store_to_plant_keys_under().await;
     let p = &factory.prefix;
-    let refused = |what: &str, err: StoreError, key: &str| {
-        assert_eq!(err.kind(), StoreErrorKind::Invalid, "{what}: {err}");
-        let message = err.to_string();
-        assert!(message.contains("WRONGTYPE"), "{what}: {message}");
-        assert!(message.contains(key), "{what}: the key is named: {message}");
-    };
     let runs = |name: &str| format!("{{{p}:{name}}}:runs");
 
     // The fence: a hash where the counter should be.
     let fence = format!("{{{p}:hash-fence}}:fence");
     let _: () = conn.hset(&fence, "x", "y").await.unwrap();
     let err = lease_claim_refused(&*store, &RunKey::new(job("hash-fence"), slot)).await;
-    refused("claim", err, &fence);
+    wrong_type("claim", err, &fence);
     let written: bool = conn.exists(runs("hash-fence")).await.unwrap();
     assert!(!written, "a refused claim writes no record");
 
@@ -574,7 +569,7 @@ async fn a_key_the_claim_only_writes_is_checked_by_its_first_write() {
     let slots = format!("{{{p}:list-slots}}:slots");
     let _: () = conn.rpush(&slots, "x").await.unwrap();
     let err = lease_claim_refused(&*store, &RunKey::new(job("list-slots"), slot)).await;
-    refused("claim", err, &slots);
+    wrong_type("claim", err, &slots);
     let written: bool = conn.exists(runs("list-slots")).await.unwrap();
     assert!(!written, "a refused claim writes no record");
 
@@ -584,7 +579,7 @@ async fn a_key_the_claim_only_writes_is_checked_by_its_first_write() {
     let mut skipping = lease_claim(RunKey::new(job("skip-live"), slot), Token::generate(), "a");
     skipping.overlap = Overlap::Skip;
     let err = store.claim_lease(&skipping).await.unwrap_err();
-    refused("claim under skip", err, &live);
+    wrong_type("claim under skip", err, &live);
     let written: bool = conn.exists(runs("skip-live")).await.unwrap();
     assert!(!written, "a refused claim writes no record");
 
@@ -618,7 +613,7 @@ async fn a_key_the_claim_only_writes_is_checked_by_its_first_write() {
     );
     replacing.overlap = Overlap::Replace;
     let err = store.claim_lease(&replacing).await.unwrap_err();
-    refused("claim under replace", err, &slots);
+    wrong_type("claim under replace", err, &slots);
     assert_eq!(
         record(slot).await.as_deref(),
         Some(before.as_str()),
