@@ -122,9 +122,10 @@ elseif not not_yet_run then
   end
 end
 
--- This claim may write. A waiting slot's first write takes it out of the
--- waiting set, so that key is checked now (a rare path); every other key
--- is checked by a read or by its first write (above).
+-- This claim may write. A claim of a waiting slot takes it out of the
+-- waiting set after its other writes, so that key is checked now, before
+-- any write (a rare path); every other key is checked by a read or by its
+-- first write (above).
 local bad = state == 'waiting' and check(KEYS[8], 'zset') or nil
 if bad then return redis.error_reply(bad) end
 local stored, refused = read('GET', KEYS[5], 'string')

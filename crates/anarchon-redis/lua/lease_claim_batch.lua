@@ -36,9 +36,12 @@ while a <= #ARGV do
   k, a = k + 8, a + 1 + n
   local ok, answer = pcall(claim, keys, args, memo)
   if not ok then
-    -- redis.call raises a table with `err` (Redis 7) or a string (Redis 6).
+    -- redis.call raises a table with `err` (Redis 7) or a string that
+    -- starts with the error's code (Redis 6); a Lua error is a string.
     if type(answer) == 'table' and answer.err then
       answer = redis.error_reply(answer.err)
+    elseif type(answer) == 'string' and string.match(answer, '^%u+ ') then
+      answer = redis.error_reply(answer)
     else
       answer = redis.error_reply('ERR anarchon: ' .. tostring(answer))
     end

@@ -626,11 +626,13 @@ async fn a_key_the_claim_only_writes_is_checked_by_its_first_write() {
     );
 }
 
-/// One batch, four jobs: one with a key of the wrong type, one whose fence
-/// counter is not a number (Redis refuses the `INCR` halfway through the
-/// claim, which a batch script must not let stop the claims after it), one
-/// with a corrupt record, one sound. The sound job's claim is won and
-/// stands; each broken job gets its own error, naming what is wrong.
+/// One batch, five jobs: one with a key of the wrong type, one whose fence
+/// counter is not a number (Redis refuses the `INCR`), one whose pause
+/// ends at a time that is not a number (the claim raises a Lua error
+/// halfway, which the batch script must catch so that the claims after it
+/// are still answered), one with a corrupt record, one sound. The sound
+/// job's claim is won and stands; each broken job gets its own error,
+/// naming what is wrong.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_jobs_broken_keys_cost_its_batch_nothing() {
     let (factory, store, mut conn, slot) = a_store_to_plant_keys_under().await;
@@ -651,25 +653,39 @@ async fn one_jobs_broken_keys_cost_its_batch_nothing() {
         .set(format!("{{{p}:bad-fence}}:fence"), "not a number")
         .await
         .unwrap();
-    let batch: Vec<_> = ["wrong-type", "bad-fence", "sound", "corrupt"]
+    let _: () = conn
+        .hset_multiple(
+            format!("{{{p}:bad-pause}}:pause"),
+            &[("since", "0"), ("until", "soon")],
+        )
+        .await
+        .unwrap();
+    let batch: Vec<_> = ["wrong-type", "bad-fence", "bad-pause", "sound", "corrupt"]
         .iter()
         .map(|name| lease_claim(RunKey::new(job(name), slot), Token::generate(), "a"))
         .collect();
     let answers = anarchon_testkit::fleet::answers_to_a_batch(&*store, &batch).await;
-    let err = answers[0].as_ref().unwrap_err();
-    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
-    let err = answers[1].as_ref().unwrap_err();
+    let [wrong, bad_fence, bad_pause, sound, corrupt]: [_; 5] = answers.try_into().unwrap();
+    let live = format!("{{{p}:wrong-type}}:live");
+    wrong_type("claim in a batch", wrong.unwrap_err(), &live);
+    let written: bool = conn
+        .exists(format!("{{{p}:wrong-type}}:runs"))
+        .await
+        .unwrap();
+    assert!(!written, "a refused claim writes no record");
+    let err = bad_fence.unwrap_err();
     assert!(err.to_string().contains("not an integer"), "{err}");
+    let err = bad_pause.unwrap_err();
+    assert!(err.to_string().contains("compare"), "{err}");
     assert!(
-        matches!(answers[2], Ok(anarchon_core::ClaimOutcome::Won(_))),
-        "the sound job's claim: {:?}",
-        answers[2]
+        matches!(sound, Ok(anarchon_core::ClaimOutcome::Won(_))),
+        "the sound job's claim: {sound:?}"
     );
-    let err = answers[3].as_ref().unwrap_err();
+    let err = corrupt.unwrap_err();
     assert!(err.to_string().contains("not valid JSON"), "{err}");
     // The win was written and is the claimer's: a retry is recognised.
     assert!(matches!(
-        store.claim_lease(&batch[2]).await.unwrap(),
+        store.claim_lease(&batch[3]).await.unwrap(),
         anarchon_core::ClaimOutcome::Won(_)
     ));
 }
