@@ -6,9 +6,9 @@
 -- hash slots, so there each script carries one.
 --
 -- Why: in a fleet every instance claims every run, and all but one of them
--- lose. A losing claim reads one field; what it cost was the script call
--- around it (EVALSHA, TIME). One call for a whole batch pays that once, and
--- the winner's read of the namespace's pause is shared too (memo).
+-- lose. A losing claim reads one field, yet paid two commands of its own
+-- around it (EVALSHA, TIME); one call for a whole batch pays those once,
+-- and the winner's read of the namespace's pause is shared too (memo).
 --
 -- KEYS: the eight keys of lease_claim.lua for each claim, claim after claim.
 -- ARGV: for each claim, the number of its arguments, then those arguments

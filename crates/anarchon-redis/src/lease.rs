@@ -76,9 +76,10 @@ const CLAIMS_PER_SCRIPT: usize = 100;
 /// (`TIME`); [`claim_many`](LeaseStore::claim_many) sends all its claims in
 /// one round trip. On a single Redis a batch's claims share one script call
 /// (up to a hundred claims each, every claim answered on its own), so the
-/// claims that lose in a fleet cost one field read each, not a script call;
-/// on a Redis Cluster each claim is its own script. The claim follows the flowchart of
-/// [`MemoryStore`](anarchon_core::MemoryStore) step by step.
+/// claims that lose in a fleet add one field read each, not an `EVALSHA`
+/// and a `TIME`; on a Redis Cluster each claim is its own script. The claim
+/// follows the flowchart of [`MemoryStore`](anarchon_core::MemoryStore)
+/// step by step.
 ///
 /// Keys of job `j` under prefix `p` (all with the hash tag `{p:j}`):
 /// `{p:j}:runs` (hash: slot → run record), `{p:j}:slots` (sorted set of
