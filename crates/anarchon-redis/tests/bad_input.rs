@@ -556,32 +556,33 @@ async fn a_key_the_claim_only_writes_is_checked_by_its_first_write() {
     let (factory, store, mut conn, slot) = a_store_to_plant_keys_under().await;
     let p = &factory.prefix;
     let runs = |name: &str| format!("{{{p}:{name}}}:runs");
+    // A claim of `name`'s slot under `overlap` is refused naming `key`, and
+    // leaves no record.
+    let checker = conn.clone();
+    let refused_unwritten = async |name: &str, overlap: Overlap, key: &str| {
+        let mut claim = lease_claim(RunKey::new(job(name), slot), Token::generate(), "a");
+        claim.overlap = overlap;
+        let err = store.claim_lease(&claim).await.unwrap_err();
+        wrong_type(&format!("claim of {name} under {overlap:?}"), err, key);
+        let mut conn = checker.clone();
+        let written: bool = conn.exists(runs(name)).await.unwrap();
+        assert!(!written, "{name}: a refused claim writes no record");
+    };
 
     // The fence: a hash where the counter should be.
     let fence = format!("{{{p}:hash-fence}}:fence");
     let _: () = conn.hset(&fence, "x", "y").await.unwrap();
-    let err = lease_claim_refused(&*store, &RunKey::new(job("hash-fence"), slot)).await;
-    wrong_type("claim", err, &fence);
-    let written: bool = conn.exists(runs("hash-fence")).await.unwrap();
-    assert!(!written, "a refused claim writes no record");
+    refused_unwritten("hash-fence", Overlap::Allow, &fence).await;
 
     // The slot list: a list where the sorted set should be.
     let slots = format!("{{{p}:list-slots}}:slots");
     let _: () = conn.rpush(&slots, "x").await.unwrap();
-    let err = lease_claim_refused(&*store, &RunKey::new(job("list-slots"), slot)).await;
-    wrong_type("claim", err, &slots);
-    let written: bool = conn.exists(runs("list-slots")).await.unwrap();
-    assert!(!written, "a refused claim writes no record");
+    refused_unwritten("list-slots", Overlap::Allow, &slots).await;
 
     // The live set, read first by `skip` (is another run going?).
     let live = format!("{{{p}:skip-live}}:live");
     let _: () = conn.set(&live, "not a sorted set").await.unwrap();
-    let mut skipping = lease_claim(RunKey::new(job("skip-live"), slot), Token::generate(), "a");
-    skipping.overlap = Overlap::Skip;
-    let err = store.claim_lease(&skipping).await.unwrap_err();
-    wrong_type("claim under skip", err, &live);
-    let written: bool = conn.exists(runs("skip-live")).await.unwrap();
-    assert!(!written, "a refused claim writes no record");
+    refused_unwritten("skip-live", Overlap::Skip, &live).await;
 
     // `replace` with the slot list broken after a run started: the new
     // claim is refused by name and the running run is not replaced.
