@@ -44,7 +44,8 @@ impl Resend {
 /// once per pooled connection, and only as [`Resend`] allows.
 macro_rules! send {
     ($store:expr, $resend:expr, $action:expr, |$conn:ident| $query:expr) => {{
-        let store: &$crate::PgStore = $store;
+        // A `PgStore`, or anything with its `pool`, `statements` and `resends`.
+        let store = $store;
         let mut resent = 0u32;
         loop {
             let mut pooled = match store.pool.acquire().await {

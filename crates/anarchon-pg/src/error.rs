@@ -152,6 +152,34 @@ impl Error {
     }
 
     /// An answer that does not fit the schema.
+    /// This error again, for `action`: each of the calls that one failed
+    /// statement carried gets its own, of the same kind and reason (the
+    /// underlying sqlx error stays with the first).
+    pub(crate) fn again(&self, action: String) -> Self {
+        match self {
+            Error::Unavailable { reason, .. } => Error::Unavailable {
+                action,
+                reason: reason.clone(),
+                source: None,
+            },
+            Error::Protocol { reason, .. } => Error::Protocol {
+                action,
+                reason: reason.clone(),
+                source: None,
+            },
+            Error::Refused { reason, .. } => Error::Refused {
+                action,
+                reason: reason.clone(),
+                source: None,
+            },
+            other => Error::Refused {
+                action,
+                reason: other.to_string(),
+                source: None,
+            },
+        }
+    }
+
     pub(crate) fn protocol(action: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::Protocol {
             action: action.into(),

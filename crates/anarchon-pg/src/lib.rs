@@ -3,6 +3,7 @@
 mod claim;
 mod connection;
 mod error;
+mod finishes;
 pub mod migrate;
 mod options;
 mod requests;

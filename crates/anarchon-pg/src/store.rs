@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anarchon_core::hand_over::{announced, news_of, run_in_news};
-use anarchon_core::retry::NOT_RETRIED;
 use anarchon_core::stored::{self, RunColumns};
 use anarchon_core::time::millis;
 use anarchon_core::{
@@ -20,6 +19,7 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::connection::{Resend, send};
 use crate::error::{BACKEND, Error};
+use crate::finishes::{Finish, Finishes};
 use crate::migrate::{drop_schema, schema_version};
 use crate::options::TableName;
 use crate::rows::{PauseRow, PeekRow, reason};
@@ -31,8 +31,11 @@ use crate::sql::Statements;
 /// `<table>_claim` function: one statement, one transaction, one round
 /// trip. Inside it the job's row in `<table>_jobs` is locked first, so the
 /// claims of one job take turns, and the decision is made on the server's
-/// clock after the locks were granted. Heartbeat, finish, release, peek,
-/// history and garbage collection are one statement each.
+/// clock after the locks were granted. Heartbeat, release, peek, history
+/// and garbage collection are one statement each. Finishes that arrive
+/// while one is being recorded go together in the next statement (one
+/// transaction for a burst of runs ending at once); each still gets its
+/// own answer.
 ///
 /// Each store owns a connection pool; open one store per process and share
 /// it (`Arc<PgStore>`).
@@ -42,12 +45,16 @@ use crate::sql::Statements;
 /// Every method sends one statement (sent again on another connection only
 /// when the connection broke and repeating cannot change the answer). If a
 /// future is dropped halfway, the statement either committed or did not;
-/// sending the same request again (same token) gives the right answer.
+/// sending the same request again (same token) gives the right answer. A
+/// finish is sent by a task of the store's: a dropped future stops the
+/// wait for its answer, not the statement.
 pub struct PgStore {
     pub(crate) pool: PgPool,
     table: TableName,
     pub(crate) sql: Statements,
-    pub(crate) statements: AtomicU64,
+    pub(crate) statements: Arc<AtomicU64>,
+    /// Finishes waiting for the statement that carries them.
+    finishes: Arc<Finishes>,
     pub(crate) resends: u32,
     /// Hand-overs heard: this handle's own, and (through `LISTEN`) those of
     /// every other store on the table.
@@ -107,13 +114,22 @@ impl PgStore {
                 listen(listen_pool.clone(), table.clone(), board.clone())
             })
         };
+        let sql = Statements::new(&table);
+        let statements = Arc::new(AtomicU64::new(0));
+        let finishes = Arc::new(Finishes::new(
+            pool.clone(),
+            statements.clone(),
+            resends,
+            sql.finish.clone(),
+        ));
         Self {
             hand_overs,
             _listener: listener,
-            sql: Statements::new(&table),
+            sql,
             pool,
             table,
-            statements: AtomicU64::new(0),
+            statements,
+            finishes,
             resends,
         }
     }
@@ -296,24 +312,16 @@ impl LeaseStore for PgStore {
             } => Some(*plan),
             _ => None,
         };
-        let retry_after = plan.map(|p| millis(p.after));
-        let retry_before = plan.map(|p| p.before.as_millis());
         let (state, error) = outcome.into_record();
         Ok(self
-            .update_held(
-                "recording the end",
-                &self.sql.finish,
-                run,
+            .finishes
+            .send(Finish {
+                run: run.clone(),
                 token,
-                Resend::Always,
-                |q| {
-                    q.bind(state.as_str())
-                        .bind(error.clone())
-                        .bind(retry_after)
-                        .bind(retry_before)
-                        .bind(NOT_RETRIED)
-                },
-            )
+                state: state.as_str(),
+                error,
+                retry: plan.map(|p| (millis(p.after), p.before.as_millis())),
+            })
             .await?)
     }
 

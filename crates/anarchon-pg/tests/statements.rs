@@ -13,9 +13,11 @@ mod common;
 use std::sync::{Mutex, Once};
 use std::time::Duration;
 
+use anarchon_core::retry::NOT_RETRIED;
 use anarchon_core::{
-    ClaimOutcome, ClaimRequest, InstanceId, JobName, LeaseClaim, LeaseStore, MaxAttempts, Overlap,
-    Renewal, RunKey, RunOutcome, Slot, Token,
+    ClaimOutcome, ClaimRequest, FinalState, InstanceId, JobName, LeaseClaim, LeaseStore,
+    MaxAttempts, Overlap, RecordState, Renewal, RetryPlan, RunKey, RunOutcome, Slot, Timestamp,
+    Token,
 };
 use anarchon_testkit::StoreFactory;
 use common::PgFactory;
@@ -166,4 +168,175 @@ async fn every_store_call_is_one_statement() {
         .await
         .expect("gc");
     expect_one("collect_garbage", before);
+}
+
+/// Finishes that arrive together are recorded by one statement, and each is
+/// still answered for its own run and token: a held run is recorded, one
+/// held by another token is fenced, a failure keeps its retry or, when the
+/// retry would not come before the next slot, is final with the note; the
+/// same finish twice in one statement gets the same answer twice. When the
+/// statement fails, every finish it carried gets the error, naming its own
+/// run.
+///
+/// On this single-threaded runtime every finish is queued before the
+/// store's sending task first runs, so the statement count is exact.
+#[tokio::test]
+async fn finishes_sent_together_are_one_statement_each_answered_for_its_run() {
+    install();
+    let factory = PgFactory::new().await;
+    let store = factory.instance().await;
+    let table = factory.table().as_str().to_owned();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let slot = now - now.rem_euclid(1000);
+    let held: Vec<LeaseClaim> = (0..40)
+        .map(|i| claim(&format!("burst-{i}"), slot))
+        .collect();
+    let outcomes = anarchon_testkit::fleet::outcomes_of_a_batch(&*store, &held).await;
+    assert!(
+        outcomes.iter().all(|o| matches!(o, ClaimOutcome::Won(_))),
+        "{outcomes:?}"
+    );
+
+    let far = Timestamp::from_millis(now + 3_600_000);
+    let retried = RunOutcome::Failed {
+        error: "boom".into(),
+        retry: Some(RetryPlan {
+            after: Duration::from_secs(5),
+            before: far,
+        }),
+    };
+    let too_late = RunOutcome::Failed {
+        error: "bang".into(),
+        retry: Some(RetryPlan {
+            after: Duration::from_secs(5),
+            before: Timestamp::from_millis(now),
+        }),
+    };
+    let never_claimed = RunKey::new(
+        JobName::new("burst-none").expect("job"),
+        Slot::from_millis(slot),
+    );
+    // (run, token, outcome, expected answer)
+    let mut finishes: Vec<(RunKey, Token, RunOutcome, Renewal)> = vec![
+        (
+            held[0].run().clone(),
+            Token::generate(),
+            RunOutcome::Succeeded,
+            Renewal::Fenced,
+        ),
+        (
+            held[1].run().clone(),
+            held[1].claim.token,
+            retried,
+            Renewal::Renewed,
+        ),
+        (
+            held[2].run().clone(),
+            held[2].claim.token,
+            too_late,
+            Renewal::Renewed,
+        ),
+        (
+            never_claimed,
+            Token::generate(),
+            RunOutcome::Succeeded,
+            Renewal::Fenced,
+        ),
+        (
+            held[3].run().clone(),
+            held[3].claim.token,
+            RunOutcome::Succeeded,
+            Renewal::Renewed,
+        ),
+        (
+            held[3].run().clone(),
+            held[3].claim.token,
+            RunOutcome::Succeeded,
+            Renewal::Renewed,
+        ),
+    ];
+    for c in &held[4..] {
+        finishes.push((
+            c.run().clone(),
+            c.claim.token,
+            RunOutcome::Succeeded,
+            Renewal::Renewed,
+        ));
+    }
+    let before = (sent_to(&table), store.statements_sent());
+    let answers = futures::future::join_all(
+        finishes
+            .iter()
+            .map(|(run, token, outcome, _)| store.finish(run, *token, outcome.clone())),
+    )
+    .await;
+    assert_eq!(
+        sent_to(&table) - before.0,
+        1,
+        "{} finishes at once",
+        finishes.len()
+    );
+    assert_eq!(store.statements_sent() - before.1, 1);
+    for ((run, _, _, expected), answer) in finishes.iter().zip(answers) {
+        assert_eq!(answer.expect("finish"), *expected, "{run}");
+    }
+
+    let record = |i: usize| {
+        let store = store.clone();
+        let job = held[i].run().job.clone();
+        async move { store.history(&job, 1).await.expect("history").remove(0) }
+    };
+    let fenced = record(0).await;
+    assert_eq!(
+        fenced.state,
+        RecordState::Running,
+        "a fenced finish changes nothing"
+    );
+    let pending = record(1).await;
+    assert_eq!(pending.state, RecordState::Finished(FinalState::Failed));
+    assert_eq!(pending.error.as_deref(), Some("boom"));
+    let (ended, due) = (
+        pending.finished_at.expect("finished_at"),
+        pending
+            .retry_at
+            .expect("a retry due before the next slot is kept"),
+    );
+    assert_eq!(
+        due.as_millis() - ended.as_millis(),
+        5_000,
+        "due its wait after the end"
+    );
+    let final_failure = record(2).await;
+    assert_eq!(final_failure.retry_at, None);
+    assert_eq!(
+        final_failure.error.as_deref(),
+        Some(format!("bang{NOT_RETRIED}").as_str())
+    );
+    for i in 3..held.len() {
+        assert_eq!(
+            record(i).await.state,
+            RecordState::Finished(FinalState::Succeeded)
+        );
+    }
+
+    // A statement that fails fails each finish it carried, by name.
+    store.close().await;
+    let answers = futures::future::join_all(
+        held[4..7]
+            .iter()
+            .map(|c| store.finish(c.run(), c.claim.token, RunOutcome::Succeeded)),
+    )
+    .await;
+    for (c, answer) in held[4..7].iter().zip(answers) {
+        let error = answer.expect_err("the pool is closed");
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("recording the end of {}", c.run())),
+            "{error}"
+        );
+    }
 }

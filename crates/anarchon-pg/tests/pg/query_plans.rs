@@ -113,8 +113,11 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
         ),
         statement!(
             "finish",
-            "text, bigint, uuid, text, text, bigint, bigint, text",
-            "'busy', 5000, gen_random_uuid(), 'failed', 'x', 1000, 9000, ' (not retried)'"
+            "text[], bigint[], uuid[], text[], text[], bigint[], bigint[], text",
+            "ARRAY['busy', 'busy'], ARRAY[5000, 6000]::bigint[], \
+             ARRAY[gen_random_uuid(), gen_random_uuid()], ARRAY['failed', 'succeeded'], \
+             ARRAY['x', NULL], ARRAY[1000, NULL]::bigint[], ARRAY[9000, NULL]::bigint[], \
+             ' (not retried)'"
         ),
         statement!(
             "release",
