@@ -8,15 +8,20 @@
 -- next slot (ms). A run is recorded if its token still holds it: the retry
 -- is due at the server's now + $6, kept in retry_at, unless that is not
 -- before $7; then the failure is final and its error gets $8 (the core's
--- "not retried" note) appended. Every run of the statement reads the
--- clock once, so a retry is due exactly its wait after the recorded end.
+-- "not retried" note) appended. The statement reads the clock once (c), so
+-- its runs end at one instant and a retry is due exactly its wait after
+-- the recorded end.
 --
 -- A finish sent again by the token that finished the run, with the same
 -- state, matches too and changes nothing (the right-hand sides read the
 -- row as it was): same token, same answer, when the first answer was lost.
 --
--- Returns the runs recorded, each with its token; a finish whose run is
--- not among them was fenced.
+-- Returns the runs recorded, each with its token and final state; a finish
+-- whose run, token and state are not among them was fenced. (The same run
+-- twice with two different ends is recorded with one of them.)
+WITH c AS MATERIALIZED (
+    SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now
+)
 UPDATE "{{table}}" AS t
    SET error = CASE
            WHEN t.state <> 'running' THEN t.error
@@ -32,11 +37,11 @@ UPDATE "{{table}}" AS t
        state = f.state
   FROM (SELECT u.job, u.slot, u.token, u.state, u.error, u.wait, u.next_slot, c.now,
                least(c.now::numeric + u.wait, 9223372036854775807)::bigint AS due
-          FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now) AS c,
+          FROM c,
                unnest($1::text[], $2::bigint[], $3::uuid[], $4::text[], $5::text[],
                       $6::bigint[], $7::bigint[])
                  AS u(job, slot, token, state, error, wait, next_slot)
        ) AS f
  WHERE t.job = f.job AND t.slot = f.slot AND t.token = f.token
    AND (t.state = 'running' OR t.state = f.state)
-RETURNING t.job, t.slot, t.token
+RETURNING t.job, t.slot, t.token, t.state

@@ -151,10 +151,10 @@ impl Error {
         }
     }
 
-    /// An answer that does not fit the schema.
     /// This error again, for `action`: each of the calls that one failed
-    /// statement carried gets its own, of the same kind and reason (the
-    /// underlying sqlx error stays with the first).
+    /// statement carried gets its own, of the same kind and reason, so
+    /// whether it may be retried is unchanged (the copies do not carry the
+    /// underlying sqlx error).
     pub(crate) fn again(&self, action: String) -> Self {
         match self {
             Error::Unavailable { reason, .. } => Error::Unavailable {
@@ -180,6 +180,7 @@ impl Error {
         }
     }
 
+    /// An answer that does not fit the schema.
     pub(crate) fn protocol(action: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::Protocol {
             action: action.into(),

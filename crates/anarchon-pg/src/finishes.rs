@@ -10,9 +10,18 @@
 //! all of them (up to [`MOST_PER_STATEMENT`]).
 //!
 //! Nothing waits for a timer: the first finish of a burst is sent at once,
-//! alone, so a lone finish costs what it always did, and a finish waits at
-//! most for the one statement ahead of it. Each finish still gets its own
-//! answer, decided for its own run and token by `sql/finish.sql`.
+//! alone, so a lone finish costs what it always did, and a finish waits for
+//! the statement ahead of it (given up after [`STATEMENT_LIMIT`]) and for
+//! those of the finishes queued before it, a thousand to a statement. Each
+//! finish still gets its own answer, decided for its own run, token and end
+//! by `sql/finish.sql`, and one the server refuses for good fails alone.
+//!
+//! A statement of many finishes locks several runs. A claim that ends
+//! other runs of a job (`replace`) may lock two of them in the other order,
+//! so the two can deadlock: PostgreSQL then aborts one of them after its
+//! `deadlock_timeout` (a second by default) and it is sent again, since a
+//! deadlock is a temporary failure. Single finishes could not take part
+//! in one.
 //!
 //! The statement is sent by a task of its own, not by the caller: a caller
 //! that stops waiting (a timeout, a cancelled run) cannot strand the others.
@@ -22,6 +31,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use anarchon_core::{Renewal, RunKey, Token};
 use sqlx::{PgPool, SqlStr};
@@ -33,6 +43,11 @@ use crate::error::Error;
 
 /// The most finishes one statement carries; more wait for the next.
 pub(crate) const MOST_PER_STATEMENT: usize = 1000;
+
+/// How long a finish statement may go unanswered before its finishes are
+/// answered `Unavailable` (their callers send them again): the limit the
+/// scheduler puts on one store call.
+const STATEMENT_LIMIT: Duration = Duration::from_secs(10);
 
 /// One run's end, as `sql/finish.sql` takes it.
 pub(crate) struct Finish {
@@ -51,9 +66,9 @@ pub(crate) struct Finish {
 pub(crate) struct Finishes {
     /// What `send!` needs: the store's pool, its statement count and how
     /// often a statement may be sent again on another connection.
-    pub(crate) pool: PgPool,
-    pub(crate) statements: Arc<AtomicU64>,
-    pub(crate) resends: u32,
+    pool: PgPool,
+    statements: Arc<AtomicU64>,
+    resends: u32,
     sql: SqlStr,
     pending: Mutex<Pending>,
 }
@@ -103,24 +118,61 @@ impl Finishes {
         answered.await.unwrap_or_else(|_| {
             Err(Error::Unavailable {
                 action,
-                reason:
-                    "the statement that was to carry it was dropped (the runtime is shutting down)"
-                        .to_owned(),
+                reason: "the task sending it ended before it answered (a panic, or the \
+                         runtime shutting down)"
+                    .to_owned(),
                 source: None,
             })
         })
     }
 
     /// Sends `batch` as one statement and answers each of its finishes.
+    /// When the server refuses the statement for good (not a temporary
+    /// failure), one finish's data may be the cause (say, an error text
+    /// with a NUL byte, which PostgreSQL text cannot hold): each finish is
+    /// then sent again alone, so only that one fails, as it would have
+    /// alone.
     async fn send_batch(&self, batch: Vec<Waiting>) {
-        let first = &batch[0].finish.run;
         let action = match batch.len() {
-            1 => action_for(first),
-            n => format!("recording the end of {n} runs ({first} first)"),
+            1 => action_for(&batch[0].finish.run),
+            n => format!(
+                "recording the end of {n} runs ({} first)",
+                batch[0].finish.run
+            ),
         };
+        match self.record(&batch, &action).await {
+            Ok(recorded) => answer(batch, &recorded),
+            Err(error) if batch.len() > 1 && !error.is_temporary() => {
+                tracing::debug!(%error, "a statement of {} finishes was refused; sending each alone", batch.len());
+                for waiting in batch {
+                    let action = action_for(&waiting.finish.run);
+                    let alone = std::slice::from_ref(&waiting);
+                    match self.record(alone, &action).await {
+                        Ok(recorded) => answer(vec![waiting], &recorded),
+                        Err(error) => {
+                            let _ = waiting.answer.send(Err(error));
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                for Waiting { finish, answer } in batch {
+                    let _ = answer.send(Err(error.again(action_for(&finish.run))));
+                }
+            }
+        }
+    }
+
+    /// Sends the finishes of `batch` as one statement: the runs it
+    /// recorded, or why not. A statement with no answer within
+    /// [`STATEMENT_LIMIT`] is given up (dropped with its connection, as
+    /// the scheduler's own limit on a store call drops a call), so one
+    /// stuck statement holds up the finishes behind it no longer than
+    /// that limit would have held up a lone finish.
+    async fn record(&self, batch: &[Waiting], action: &str) -> Result<HashSet<Recorded>, Error> {
         let (mut jobs, mut slots, mut tokens, mut states) = (vec![], vec![], vec![], vec![]);
         let (mut errors, mut waits, mut next_slots) = (vec![], vec![], vec![]);
-        for Waiting { finish, .. } in &batch {
+        for Waiting { finish, .. } in batch {
             jobs.push(finish.run.job.as_str());
             slots.push(finish.run.slot.as_millis());
             tokens.push(*finish.token.as_uuid());
@@ -129,9 +181,9 @@ impl Finishes {
             waits.push(finish.retry.map(|(wait, _)| wait));
             next_slots.push(finish.retry.map(|(_, next)| next));
         }
-        let recorded: Result<Vec<(String, i64, Uuid)>, Error> =
-            send!(self, Resend::Always, action.clone(), |conn| {
-                sqlx::query_as(self.sql.clone())
+        let sent = tokio::time::timeout(STATEMENT_LIMIT, async {
+            send!(self, Resend::Always, action.to_owned(), |conn| {
+                sqlx::query_as::<_, Recorded>(self.sql.clone())
                     .bind(&jobs)
                     .bind(&slots)
                     .bind(&tokens)
@@ -141,31 +193,43 @@ impl Finishes {
                     .bind(&next_slots)
                     .bind(anarchon_core::retry::NOT_RETRIED)
                     .fetch_all(conn)
-            });
-        match recorded {
-            Ok(rows) => {
-                let recorded: HashSet<(String, i64, Uuid)> = rows.into_iter().collect();
-                for Waiting { finish, answer } in batch {
-                    let key = (
-                        finish.run.job.as_str().to_owned(),
-                        finish.run.slot.as_millis(),
-                        *finish.token.as_uuid(),
-                    );
-                    let renewal = if recorded.contains(&key) {
-                        Renewal::Renewed
-                    } else {
-                        Renewal::Fenced
-                    };
-                    // A caller that stopped waiting needs no answer.
-                    let _ = answer.send(Ok(renewal));
-                }
-            }
-            Err(error) => {
-                for Waiting { finish, answer } in batch {
-                    let _ = answer.send(Err(error.again(action_for(&finish.run))));
-                }
-            }
+            })
+        })
+        .await;
+        match sent {
+            Ok(rows) => Ok(rows?.into_iter().collect()),
+            Err(_) => Err(Error::Unavailable {
+                action: action.to_owned(),
+                reason: format!("no answer within {STATEMENT_LIMIT:?}"),
+                source: None,
+            }),
         }
+    }
+}
+
+/// A run the statement recorded: job, slot, token and the state it ended
+/// in (`RETURNING`).
+type Recorded = (String, i64, Uuid, String);
+
+/// Answers each finish of `batch`: `Renewed` if the statement recorded its
+/// run, for its token, in its state; else `Fenced`. (The same run twice in
+/// one statement with two different ends is recorded with one of them: the
+/// other is fenced, as it would be sent after it.)
+fn answer(batch: Vec<Waiting>, recorded: &HashSet<Recorded>) {
+    for Waiting { finish, answer } in batch {
+        let key = (
+            finish.run.job.as_str().to_owned(),
+            finish.run.slot.as_millis(),
+            *finish.token.as_uuid(),
+            finish.state.to_owned(),
+        );
+        let renewal = if recorded.contains(&key) {
+            Renewal::Renewed
+        } else {
+            Renewal::Fenced
+        };
+        // A caller that stopped waiting needs no answer.
+        let _ = answer.send(Ok(renewal));
     }
 }
 

@@ -170,8 +170,9 @@ impl PgStore {
     }
 
     /// How many statements this store has sent to the server (each call
-    /// sends one; a statement sent again after a broken connection counts
-    /// again). For benchmarks and tests: statements per claim is 1.
+    /// sends one, except that finishes arriving together share one; a
+    /// statement sent again after a broken connection counts again). For
+    /// benchmarks and tests: statements per claim is 1.
     pub fn statements_sent(&self) -> u64 {
         self.statements.load(Ordering::Relaxed)
     }

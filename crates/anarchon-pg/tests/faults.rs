@@ -107,3 +107,79 @@ async fn schedulers_recover_from_a_database_restart() {
     let outcome = store.claim(&again).await.unwrap();
     assert!(!matches!(outcome, ClaimOutcome::Won(_)), "{outcome:?}");
 }
+
+/// A finish statement whose answer never comes (the server got it, its
+/// reply is lost on a line that stays open) is given up within the store's
+/// ten-second limit: the finish fails as unavailable, so its runner sends
+/// it again, and the store's finishes are not held up behind it for good.
+/// Sent again once the line works, the finish gets the same answer as if
+/// the first had been answered, and another run's finish is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_statement_with_no_answer_is_given_up() {
+    use anarchon_core::{
+        ClaimOutcome, ClaimRequest, InstanceId, JobName, LeaseClaim, LeaseStore, MaxAttempts,
+        Overlap, Renewal, RunKey, RunOutcome, Slot, Token,
+    };
+    let factory = common::PgFactory::new().await;
+    let proxy = anarchon_testkit::FaultProxy::start(common::upstream(factory.url()))
+        .await
+        .unwrap();
+    let via = common::via(factory.url(), &proxy);
+    let factory = factory.through(via);
+    let store = factory.instance().await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let claim = |job: &str| LeaseClaim {
+        claim: ClaimRequest {
+            run: RunKey::new(JobName::new(job).unwrap(), Slot::from_millis(now)),
+            token: Token::generate(),
+            instance: InstanceId::new("stuck").unwrap(),
+            max_late: Duration::from_secs(60),
+        },
+        lease: Duration::from_secs(60),
+        overlap: Overlap::Allow,
+        max_attempts: MaxAttempts::DEFAULT,
+        rerun_paused: false,
+    };
+    let (stuck, later) = (claim("finish-never-answered"), claim("finish-after-it"));
+    for c in [&stuck, &later] {
+        let won = store.claim_lease(c).await.unwrap();
+        assert!(matches!(won, ClaimOutcome::Won(_)), "{won:?}");
+    }
+
+    // The finish's parameters carry the job's name: its reply stalls.
+    proxy.stall_replies_after(b"finish-never-answered");
+    let sent = std::time::Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(30),
+        store.finish(stuck.run(), stuck.claim.token, RunOutcome::Succeeded),
+    )
+    .await
+    .expect("a finish with no answer is given up, not waited for for good");
+    let error = answer.expect_err("no answer came");
+    assert!(error.is_temporary(), "sent again by its runner: {error}");
+    assert!(
+        error.to_string().contains("finish-never-answered"),
+        "names its run: {error}"
+    );
+    assert!(
+        sent.elapsed() >= Duration::from_secs(9),
+        "given up at the limit, not before: {:?}",
+        sent.elapsed()
+    );
+
+    proxy.cut_connections();
+    for c in [&stuck, &later] {
+        assert_eq!(
+            store
+                .finish(c.run(), c.claim.token, RunOutcome::Succeeded)
+                .await
+                .unwrap(),
+            Renewal::Renewed,
+            "{}",
+            c.run()
+        );
+    }
+}

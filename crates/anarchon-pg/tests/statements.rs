@@ -171,15 +171,17 @@ async fn every_store_call_is_one_statement() {
 }
 
 /// Finishes that arrive together are recorded by one statement, and each is
-/// still answered for its own run and token: a held run is recorded, one
-/// held by another token is fenced, a failure keeps its retry or, when the
-/// retry would not come before the next slot, is final with the note; the
-/// same finish twice in one statement gets the same answer twice. When the
-/// statement fails, every finish it carried gets the error, naming its own
-/// run.
+/// answered for its own run, token and end: a held run is recorded, one
+/// held by another token (or by none) is fenced, a failure keeps its retry
+/// or, when the retry would not come before the next slot, is final with
+/// the note; the same finish twice gets the same answer twice, and the same
+/// token with two different ends has one recorded and the other fenced.
+/// A finish the server refuses for good fails alone: the others of its
+/// statement are sent again one by one and recorded. When the statement
+/// cannot be sent at all, every finish it was to carry fails, by name.
 ///
 /// On this single-threaded runtime every finish is queued before the
-/// store's sending task first runs, so the statement count is exact.
+/// store's sending task first runs, so the statement counts are exact.
 #[tokio::test]
 async fn finishes_sent_together_are_one_statement_each_answered_for_its_run() {
     install();
@@ -199,99 +201,88 @@ async fn finishes_sent_together_are_one_statement_each_answered_for_its_run() {
         outcomes.iter().all(|o| matches!(o, ClaimOutcome::Won(_))),
         "{outcomes:?}"
     );
-
-    let far = Timestamp::from_millis(now + 3_600_000);
-    let retried = RunOutcome::Failed {
-        error: "boom".into(),
-        retry: Some(RetryPlan {
-            after: Duration::from_secs(5),
-            before: far,
-        }),
+    let mark = || (sent_to(&table), store.statements_sent());
+    let statements_since = |before: (usize, u64)| {
+        let wire = sent_to(&table) - before.0;
+        let counted = (store.statements_sent() - before.1) as usize;
+        assert_eq!(wire, counted, "on the wire and counted by the store");
+        wire
     };
-    let too_late = RunOutcome::Failed {
-        error: "bang".into(),
-        retry: Some(RetryPlan {
-            after: Duration::from_secs(5),
-            before: Timestamp::from_millis(now),
-        }),
-    };
-    let never_claimed = RunKey::new(
-        JobName::new("burst-none").expect("job"),
-        Slot::from_millis(slot),
-    );
-    // (run, token, outcome, expected answer)
-    let mut finishes: Vec<(RunKey, Token, RunOutcome, Renewal)> = vec![
-        (
-            held[0].run().clone(),
-            Token::generate(),
-            RunOutcome::Succeeded,
-            Renewal::Fenced,
-        ),
-        (
-            held[1].run().clone(),
-            held[1].claim.token,
-            retried,
-            Renewal::Renewed,
-        ),
-        (
-            held[2].run().clone(),
-            held[2].claim.token,
-            too_late,
-            Renewal::Renewed,
-        ),
-        (
-            never_claimed,
-            Token::generate(),
-            RunOutcome::Succeeded,
-            Renewal::Fenced,
-        ),
-        (
-            held[3].run().clone(),
-            held[3].claim.token,
-            RunOutcome::Succeeded,
-            Renewal::Renewed,
-        ),
-        (
-            held[3].run().clone(),
-            held[3].claim.token,
-            RunOutcome::Succeeded,
-            Renewal::Renewed,
-        ),
-    ];
-    for c in &held[4..] {
-        finishes.push((
-            c.run().clone(),
-            c.claim.token,
-            RunOutcome::Succeeded,
-            Renewal::Renewed,
-        ));
-    }
-    let before = (sent_to(&table), store.statements_sent());
-    let answers = futures::future::join_all(
-        finishes
-            .iter()
-            .map(|(run, token, outcome, _)| store.finish(run, *token, outcome.clone())),
-    )
-    .await;
-    assert_eq!(
-        sent_to(&table) - before.0,
-        1,
-        "{} finishes at once",
-        finishes.len()
-    );
-    assert_eq!(store.statements_sent() - before.1, 1);
-    for ((run, _, _, expected), answer) in finishes.iter().zip(answers) {
-        assert_eq!(answer.expect("finish"), *expected, "{run}");
-    }
-
     let record = |i: usize| {
         let store = store.clone();
         let job = held[i].run().job.clone();
         async move { store.history(&job, 1).await.expect("history").remove(0) }
     };
-    let fenced = record(0).await;
+    let failed = |error: &str, retry: Option<RetryPlan>| RunOutcome::Failed {
+        error: error.into(),
+        retry,
+    };
+    let in_5s_before = |before: Timestamp| {
+        Some(RetryPlan {
+            after: Duration::from_secs(5),
+            before,
+        })
+    };
+    let (own, fenced) = (|i: usize| held[i].claim.token, Renewal::Fenced);
+    let run = |i: usize| held[i].run().clone();
+    let never_claimed = RunKey::new(
+        JobName::new("burst-none").expect("job"),
+        Slot::from_millis(slot),
+    );
+    let ok = RunOutcome::Succeeded;
+
+    // (run, token, end, the answer it must get)
+    let mut burst: Vec<(RunKey, Token, RunOutcome, Option<Renewal>)> = vec![
+        (run(0), Token::generate(), ok.clone(), Some(fenced)),
+        (
+            run(1),
+            own(1),
+            failed(
+                "boom",
+                in_5s_before(Timestamp::from_millis(now + 3_600_000)),
+            ),
+            Some(Renewal::Renewed),
+        ),
+        (
+            run(2),
+            own(2),
+            failed("bang", in_5s_before(Timestamp::from_millis(now))),
+            Some(Renewal::Renewed),
+        ),
+        (never_claimed, Token::generate(), ok.clone(), Some(fenced)),
+        (run(3), own(3), ok.clone(), Some(Renewal::Renewed)),
+        (run(3), own(3), ok.clone(), Some(Renewal::Renewed)),
+        (run(4), Token::generate(), ok.clone(), Some(fenced)),
+        (run(4), own(4), ok.clone(), Some(Renewal::Renewed)),
+        // Either may be recorded; checked below.
+        (run(5), own(5), ok.clone(), None),
+        (run(5), own(5), failed("second thoughts", None), None),
+    ];
+    for i in 12..held.len() {
+        burst.push((run(i), own(i), ok.clone(), Some(Renewal::Renewed)));
+    }
+    let before = mark();
+    let answers = futures::future::join_all(
+        burst
+            .iter()
+            .map(|(run, token, end, _)| store.finish(run, *token, end.clone())),
+    )
+    .await;
     assert_eq!(
-        fenced.state,
+        statements_since(before),
+        1,
+        "{} finishes at once",
+        burst.len()
+    );
+    let answers: Vec<Renewal> = answers.into_iter().map(|a| a.expect("finish")).collect();
+    for ((run, _, _, expected), answer) in burst.iter().zip(&answers) {
+        if let Some(expected) = expected {
+            assert_eq!(answer, expected, "{run}");
+        }
+    }
+
+    assert_eq!(
+        record(0).await.state,
         RecordState::Running,
         "a fenced finish changes nothing"
     );
@@ -315,27 +306,74 @@ async fn finishes_sent_together_are_one_statement_each_answered_for_its_run() {
         final_failure.error.as_deref(),
         Some(format!("bang{NOT_RETRIED}").as_str())
     );
-    for i in 3..held.len() {
+    for i in (3..5).chain(12..held.len()) {
         assert_eq!(
             record(i).await.state,
-            RecordState::Finished(FinalState::Succeeded)
+            RecordState::Finished(FinalState::Succeeded),
+            "{}",
+            run(i)
         );
     }
+    // The two ends of run 5: exactly one was recorded, the one the record
+    // shows.
+    let (succeeded, failed_too) = (answers[8], answers[9]);
+    assert_ne!(succeeded, failed_too, "one end recorded, the other fenced");
+    let recorded = if succeeded == Renewal::Renewed {
+        FinalState::Succeeded
+    } else {
+        FinalState::Failed
+    };
+    assert_eq!(record(5).await.state, RecordState::Finished(recorded));
 
-    // A statement that fails fails each finish it carried, by name.
-    store.close().await;
+    // PostgreSQL text holds no NUL byte: that finish fails alone, and the
+    // others of its statement are sent again one by one and recorded.
+    let refused = [
+        (6, ok.clone()),
+        (7, failed("a NUL \0 byte", None)),
+        (8, ok.clone()),
+    ];
+    let before = mark();
     let answers = futures::future::join_all(
-        held[4..7]
+        refused
             .iter()
-            .map(|c| store.finish(c.run(), c.claim.token, RunOutcome::Succeeded)),
+            .map(|(i, end)| store.finish(held[*i].run(), own(*i), end.clone())),
     )
     .await;
-    for (c, answer) in held[4..7].iter().zip(answers) {
+    assert_eq!(
+        statements_since(before),
+        4,
+        "the three together, then each alone"
+    );
+    assert_eq!(answers[0].as_ref().expect("recorded"), &Renewal::Renewed);
+    let error = answers[1].as_ref().expect_err("a NUL byte is refused");
+    assert!(!error.is_temporary(), "{error}");
+    assert!(error.to_string().contains(&run(7).to_string()), "{error}");
+    assert_eq!(answers[2].as_ref().expect("recorded"), &Renewal::Renewed);
+    assert_eq!(
+        record(6).await.state,
+        RecordState::Finished(FinalState::Succeeded)
+    );
+    assert_eq!(
+        record(7).await.state,
+        RecordState::Running,
+        "refused, not recorded"
+    );
+    assert_eq!(
+        record(8).await.state,
+        RecordState::Finished(FinalState::Succeeded)
+    );
+
+    store.close().await;
+    let answers = futures::future::join_all(
+        (9..12).map(|i| store.finish(held[i].run(), own(i), RunOutcome::Succeeded)),
+    )
+    .await;
+    for (i, answer) in (9..12).zip(answers) {
         let error = answer.expect_err("the pool is closed");
         assert!(
             error
                 .to_string()
-                .contains(&format!("recording the end of {}", c.run())),
+                .contains(&format!("recording the end of {}", run(i))),
             "{error}"
         );
     }
