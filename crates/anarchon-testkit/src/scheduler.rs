@@ -633,8 +633,11 @@ where
     let first = wait_for_frozen(&log, &frozen, factory.clock().as_ref()).await;
     handles[first.scheduler].set_heartbeats_hang(true);
     let paused = Instant::now();
-    wait_for_takeover(&log, "a takeover of the paused run", &first).await;
-    let taken = Instant::now();
+    // When the new runner's handler started, not when the poll saw it (the
+    // log is read every 20 ms, later on a loaded machine).
+    let taken = wait_for_takeover(&log, "a takeover of the paused run", &first)
+        .await
+        .at;
     resume.notify_one();
     let start = Instant::now();
     while stale_write
