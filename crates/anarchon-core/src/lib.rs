@@ -4,6 +4,7 @@ pub mod clock;
 pub mod control;
 pub mod decide;
 pub mod error;
+pub mod group_commit;
 pub mod hand_over;
 pub mod ids;
 pub mod layer;

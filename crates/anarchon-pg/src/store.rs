@@ -19,7 +19,7 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::connection::{Resend, send};
 use crate::error::{BACKEND, Error};
-use crate::finishes::{Finish, Finishes};
+use crate::finishes::{Finish, FinishGroup, Finishes};
 use crate::migrate::{drop_schema, schema_version};
 use crate::options::TableName;
 use crate::rows::{PauseRow, PeekRow, reason};
@@ -116,7 +116,7 @@ impl PgStore {
         };
         let sql = Statements::new(&table);
         let statements = Arc::new(AtomicU64::new(0));
-        let finishes = Arc::new(Finishes::new(
+        let finishes = Finishes::new(FinishGroup::new(
             pool.clone(),
             statements.clone(),
             resends,
@@ -314,16 +314,24 @@ impl LeaseStore for PgStore {
             _ => None,
         };
         let (state, error) = outcome.into_record();
-        Ok(self
+        let answer = self
             .finishes
-            .send(Finish {
+            .call(Finish {
                 run: run.clone(),
                 token,
                 state: state.as_str(),
                 error,
                 retry: plan.map(|p| (millis(p.after), p.before.as_millis())),
             })
-            .await?)
+            .await
+            .unwrap_or_else(|unanswered| {
+                Err(Error::Unavailable {
+                    action: format!("recording the end of {run}"),
+                    reason: unanswered.to_string(),
+                    source: None,
+                })
+            });
+        Ok(answer?)
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {

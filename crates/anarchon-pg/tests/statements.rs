@@ -71,6 +71,14 @@ fn sent_to(table: &str) -> usize {
         .count()
 }
 
+/// This machine's time, in Unix milliseconds.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+}
+
 fn claim(job: &str, slot: i64) -> LeaseClaim {
     LeaseClaim {
         claim: ClaimRequest {
@@ -92,10 +100,7 @@ async fn every_store_call_is_one_statement() {
     let factory = PgFactory::new().await;
     let store = factory.instance().await;
     let table = factory.table().as_str().to_owned();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
+    let now = now_ms();
     let base = now - now.rem_euclid(1000) + 600_000;
 
     // One statement per call, checked call by call.
@@ -188,10 +193,7 @@ async fn finishes_sent_together_are_one_statement_each_answered_for_its_run() {
     let factory = PgFactory::new().await;
     let store = factory.instance().await;
     let table = factory.table().as_str().to_owned();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
+    let now = now_ms();
     let slot = now - now.rem_euclid(1000);
     let held: Vec<LeaseClaim> = (0..40)
         .map(|i| claim(&format!("burst-{i}"), slot))

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
 use crate::error::{Error, code, is_busy, primary_code};
+use crate::finishes::{FinishGroup, Finishes};
 use crate::options::SqliteOptions;
 use crate::sql::Sql;
 use crate::store::{SqliteStore, board_for};
@@ -146,12 +147,15 @@ impl SqliteStore {
     /// The store on `pool`, with the statements and options it was opened
     /// with, and the hand-over board of its file and prefix.
     fn assemble(pool: SqlitePool, sql: Sql, options: SqliteOptions) -> Self {
+        let (sql, options) = (Arc::new(sql), Arc::new(options));
+        let finishes = Finishes::new(FinishGroup::new(pool.clone(), sql.clone(), options.clone()));
         Self {
             hand_overs: board_for(options.path(), options.table_prefix()),
             pool,
-            sql: Arc::new(sql),
-            options: Arc::new(options),
+            sql,
+            options,
             request_watch: Arc::default(),
+            finishes,
         }
     }
 

@@ -245,6 +245,35 @@ pub(crate) fn store_error(doing: &str, e: sqlx::Error) -> StoreError {
     .with_source(e)
 }
 
+/// [`store_error`] for a store opened with `options`: a lock held past
+/// the busy timeout says so, with the timeout.
+pub(crate) fn store_error_when(
+    options: &crate::SqliteOptions,
+    doing: &str,
+    e: sqlx::Error,
+) -> StoreError {
+    if is_busy(&e) {
+        let doing = format!(
+            "{doing}: the database stayed locked longer than the busy timeout ({:?})",
+            options.busy_timeout()
+        );
+        return store_error(&doing, e);
+    }
+    store_error(doing, e)
+}
+
+/// A copy of `error`, of the same kind, for one of the calls it failed
+/// together (`doing` names that call). The copy does not carry the
+/// underlying error.
+pub(crate) fn copy_error(error: &StoreError, doing: &str) -> StoreError {
+    let message = format!("{doing}: {}", error.message());
+    match error.kind() {
+        anarchon_core::StoreErrorKind::Unavailable => StoreError::unavailable(BACKEND, message),
+        anarchon_core::StoreErrorKind::Invalid => StoreError::invalid(BACKEND, message),
+        _ => StoreError::protocol(BACKEND, message),
+    }
+}
+
 /// A value read back from the database that this crate never writes.
 pub(crate) fn bad_value(what: &'static str, value: impl std::fmt::Debug) -> StoreError {
     bad_stored(BadValue::new(what, value))

@@ -3,6 +3,7 @@
 mod claim;
 mod connection;
 mod error;
+mod finishes;
 mod options;
 mod requests;
 mod rows;

@@ -17,7 +17,8 @@ use async_trait::async_trait;
 use sqlx::SqlitePool;
 
 use crate::BACKEND;
-use crate::error::{bad_stored, bad_value, is_busy, store_error};
+use crate::error::{bad_stored, bad_value, store_error_when};
+use crate::finishes::{Finish, Finishes, action_for};
 use crate::options::SqliteOptions;
 use crate::rows::{PeekRow, parse_state};
 use crate::sql::Sql;
@@ -39,7 +40,9 @@ use crate::sql::Sql;
 ///   backup takes the write lock only when a lease has run out.
 /// * Heartbeat, finish and release are one `UPDATE` each, matching the
 ///   token and `state = 'running'`: no match means
-///   [`Renewal::Fenced`].
+///   [`Renewal::Fenced`]. Finishes that arrive while one is being written
+///   go together in the next write transaction, each still its own
+///   `UPDATE` with its own answer ([`SqliteStore::finish_transactions`]).
 /// * The store's clock is SQLite's `'now'` on this host, in UTC
 ///   milliseconds, read inside each statement.
 /// * Fence numbers come from a per-job counter row, incremented inside the
@@ -63,6 +66,8 @@ pub struct SqliteStore {
     /// The watcher that announces other processes' requests, started by
     /// the first [`LeaseStore::announcements`].
     pub(crate) request_watch: Arc<std::sync::OnceLock<anarchon_core::Listener>>,
+    /// Finishes: those that arrive together share one write transaction.
+    pub(crate) finishes: Arc<Finishes>,
 }
 
 /// The hand-over board of each (file, prefix) open in this process.
@@ -124,16 +129,21 @@ impl SqliteStore {
         self.pool.close().await;
     }
 
-    pub(crate) fn err(&self, doing: &str, e: sqlx::Error) -> StoreError {
-        if is_busy(&e) {
-            let doing = format!(
-                "{doing}: the database stayed locked longer than the busy timeout ({:?})",
-                self.options.busy_timeout()
-            );
-            return store_error(&doing, e);
-        }
-        store_error(doing, e)
+    /// How many write transactions this handle's finishes have taken
+    /// (those begun, committed or not). Finishes that arrive while one
+    /// transaction is in flight share the next, so under load this grows
+    /// slower than the number of finishes.
+    pub fn finish_transactions(&self) -> u64 {
+        self.finishes
+            .group()
+            .transactions
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
+
+    pub(crate) fn err(&self, doing: &str, e: sqlx::Error) -> StoreError {
+        store_error_when(&self.options, doing, e)
+    }
+
     /// Runs `update` (heartbeat, finish, release): one statement that
     /// matches the token of a running run.
     async fn update_held(
@@ -247,21 +257,27 @@ impl LeaseStore for SqliteStore {
         token: Token,
         outcome: RunOutcome,
     ) -> Result<Renewal, StoreError> {
-        let plan = match &outcome {
+        let retry = match &outcome {
             RunOutcome::Failed { retry, .. } => *retry,
             RunOutcome::Succeeded => None,
         };
         let (state, error) = outcome.into_record();
-        let query = sqlx::query(self.sql.finish.clone())
-            .bind(run.job.as_str())
-            .bind(run.slot.as_millis())
-            .bind(token.to_string())
-            .bind(state.as_str())
-            .bind(error)
-            .bind(plan.map(|p| millis(p.after)))
-            .bind(plan.map(|p| p.before.as_millis()))
-            .bind(anarchon_core::retry::NOT_RETRIED);
-        self.update_held("recording the outcome", query).await
+        let finish = Finish {
+            run: run.clone(),
+            token,
+            state: state.as_str(),
+            error,
+            retry,
+        };
+        self.finishes
+            .call(finish)
+            .await
+            .unwrap_or_else(|unanswered| {
+                Err(StoreError::unavailable(
+                    BACKEND,
+                    format!("{}: {unanswered}", action_for(run)),
+                ))
+            })
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {

@@ -13,8 +13,8 @@ use anarchon_sqlite::{Error, SqliteOptions, SqliteStore};
 use anarchon_testkit::fleet;
 use common::SqliteFactory;
 use futures::future::join_all;
+use sqlx::AssertSqlSafe;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-use sqlx::{AssertSqlSafe, SqlitePool};
 
 fn claim(job: &str, slot: Slot, token: Token) -> LeaseClaim {
     LeaseClaim {
@@ -37,15 +37,6 @@ fn next_minute() -> Slot {
         .expect("after 1970")
         .as_millis() as i64;
     Slot::from_millis(now - now % 60_000 + 60_000)
-}
-
-/// A plain pool on the file, as another program would open it.
-async fn raw_pool(factory: &SqliteFactory) -> SqlitePool {
-    SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(SqliteConnectOptions::new().filename(factory.path()))
-        .await
-        .expect("a plain pool on the test file")
 }
 
 #[tokio::test]
@@ -170,7 +161,7 @@ async fn several_pools_opening_a_new_file_at_once_migrate_it_once() {
         .into_iter()
         .map(|r| r.expect("every concurrent open succeeds"))
         .collect();
-    let raw = raw_pool(&factory).await;
+    let raw = factory.raw_pool().await;
     let rows: Vec<(i64, i64)> = sqlx::query_as("SELECT id, version FROM anarchon_schema")
         .fetch_all(&raw)
         .await
@@ -204,7 +195,7 @@ async fn a_newer_schema_is_refused() {
         .unwrap()
         .close()
         .await;
-    let raw = raw_pool(&factory).await;
+    let raw = factory.raw_pool().await;
     sqlx::query("UPDATE anarchon_schema SET version = 99")
         .execute(&raw)
         .await
@@ -251,7 +242,7 @@ async fn a_url_opens_the_file() {
     assert_eq!(store.path(), factory.path());
     assert_eq!(store.options().table_prefix(), "from_url");
     assert_eq!(store.options().busy_timeout(), Duration::from_millis(1500));
-    let raw = raw_pool(&factory).await;
+    let raw = factory.raw_pool().await;
     let n: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM sqlite_master WHERE name IN ('from_url_runs', 'from_url_jobs', 'from_url_schema')",
     )
@@ -274,7 +265,7 @@ async fn a_lock_held_past_the_busy_timeout_is_a_temporary_error() {
     let slot = next_minute();
     let mine = claim("locked", slot, Token::generate());
 
-    let raw = raw_pool(&factory).await;
+    let raw = factory.raw_pool().await;
     let mut holder = raw.begin_with("BEGIN IMMEDIATE").await.unwrap();
     sqlx::query(AssertSqlSafe(
         "INSERT INTO anarchon_jobs (job, last_fence) VALUES ('holder', 0)",
@@ -370,7 +361,7 @@ async fn one_jobs_unreadable_record_costs_its_batch_nothing() {
     let factory = SqliteFactory::new();
     let store = SqliteStore::open(factory.options()).await.unwrap();
     let slot = next_minute();
-    let raw = raw_pool(&factory).await;
+    let raw = factory.raw_pool().await;
     sqlx::query(
         "INSERT INTO anarchon_runs (job, slot, state, attempt, token, fence, lease_until)
          VALUES ('zero-attempt', ?1, 'running', 0, 'not-a-token', 1, ?1)",

@@ -29,6 +29,16 @@ impl SqliteFactory {
         self.dir.path().join("anarchon.db")
     }
 
+    /// A plain pool of one connection on the file, as another program
+    /// would open it.
+    pub async fn raw_pool(&self) -> sqlx::SqlitePool {
+        sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(sqlx::sqlite::SqliteConnectOptions::new().filename(self.path()))
+            .await
+            .expect("a plain pool on the test file")
+    }
+
     /// Default options for the test's file, with a long busy timeout:
     /// the checks judge what the store answers, not how fast, and on a
     /// shared two-core machine running a whole test suite a writer can be
