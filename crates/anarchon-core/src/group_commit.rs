@@ -41,16 +41,17 @@ pub trait Group: Send + Sync + 'static {
     async fn send(&self, calls: Vec<Self::Call>) -> Vec<Self::Answer>;
 }
 
-/// The task that sent a call's group ended before it answered it (a
-/// panic, or the runtime shutting down): whether the call was made is not
-/// known, and it may be sent again.
+/// A call got no answer: the task sending its group ended first (a panic,
+/// or the runtime shutting down), or the group's [`Group::send`] left it
+/// out. Whether the call was made is not known, and it may be sent again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Unanswered;
 
 impl std::fmt::Display for Unanswered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(
-            "the task sending it ended before it answered (a panic, or the runtime shutting down)",
+            "it got no answer: the task sending it ended first (a panic, or the runtime \
+             shutting down), or its group was answered without it",
         )
     }
 }
@@ -100,7 +101,9 @@ impl<G: Group> GroupCommit<G> {
     /// Makes `call` in the next send, and returns its answer.
     ///
     /// Must be called within a Tokio runtime: the first call of a burst
-    /// spawns the task that sends.
+    /// spawns the task that sends, on the runtime of its caller, and the
+    /// calls that arrive meanwhile wait for that task. So the callers of
+    /// one `GroupCommit` should share one runtime that keeps running.
     ///
     /// # Errors
     ///
@@ -171,10 +174,13 @@ impl<G: Group> Sender<G> {
 impl<G: Group> Drop for Sender<G> {
     fn drop(&mut self) {
         if !self.done {
-            let mut pending = self.commit.pending();
-            pending.sending = false;
+            let waiting = {
+                let mut pending = self.commit.pending();
+                pending.sending = false;
+                std::mem::take(&mut pending.queue)
+            };
             // Dropping the answers' senders tells each caller.
-            pending.queue.clear();
+            drop(waiting);
         }
     }
 }
@@ -236,9 +242,14 @@ mod tests {
     }
 
     async fn until_sends(commit: &GroupCommit<Doubler>, n: usize) {
-        while commit.group().sends.lock().unwrap().len() < n {
-            tokio::task::yield_now().await;
-        }
+        let sent = async {
+            while commit.group().sends.lock().unwrap().len() < n {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), sent)
+            .await
+            .unwrap_or_else(|_| panic!("{n} sends were never made"));
     }
 
     #[tokio::test]
@@ -288,6 +299,39 @@ mod tests {
             commit.call(2).await,
             Ok(4),
             "a new task sends the next call"
+        );
+    }
+
+    #[tokio::test]
+    async fn calls_waiting_behind_a_send_that_panics_are_answered() {
+        let gate = Arc::new(Semaphore::new(0));
+        let commit = GroupCommit::new(Doubler {
+            gate: Some(gate.clone()),
+            panic_once: AtomicBool::new(true),
+            ..Doubler::default()
+        });
+        let first = spawn_call(&commit, 1);
+        until_sends(&commit, 1).await;
+        let waiting = spawn_call(&commit, 2);
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(10);
+        let answered = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            (first.await.unwrap(), waiting.await.unwrap())
+        })
+        .await
+        .expect("both calls are answered");
+        assert_eq!(answered, (Err(Unanswered), Err(Unanswered)));
+        assert_eq!(
+            commit.call(3).await,
+            Ok(6),
+            "a new task sends the next call"
+        );
+        assert_eq!(
+            commit.group().sends.lock().unwrap().clone(),
+            vec![vec![1], vec![3]],
+            "the call waiting behind the panic was not sent"
         );
     }
 

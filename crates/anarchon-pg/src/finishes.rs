@@ -147,11 +147,26 @@ impl Group for FinishGroup {
             Ok(recorded) => batch.iter().map(|f| Ok(answer(f, &recorded))).collect(),
             Err(error) if !error.is_temporary() => {
                 tracing::debug!(%error, "a statement of {} finishes was refused; sending each alone", batch.len());
-                let mut answers = Vec::with_capacity(batch.len());
+                let mut answers: Vec<Self::Answer> = Vec::with_capacity(batch.len());
+                // After a temporary failure the rest are not sent (each
+                // would wait for the same server) and get a copy of it.
+                let mut stopped: Option<Error> = None;
                 for finish in &batch {
+                    let action = action_for(&finish.run);
+                    if let Some(error) = &stopped {
+                        answers.push(Err(error.again(action)));
+                        continue;
+                    }
                     let alone = std::slice::from_ref(finish);
-                    let recorded = self.record(alone, &action_for(&finish.run)).await;
-                    answers.push(recorded.map(|recorded| answer(finish, &recorded)));
+                    match self.record(alone, &action).await {
+                        Ok(recorded) => answers.push(Ok(answer(finish, &recorded))),
+                        Err(error) => {
+                            if error.is_temporary() {
+                                stopped = Some(error.again(action));
+                            }
+                            answers.push(Err(error));
+                        }
+                    }
                 }
                 answers
             }

@@ -351,6 +351,15 @@ async fn finishes_sent_together_are_one_statement_each_answered_for_its_run() {
     assert!(!error.is_temporary(), "{error}");
     assert!(error.to_string().contains(&run(7).to_string()), "{error}");
     assert_eq!(answers[2].as_ref().expect("recorded"), &Renewal::Renewed);
+    let alone = store
+        .finish(&run(7), own(7), failed("a NUL \0 byte", None))
+        .await
+        .expect_err("a NUL byte is refused, alone too");
+    let server_error = std::error::Error::source(&alone).and_then(|store| store.source());
+    assert!(
+        server_error.is_some_and(|e| e.downcast_ref::<sqlx::Error>().is_some()),
+        "a finish sent alone keeps the server's error: {alone:?}"
+    );
     assert_eq!(
         record(6).await.state,
         RecordState::Finished(FinalState::Succeeded)

@@ -236,35 +236,44 @@ pub(crate) fn classify(e: &sqlx::Error) -> Class {
 
 /// Turns a sqlx error from a store call into a [`StoreError`].
 pub(crate) fn store_error(doing: &str, e: sqlx::Error) -> StoreError {
+    described(doing, &e).with_source(e)
+}
+
+/// [`store_error`] without the underlying error as its source: for each of
+/// the calls that one error failed together.
+pub(crate) fn described(doing: &str, e: &sqlx::Error) -> StoreError {
     let message = format!("{doing}: {e}");
-    match classify(&e) {
+    match classify(e) {
         Class::Unavailable => StoreError::unavailable(BACKEND, message),
         Class::Invalid => StoreError::invalid(BACKEND, message),
         Class::Protocol => StoreError::protocol(BACKEND, message),
     }
-    .with_source(e)
 }
 
-/// [`store_error`] for a store opened with `options`: a lock held past
-/// the busy timeout says so, with the timeout.
+/// What a store opened with `options` was doing when `e` came: a lock
+/// held past the busy timeout says so, with the timeout.
+pub(crate) fn doing_when(options: &crate::SqliteOptions, doing: &str, e: &sqlx::Error) -> String {
+    if is_busy(e) {
+        format!(
+            "{doing}: the database stayed locked longer than the busy timeout ({:?})",
+            options.busy_timeout()
+        )
+    } else {
+        doing.to_owned()
+    }
+}
+
+/// [`store_error`] for a store opened with `options` ([`doing_when`]).
 pub(crate) fn store_error_when(
     options: &crate::SqliteOptions,
     doing: &str,
     e: sqlx::Error,
 ) -> StoreError {
-    if is_busy(&e) {
-        let doing = format!(
-            "{doing}: the database stayed locked longer than the busy timeout ({:?})",
-            options.busy_timeout()
-        );
-        return store_error(&doing, e);
-    }
-    store_error(doing, e)
+    store_error(&doing_when(options, doing, &e), e)
 }
 
-/// A copy of `error`, of the same kind, for one of the calls it failed
-/// together (`doing` names that call). The copy does not carry the
-/// underlying error.
+/// A copy of `error`, of the same kind, for a call it stopped (`doing`
+/// names that call). The copy does not carry the underlying error.
 pub(crate) fn copy_error(error: &StoreError, doing: &str) -> StoreError {
     let message = format!("{doing}: {}", error.message());
     match error.kind() {

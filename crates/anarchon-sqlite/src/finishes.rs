@@ -2,8 +2,8 @@
 //! of the core's [`GroupCommit`].
 //!
 //! A SQLite file takes one write transaction at a time, and each one ends
-//! in a commit that waits for the disk (WAL mode, `synchronous = NORMAL`:
-//! an append to the log, and on a slow disk that is most of the cost). A
+//! in a commit that waits for the disk (an append to the write-ahead log,
+//! synced: on a slow disk that is most of the cost). A
 //! finish sent alone is such a transaction; a thousand runs ending in the
 //! same second were a thousand of them, and with one instance running a
 //! thousand jobs a second the finishes alone took the file's whole write
@@ -12,10 +12,14 @@
 //! answered for its own run and token. How the group forms (nothing waits
 //! for a timer; a task of its own sends) is the core's.
 //!
-//! A statement that fails inside the transaction (anything but a lock held
-//! past the busy timeout) ends the transaction, and each finish of the
-//! group is then sent again alone, so only the one that fails fails, as it
-//! would have alone.
+//! A group that fails for a reason that may pass (a lock held past the
+//! busy timeout, a full disk, an I/O error) fails each of its finishes as
+//! temporary, and the scheduler sends them again. One that fails for good
+//! (a finish the database refuses) is sent again one finish at a time, so
+//! only that one fails, as it would have alone. A group holds the file's
+//! write lock for its `UPDATE`s, one short statement each, and waits for
+//! the lock no longer than a lone finish would (the busy timeout, at
+//! `BEGIN IMMEDIATE`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +31,7 @@ use async_trait::async_trait;
 use sqlx::SqlitePool;
 use sqlx::sqlite::SqliteArguments;
 
-use crate::error::{copy_error, store_error_when};
+use crate::error::{Class, classify, copy_error, described, doing_when, store_error_when};
 use crate::options::SqliteOptions;
 use crate::sql::Sql;
 
@@ -93,14 +97,60 @@ impl FinishGroup {
     /// of it is recorded then).
     async fn together(&self, group: &[Finish]) -> Result<Vec<Renewal>, sqlx::Error> {
         self.transactions.fetch_add(1, Ordering::Relaxed);
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut conn = self.pool.acquire().await?;
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN IMMEDIATE").await?;
         let mut answers = Vec::with_capacity(group.len());
+        let mut written = Ok(());
         for finish in group {
-            let done = self.update(finish).execute(&mut *tx).await?;
-            answers.push(renewal(done.rows_affected()));
+            match self.update(finish).execute(&mut *tx).await {
+                Ok(done) => answers.push(renewal(done.rows_affected())),
+                Err(e) => {
+                    written = Err(e);
+                    break;
+                }
+            }
         }
-        tx.commit().await?;
-        Ok(answers)
+        let written = match written {
+            Ok(()) => tx.commit().await,
+            Err(e) => {
+                drop(tx);
+                Err(e)
+            }
+        };
+        if written.is_err() {
+            // SQLite ends the transaction itself on some failures (a full
+            // disk, an I/O error); the rollback sqlx then sends fails, and
+            // its connection would be left thinking it is still in one.
+            // A connection of a failed group is not given back.
+            conn.close_on_drop();
+        }
+        written.map(|()| answers)
+    }
+
+    /// Each finish of `group` alone, in order. After a temporary failure
+    /// the rest are not sent (each would wait for the same store) and get
+    /// a copy of that error.
+    async fn each_alone(&self, group: &[Finish]) -> Vec<Result<Renewal, StoreError>> {
+        let mut answers: Vec<Result<Renewal, StoreError>> = Vec::with_capacity(group.len());
+        // The answer that stopped the rest: the first temporary failure.
+        let mut stopped: Option<usize> = None;
+        for finish in group {
+            let answer = match stopped.and_then(|i| answers[i].as_ref().err()) {
+                Some(error) => Err(copy_error(
+                    error,
+                    &format!(
+                        "{}: not sent, the store failed an earlier finish",
+                        action_for(&finish.run)
+                    ),
+                )),
+                None => self.alone(finish).await,
+            };
+            if stopped.is_none() && answer.as_ref().is_err_and(StoreError::is_temporary) {
+                stopped = Some(answers.len());
+            }
+            answers.push(answer);
+        }
+        answers
     }
 }
 
@@ -114,28 +164,24 @@ impl Group for FinishGroup {
         if let [finish] = group.as_slice() {
             return vec![self.alone(finish).await];
         }
-        let action = format!(
-            "recording the end of {} runs together ({} first)",
-            group.len(),
-            group[0].run
-        );
         match self.together(&group).await {
             Ok(answers) => answers.into_iter().map(Ok).collect(),
+            Err(e) if classify(&e) == Class::Unavailable => {
+                let others = group.len() - 1;
+                group
+                    .iter()
+                    .map(|f| {
+                        let doing = format!(
+                            "{} (written together with {others} other finishes)",
+                            action_for(&f.run)
+                        );
+                        Err(described(&doing_when(&self.options, &doing, &e), &e))
+                    })
+                    .collect()
+            }
             Err(e) => {
-                let error = store_error_when(&self.options, &action, e);
-                if error.is_temporary() {
-                    group
-                        .iter()
-                        .map(|f| Err(copy_error(&error, &action_for(&f.run))))
-                        .collect()
-                } else {
-                    tracing::debug!(%error, "a transaction of {} finishes failed; sending each alone", group.len());
-                    let mut answers = Vec::with_capacity(group.len());
-                    for finish in &group {
-                        answers.push(self.alone(finish).await);
-                    }
-                    answers
-                }
+                tracing::debug!(error = %e, "a transaction of {} finishes failed; sending each alone", group.len());
+                self.each_alone(&group).await
             }
         }
     }

@@ -129,8 +129,8 @@ impl SqliteStore {
         self.pool.close().await;
     }
 
-    /// How many write transactions this handle's finishes have taken
-    /// (those begun, committed or not). Finishes that arrive while one
+    /// How many write transactions this handle's finishes have tried
+    /// (committed or not). Finishes that arrive while one
     /// transaction is in flight share the next, so under load this grows
     /// slower than the number of finishes.
     pub fn finish_transactions(&self) -> u64 {

@@ -258,6 +258,11 @@ async fn a_locked_group_fails_each_finish_as_temporary() {
         assert!(err.to_string().contains("busy timeout"), "{err}");
     }
 
+    for c in &held {
+        let record = store.history(&c.run().job, 1).await.unwrap().remove(0);
+        assert_eq!(record.state, RecordState::Running, "nothing was recorded");
+    }
+
     // A finish alone keeps the underlying error as its source.
     let lone = store
         .finish(held[0].run(), held[0].claim.token, RunOutcome::Succeeded)
@@ -268,7 +273,7 @@ async fn a_locked_group_fails_each_finish_as_temporary() {
         "{lone}"
     );
     assert!(std::error::Error::source(&lone).is_some(), "{lone:?}");
-    drop(holder);
+    holder.rollback().await.unwrap();
 
     let answers = join_all(
         held.iter()
