@@ -81,24 +81,29 @@ BEGIN
     -- 0. Claims that the run's own row answers, without the job's lock: a
     -- run that ended for good, one someone else holds with a live lease,
     -- our own claim sent again, and a failure whose retry is not due.
-    -- None of them writes, so they need no order among the job's claims:
-    -- the row is read as committed when this statement starts, and the
-    -- time is read after it, so the answer held at that moment (a lease
-    -- live now was live then). This is what the instances that lose a
-    -- race, and backups watching a run, ask; only claims that may change
-    -- something (a slot nobody ran, a lease that ran out, a retry that is
-    -- due) go on to the job's lock, as does a claim whose job has not yet
-    -- recorded its late window.
-    FOR i IN 1 .. n LOOP
-        SELECT t.state, t.attempt, t.token, t.fence, t.lease_until, t.retry_at,
-               t.earlier, coalesce(j.late_window >= p_max_late[i], false) AS window_kept
-          INTO v_run
-          FROM "{{table}}" AS t
-          LEFT JOIN "{{table}}_jobs" AS j ON j.job = t.job
-         WHERE t.job = p_job[i] AND t.slot = p_slot[i];
-        v_found := FOUND;
+    -- None of them writes, so they need no order among the job's claims.
+    -- The rows of the whole batch are read by one query (one snapshot,
+    -- taken when it starts), and the time of each answer is read after
+    -- that, so the answer held at that moment (a lease live now was live
+    -- then). This is what the instances that lose a race, and backups
+    -- watching a run, ask; only claims that may change something (a slot
+    -- nobody ran, a lease that ran out, a retry that is due) go on to the
+    -- job's lock, as does a claim whose job has not yet recorded its late
+    -- window.
+    FOR v_run IN
+        SELECT u.i::integer AS i, t.job IS NOT NULL AS found,
+               t.state, t.attempt, t.token, t.fence, t.lease_until, t.retry_at,
+               t.earlier,
+               coalesce((SELECT j.late_window >= u.max_late
+                           FROM "{{table}}_jobs" AS j
+                          WHERE j.job = u.job), false) AS window_kept
+          FROM unnest(p_job, p_slot, p_max_late) WITH ORDINALITY AS u(job, slot, max_late, i)
+          LEFT JOIN "{{table}}" AS t ON t.job = u.job AND t.slot = u.slot
+         ORDER BY u.i
+    LOOP
+        v_found := v_run.found;
         v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-        r_idx := i;
+        r_idx := v_run.i;
         r_outcome := NULL;
         r_attempt := NULL;
         r_fence := NULL;
@@ -107,7 +112,7 @@ BEGIN
         r_earlier := NULL;
         IF NOT v_found OR NOT v_run.window_kept
            OR v_run.state IN ('missed', 'waiting')
-           OR (v_run.state = 'paused' AND p_rerun_paused[i]) THEN
+           OR (v_run.state = 'paused' AND p_rerun_paused[v_run.i]) THEN
             NULL;
         ELSIF v_run.state = 'failed' AND v_run.retry_at IS NOT NULL THEN
             IF v_now < v_run.retry_at THEN
@@ -116,7 +121,7 @@ BEGIN
             END IF;
         ELSIF v_run.state <> 'running' THEN
             r_outcome := v_run.state;
-        ELSIF v_run.token = p_token[i] THEN
+        ELSIF v_run.token = p_token[v_run.i] THEN
             r_outcome := 'won';
             r_attempt := coalesce(v_run.attempt, 1);
             r_fence := v_run.fence;
@@ -126,7 +131,7 @@ BEGIN
             r_lease_until := coalesce(v_run.lease_until, v_now);
         END IF;
         IF r_outcome IS NULL THEN
-            v_slow[i] := true;
+            v_slow[v_run.i] := true;
             v_any_slow := true;
         ELSE
             RETURN NEXT;

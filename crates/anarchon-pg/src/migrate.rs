@@ -24,7 +24,7 @@ use crate::options::TableName;
 use crate::sql::sql;
 
 /// The schema version this crate needs and migrates to.
-pub const SCHEMA_VERSION: u32 = 11;
+pub const SCHEMA_VERSION: u32 = 12;
 
 struct Migration {
     version: u32,
@@ -88,6 +88,11 @@ const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 11,
         description: "claim function answers a claim the run's own row decides without the job's lock",
+        tables: None,
+    },
+    Migration {
+        version: 12,
+        description: "claim function reads the rows of a whole batch in one query before any lock",
         tables: None,
     },
 ];

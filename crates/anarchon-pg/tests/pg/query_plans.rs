@@ -104,6 +104,21 @@ async fn lookups_use_the_primary_key_and_the_live_run_index() {
             "text, bigint",
             "'busy', 5000".into(),
         ),
+        (
+            "claim: the batch's runs, read together before any lock",
+            format!(
+                r#"SELECT u.i, t.state, t.token, t.lease_until,
+                          (SELECT j.late_window >= u.max_late FROM "{t}_jobs" AS j
+                            WHERE j.job = u.job)
+                     FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+                          WITH ORDINALITY AS u(job, slot, max_late, i)
+                     LEFT JOIN "{t}" AS t ON t.job = u.job AND t.slot = u.slot
+                    ORDER BY u.i"#
+            ),
+            "text[], bigint[], bigint[]",
+            "ARRAY['busy', 'other-1'], ARRAY[5000, 6000]::bigint[], ARRAY[1000, 1000]::bigint[]"
+                .into(),
+        ),
         statement!("peek", "text, bigint", "'busy', 5000"),
         statement!("history", "text, bigint", "'busy', 10"),
         statement!(
