@@ -195,6 +195,18 @@ impl StoreError {
         self
     }
 
+    /// A copy of this error for another of the calls it failed together
+    /// (a group of calls sent as one): the same kind and backend, the
+    /// message after `doing` (which names that call), and no source (a
+    /// source cannot be copied).
+    pub fn copied(&self, doing: &str) -> Self {
+        Self::new(
+            self.kind,
+            self.backend,
+            format!("{doing}: {}", self.message),
+        )
+    }
+
     /// Which kind of failure this is.
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
@@ -229,6 +241,18 @@ mod tests {
             "memory: store unavailable: connection refused"
         );
         assert!(!StoreError::invalid("pg", "no such table").is_temporary());
+    }
+
+    #[test]
+    fn a_copied_error_keeps_its_kind_and_names_its_own_call() {
+        let e = StoreError::unavailable("pg", "connection reset").with_source(std::fmt::Error);
+        let copy = e.copied("recording the end of a@1");
+        assert_eq!(copy.kind(), StoreErrorKind::Unavailable);
+        assert_eq!(copy.backend(), "pg");
+        assert_eq!(copy.message(), "recording the end of a@1: connection reset");
+        assert!(std::error::Error::source(&copy).is_none());
+        let copy = StoreError::invalid("pg", "bad").copied("x");
+        assert!(!copy.is_temporary() && copy.kind() == StoreErrorKind::Invalid);
     }
 
     #[test]

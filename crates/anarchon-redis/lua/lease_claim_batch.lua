@@ -34,19 +34,7 @@ while a <= #ARGV do
   for i = 1, 8 do keys[i] = KEYS[k + i] end
   for i = 1, n do args[i] = ARGV[a + i] end
   k, a = k + 8, a + 1 + n
-  local ok, answer = pcall(claim, keys, args, memo)
-  if not ok then
-    -- redis.call raises a table with `err` (Redis 7) or a string that
-    -- starts with the error's code (Redis 6); a Lua error is a string.
-    if type(answer) == 'table' and answer.err then
-      answer = redis.error_reply(answer.err)
-    elseif type(answer) == 'string' and string.match(answer, '^%u+ ') then
-      answer = redis.error_reply(answer)
-    else
-      answer = redis.error_reply('ERR anarchon: ' .. tostring(answer))
-    end
-  end
-  answers[#answers + 1] = answer
+  answers[#answers + 1] = caught(pcall(claim, keys, args, memo))
 end
 if k ~= #KEYS then
   return redis.error_reply('ERR anarchon: a batch of claims with ' .. (#KEYS - k) .. ' keys left over')

@@ -2,6 +2,9 @@
 -- Mirrors: anarchon_core::decide::heartbeat (step 'renew'),
 -- decide::release ('release'), decide::give_back ('give_back') and
 -- decide::finish ('finish').
+-- Sent alone (heartbeat, release, give-back) it is a script of its own;
+-- for finishes it is the body of `local function step(KEYS, ARGV)`, which
+-- lease_step_batch.lua calls once per finish of a group.
 -- One script for the four steps a runner takes on its own run; each is
 -- allowed only while the run is running under the caller's token, except
 -- that a finish sent again by the token that finished the run, with the

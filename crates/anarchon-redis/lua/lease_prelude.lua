@@ -8,7 +8,8 @@
 -- runs a read of key and returns its reply, or nil and the same message
 -- when Redis refuses the key's type: a read needs no check of its own.
 -- int(n) writes a number without
--- an exponent. now is the store's clock in milliseconds, from TIME.
+-- an exponent; caught (below) turns a pcall of one call of a batch into
+-- its answer. now is the store's clock in milliseconds, from TIME.
 
 local function check(key, want)
   local found = redis.call('TYPE', key)['ok']
@@ -27,6 +28,16 @@ local function read(command, key, want, ...)
   return reply
 end
 local function int(n) return string.format('%.0f', n) end
+-- caught(pcall(f, ...)) is what one call of a batch answers: its result,
+-- or its error as an error reply for that call alone. redis.call raises a
+-- table with `err` (Redis 7) or a string that starts with the error's code
+-- (Redis 6); a Lua error is a string.
+local function caught(ok, answer)
+  if ok then return answer end
+  if type(answer) == 'table' and answer.err then return redis.error_reply(answer.err) end
+  if type(answer) == 'string' and string.match(answer, '^%u+ ') then return redis.error_reply(answer) end
+  return redis.error_reply('ERR anarchon: ' .. tostring(answer))
+end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 

@@ -25,6 +25,9 @@ use crate::options::{KeyPrefix, RedisOptions};
 use crate::server::ServerInfo;
 use crate::tls::{connection_info, seed_infos};
 
+use self::finishes::{Finish, FinishGroup, Finishes};
+
+mod finishes;
 mod gc;
 mod pauses;
 mod requests;
@@ -58,11 +61,24 @@ static CLAIM: Lua = Lua::new(
     ),
 );
 static STEP: Lua = lease_script!("lease_heartbeat");
+/// Runner steps, one or many in one script: `lua/lease_heartbeat.lua` is the
+/// body of a function that `lua/lease_step_batch.lua` calls once per step.
+/// Finishes go through it.
+static STEPS: Lua = Lua::new(
+    "lease_step_batch",
+    concat!(
+        include_str!("../lua/lease_prelude.lua"),
+        "local function step(KEYS, ARGV)\n",
+        include_str!("../lua/lease_heartbeat.lua"),
+        "\nend\n",
+        include_str!("../lua/lease_step_batch.lua")
+    ),
+);
 static READ: Lua = lease_script!("lease_read");
 static GC: Lua = lease_script!("lease_gc");
 static PAUSE: Lua = lease_script!("lease_pause");
 static REQUEST: Lua = lease_script!("lease_request");
-static SCRIPTS: [&Lua; 6] = [&CLAIM, &STEP, &READ, &GC, &PAUSE, &REQUEST];
+static SCRIPTS: [&Lua; 7] = [&CLAIM, &STEP, &STEPS, &READ, &GC, &PAUSE, &REQUEST];
 
 /// The most claims one batch script carries. Redis runs nothing else while
 /// a script runs, so a long batch is cut into scripts of this many (all
@@ -77,7 +93,9 @@ const CLAIMS_PER_SCRIPT: usize = 100;
 /// one round trip. On a single Redis a batch's claims share one script call
 /// (up to a hundred claims each, every claim answered on its own), so the
 /// claims that lose in a fleet add one field read each, not an `EVALSHA`
-/// and a `TIME`; on a Redis Cluster each claim is its own script. The claim
+/// and a `TIME`; on a Redis Cluster each claim is its own script. Finishes
+/// that arrive while one is in flight go together in the next script call
+/// the same way. The claim
 /// follows the flowchart of [`MemoryStore`](anarchon_core::MemoryStore)
 /// step by step.
 ///
@@ -115,7 +133,9 @@ const CLAIMS_PER_SCRIPT: usize = 100;
 /// future is dropped after sending, the step may have happened; sending the
 /// same claim again (same token) answers `Won` for the caller's own claim.
 pub struct RedisLeaseStore {
-    link: Link,
+    link: Arc<Link>,
+    /// Finishes: those that arrive together share one script call.
+    finishes: Arc<Finishes>,
     prefix: KeyPrefix,
     /// Jobs known to be in `{p}:jobs`, for the connection generation.
     registered: Mutex<(u64, HashSet<JobName>)>,
@@ -167,7 +187,8 @@ impl RedisLeaseStore {
     /// [`Error`]: unreachable, access denied, a bad URL, or an
     /// eviction policy the options refuse.
     pub async fn connect(opts: &RedisOptions) -> Result<Self, Error> {
-        let link = Link::connect(opts, BACKEND, &SCRIPTS).await?;
+        let link = Arc::new(Link::connect(opts, BACKEND, &SCRIPTS).await?);
+        let finishes = Finishes::new(FinishGroup::new(link.clone(), opts.prefix.clone()));
         // On a cluster, a `PUBLISH` on any node reaches the subscribers of
         // every node: the subscription takes the seeds in turn, the next one
         // each time it is lost (its node may be the one that failed).
@@ -200,6 +221,7 @@ impl RedisLeaseStore {
         }
         Ok(Self {
             link,
+            finishes,
             prefix: opts.prefix.clone(),
             registered: Mutex::new((0, HashSet::new())),
             hand_overs,
@@ -393,7 +415,11 @@ impl RedisLeaseStore {
         Ok(replies
             .into_iter()
             .zip(reqs.chunks(per_script))
-            .flat_map(|(reply, chunk)| unbatch(reply, chunk.len(), during))
+            .flat_map(|(reply, chunk)| {
+                unbatch(reply, chunk.len(), "claims", during, |v| {
+                    parse_claim(check(v, during)?)
+                })
+            })
             .collect())
     }
 
@@ -555,22 +581,26 @@ fn clock_of(item: Option<&Value>, during: &'static str) -> Result<Timestamp, Sto
         .ok_or_else(|| store_err(Error::protocol(during, "no clock reading")))
 }
 
-/// The answers to the `n` claims of one batch script: its own answer to
-/// each, or, if the script as a whole was refused, that error for each.
-fn unbatch(reply: Value, n: usize, during: &'static str) -> Vec<Result<ClaimOutcome, Error>> {
+/// The answers to the `n` calls (claims, steps) of one batch script: its
+/// own answer to each, read with `parse`, or, if the script as a whole was
+/// refused, that error for each.
+fn unbatch<T>(
+    reply: Value,
+    n: usize,
+    what: &str,
+    during: &'static str,
+    parse: impl Fn(Value) -> Result<T, Error>,
+) -> Vec<Result<T, Error>> {
     match reply {
-        Value::Array(answers) if answers.len() == n => answers
-            .into_iter()
-            .map(|v| parse_claim(check(v, during)?))
-            .collect(),
+        Value::Array(answers) if answers.len() == n => answers.into_iter().map(parse).collect(),
         Value::ServerError(_) => (0..n)
-            .map(|_| check(reply.clone(), during).and_then(parse_claim))
+            .map(|_| check(reply.clone(), during).and_then(&parse))
             .collect(),
         _ => (0..n)
             .map(|_| {
                 Err(Error::protocol(
                     during,
-                    format!("a batch of {n} claims was not answered with {n} answers"),
+                    format!("a batch of {n} {what} was not answered with {n} answers"),
                 ))
             })
             .collect(),
@@ -754,7 +784,10 @@ impl LeaseStore for RedisLeaseStore {
             _ => (String::new(), String::new()),
         };
         let (state, error) = outcome.into_record();
-        let extra = vec![
+        let args = vec![
+            run.slot.as_millis().to_string(),
+            token.to_string(),
+            "finish".to_owned(),
             state.as_str().to_owned(),
             if error.is_some() { "1" } else { "0" }.to_owned(),
             error.unwrap_or_default(),
@@ -762,8 +795,19 @@ impl LeaseStore for RedisLeaseStore {
             before,
             NOT_RETRIED.to_owned(),
         ];
-        self.step(run, token, "finish", extra, "finishing a run")
+        let finish = Finish {
+            run: run.clone(),
+            args,
+        };
+        self.finishes
+            .call(finish)
             .await
+            .unwrap_or_else(|unanswered| {
+                Err(StoreError::unavailable(
+                    BACKEND,
+                    format!("finishing {run}: {unanswered}"),
+                ))
+            })
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {

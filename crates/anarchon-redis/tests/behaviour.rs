@@ -86,14 +86,10 @@ async fn through_proxy(stem: &str) -> (Proxy, RedisOptions, Cleanup) {
     (proxy, opts, Cleanup::new(&url, &prefix))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_claim_is_one_command_and_a_batch_one_round_trip() {
-    let (proxy, opts, _cleanup) = through_proxy("cmds").await;
-    let store = RedisLeaseStore::connect(&opts).await.unwrap();
-    let base = ten_minutes_ahead();
-    let job_a = job("single");
-    // The hand-over subscription opens its own connection in the
-    // background: let it settle before counting.
+/// Waits until the lease store's hand-over subscription, which opens its
+/// own connection in the background, has subscribed through `proxy`, so
+/// that what is counted next is the store's calls alone.
+async fn until_subscribed(proxy: &Proxy) {
     let mut seen = Vec::new();
     for _ in 0..100 {
         seen.extend(proxy.take().commands);
@@ -106,6 +102,15 @@ async fn a_lease_claim_is_one_command_and_a_batch_one_round_trip() {
         seen.iter().any(|c| c == "SUBSCRIBE"),
         "the lease store subscribes to hand-over news: {seen:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_claim_is_one_command_and_a_batch_one_round_trip() {
+    let (proxy, opts, _cleanup) = through_proxy("cmds").await;
+    let store = RedisLeaseStore::connect(&opts).await.unwrap();
+    let base = ten_minutes_ahead();
+    let job_a = job("single");
+    until_subscribed(&proxy).await;
 
     // The first claim of a job also adds it to the job list, in the same trip.
     proxy.take();
@@ -221,6 +226,118 @@ async fn a_lease_claim_is_one_command_and_a_batch_one_round_trip() {
         "lease: {} command(s) per claim, {} round trip(s) for a batch of {BATCH} claims",
         singles.commands.len() as f64 / N as f64,
         known_jobs.round_trips
+    );
+}
+
+/// Finishes that arrive together go in one round trip, a hundred to a
+/// script, and each is answered for its own run: a stranger's token and a
+/// run never claimed are fenced, a finish sent twice is recorded once and
+/// answered twice, a retry is kept, and a run whose live set holds the
+/// wrong type fails alone, naming the key, with nothing written. (On
+/// Tokio's single-threaded runtime the finishes of a `join_all` are all
+/// queued before the task that sends them runs, so the group is the same
+/// on every run.)
+#[tokio::test]
+async fn finishes_sent_together_are_one_round_trip_each_answered_for_its_run() {
+    let (proxy, opts, _cleanup) = through_proxy("fin").await;
+    let store = RedisLeaseStore::connect(&opts).await.unwrap();
+    let base = ten_minutes_ahead();
+    until_subscribed(&proxy).await;
+    const N: usize = 150;
+    let held: Vec<_> = (0..N)
+        .map(|i| {
+            let run = RunKey::new(job(&format!("fin-{i}")), base);
+            lease_claim(run, Token::generate(), "a")
+        })
+        .collect();
+    store.claim_many(&held).await.unwrap().all().unwrap();
+    let broken_live = anarchon_redis::job_key(store.prefix(), &held[7].run().job, "live");
+    let mut conn = raw(&common::url().await).await;
+    let _: () = redis::cmd("SET")
+        .arg(&broken_live)
+        .arg("not a sorted set")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let run = |i: usize| held[i].run().clone();
+    let own = |i: usize| held[i].claim.token;
+    let retried = RunOutcome::Failed {
+        error: "flaky".into(),
+        retry: Some(anarchon_core::RetryPlan {
+            after: Duration::from_secs(5),
+            before: anarchon_core::Timestamp::from_millis(base.as_millis() + 3_600_000),
+        }),
+    };
+    let never_claimed = RunKey::new(job("fin-none"), base);
+    let mut burst = vec![
+        (run(0), Token::generate(), RunOutcome::Succeeded),
+        (run(1), own(1), retried),
+        (run(2), own(2), RunOutcome::Succeeded),
+        (run(2), own(2), RunOutcome::Succeeded),
+        (never_claimed, Token::generate(), RunOutcome::Succeeded),
+    ];
+    burst.extend((3..N).map(|i| (run(i), own(i), RunOutcome::Succeeded)));
+    proxy.take();
+    let answers = futures::future::join_all(
+        burst
+            .iter()
+            .map(|(run, token, end)| store.finish(run, *token, end.clone())),
+    )
+    .await;
+    let sent = proxy.take();
+    assert_eq!(
+        (sent.round_trips, sent.count("EVALSHA"), sent.commands.len()),
+        (1, 2, 2),
+        "{} finishes: two scripts in one round trip, {sent:?}",
+        burst.len()
+    );
+    for ((run, _, _), answer) in burst.iter().zip(answers) {
+        let i = held.iter().position(|c| c.run() == run);
+        match i {
+            None | Some(0) => assert_eq!(answer.unwrap(), anarchon_core::Renewal::Fenced, "{run}"),
+            Some(7) => {
+                let err = answer.unwrap_err();
+                assert!(err.to_string().contains(&broken_live), "{err}");
+            }
+            Some(_) => assert_eq!(answer.unwrap(), anarchon_core::Renewal::Renewed, "{run}"),
+        }
+    }
+    let record = |i: usize| {
+        let (store, job) = (&store, held[i].run().job.clone());
+        async move { store.history(&job, 1).await.unwrap().remove(0) }
+    };
+    assert_eq!(
+        record(0).await.state,
+        RecordState::Running,
+        "fenced: unchanged"
+    );
+    let failed = record(1).await;
+    assert_eq!(failed.state, RecordState::Finished(FinalState::Failed));
+    assert!(failed.retry_at.is_some(), "the retry is kept: {failed:?}");
+    assert_eq!(
+        record(7).await.state,
+        RecordState::Running,
+        "refused: unchanged"
+    );
+    for i in [2, 3, N - 1] {
+        assert_eq!(
+            record(i).await.state,
+            RecordState::Finished(FinalState::Succeeded)
+        );
+    }
+
+    // A finish alone is one script of its own.
+    proxy.take();
+    let fenced = store
+        .finish(&run(0), Token::generate(), RunOutcome::Succeeded)
+        .await
+        .unwrap();
+    assert_eq!(fenced, anarchon_core::Renewal::Fenced);
+    let alone = proxy.take();
+    assert_eq!(
+        (alone.round_trips, alone.commands.len()),
+        (1, 1),
+        "{alone:?}"
     );
 }
 

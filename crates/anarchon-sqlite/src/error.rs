@@ -272,17 +272,6 @@ pub(crate) fn store_error_when(
     store_error(&doing_when(options, doing, &e), e)
 }
 
-/// A copy of `error`, of the same kind, for a call it stopped (`doing`
-/// names that call). The copy does not carry the underlying error.
-pub(crate) fn copy_error(error: &StoreError, doing: &str) -> StoreError {
-    let message = format!("{doing}: {}", error.message());
-    match error.kind() {
-        anarchon_core::StoreErrorKind::Unavailable => StoreError::unavailable(BACKEND, message),
-        anarchon_core::StoreErrorKind::Invalid => StoreError::invalid(BACKEND, message),
-        _ => StoreError::protocol(BACKEND, message),
-    }
-}
-
 /// A value read back from the database that this crate never writes.
 pub(crate) fn bad_value(what: &'static str, value: impl std::fmt::Debug) -> StoreError {
     bad_stored(BadValue::new(what, value))

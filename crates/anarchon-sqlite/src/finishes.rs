@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use sqlx::SqlitePool;
 use sqlx::sqlite::SqliteArguments;
 
-use crate::error::{Class, classify, copy_error, described, doing_when, store_error_when};
+use crate::error::{Class, classify, described, doing_when, store_error_when};
 use crate::options::SqliteOptions;
 use crate::sql::Sql;
 
@@ -136,13 +136,10 @@ impl FinishGroup {
         let mut stopped: Option<usize> = None;
         for finish in group {
             let answer = match stopped.and_then(|i| answers[i].as_ref().err()) {
-                Some(error) => Err(copy_error(
-                    error,
-                    &format!(
-                        "{}: not sent, the store failed an earlier finish",
-                        action_for(&finish.run)
-                    ),
-                )),
+                Some(error) => Err(error.copied(&format!(
+                    "{}: not sent, the store failed an earlier finish",
+                    action_for(&finish.run)
+                ))),
                 None => self.alone(finish).await,
             };
             if stopped.is_none() && answer.as_ref().is_err_and(StoreError::is_temporary) {
