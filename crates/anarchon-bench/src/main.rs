@@ -810,6 +810,15 @@ async fn run_all(args: &[String]) -> Result<()> {
                 .collect(),
         }
     };
+    // A misspelt name is refused before anything is measured, not after
+    // the other backends' half hour.
+    if let Some(unknown) = backends
+        .iter()
+        .chain(&fleet_backends)
+        .find(|b| !BACKENDS.split(", ").any(|known| known == b.as_str()))
+    {
+        bail!("unknown backend {unknown:?}: {BACKENDS}");
+    }
     let defaults = fleet::FleetSettings::new(quick);
     let fleet_settings = fleet::FleetSettings {
         processes: number_arg(args, "--fleet-processes", defaults.processes)?,
@@ -827,21 +836,21 @@ async fn run_all(args: &[String]) -> Result<()> {
         race_finish: args.iter().any(|a| a == "--race-finish"),
         ..Settings::new(quick)
     };
+    // A backend whose measurement fails is reported at the end; the others
+    // are still measured, printed and written (a store that stops
+    // answering halfway through a long run costs only its own figures).
+    let mut failed: Vec<String> = Vec::new();
+    let mut fail = |what: String, e: anyhow::Error| {
+        eprintln!("== {what}: FAILED: {e:#} (going on with the next) ==");
+        failed.push(format!("{what}: {e:#}"));
+    };
     let mut all = Vec::new();
     for name in &backends {
         eprintln!("== {name} ==");
-        let target = make_target(name, None).await?;
-        let mut f = Figures {
-            backend: target.name().into(),
-            counted_by: target.counted_by().into(),
-            lease_store: target.instance().await?.as_lease_store().is_some(),
-            ..Figures::default()
-        };
-        let measured = measure(target.as_ref(), &s, &mut f).await;
-        // What the measurement stored goes, even when a figure failed.
-        target.cleanup().await;
-        measured?;
-        all.push(f);
+        match single_process(name, &s).await {
+            Ok(f) => all.push(f),
+            Err(e) => fail(name.clone(), e),
+        }
     }
     let mut fleet_all = Vec::new();
     for name in &fleet_backends {
@@ -849,7 +858,10 @@ async fn run_all(args: &[String]) -> Result<()> {
             "== fleet: {name} ({} processes × {} jobs, {} s) ==",
             fleet_settings.processes, fleet_settings.jobs, fleet_settings.secs
         );
-        fleet_all.push(fleet::measure(name, &fleet_settings).await?);
+        match fleet::measure(name, &fleet_settings).await {
+            Ok(f) => fleet_all.push(f),
+            Err(e) => fail(format!("fleet: {name}"), e),
+        }
     }
     if !all.is_empty() {
         println!("{}", table(&all, &s));
@@ -863,7 +875,29 @@ async fn run_all(args: &[String]) -> Result<()> {
     let fleet_part = (!fleet_all.is_empty()).then(|| fleet::json(&fleet_all, &fleet_settings));
     std::fs::write(&out_path, json(&all, &s, fleet_part))?;
     println!("results written to {out_path}");
+    if !failed.is_empty() {
+        bail!(
+            "{} measurement(s) failed, so the results lack them:\n  {}",
+            failed.len(),
+            failed.join("\n  ")
+        );
+    }
     Ok(())
+}
+
+/// The single-process figures of backend `name`; what the measurement
+/// stored is cleaned up even when a figure failed.
+async fn single_process(name: &str, s: &Settings) -> Result<Figures> {
+    let target = make_target(name, None).await?;
+    let mut f = Figures {
+        backend: target.name().into(),
+        counted_by: target.counted_by().into(),
+        lease_store: target.instance().await?.as_lease_store().is_some(),
+        ..Figures::default()
+    };
+    let measured = measure(target.as_ref(), s, &mut f).await;
+    target.cleanup().await;
+    measured.map(|()| f)
 }
 
 #[tokio::main]
