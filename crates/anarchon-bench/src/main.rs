@@ -815,7 +815,7 @@ async fn run_all(args: &[String]) -> Result<()> {
     if let Some(unknown) = backends
         .iter()
         .chain(&fleet_backends)
-        .find(|b| !BACKENDS.split(", ").any(|known| known == b.as_str()))
+        .find(|b| !is_backend(b))
     {
         bail!("unknown backend {unknown:?}: {BACKENDS}");
     }
@@ -883,6 +883,12 @@ async fn run_all(args: &[String]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether `name` names a backend [`make_target`] knows: one of
+/// [`BACKENDS`], or `pg` / `amqp` for PostgreSQL / RabbitMQ.
+fn is_backend(name: &str) -> bool {
+    matches!(name, "pg" | "amqp") || BACKENDS.split(", ").any(|known| known == name)
 }
 
 /// The single-process figures of backend `name`; what the measurement

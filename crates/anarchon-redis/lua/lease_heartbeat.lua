@@ -29,7 +29,7 @@
 -- write is to the live set, through read(), so a live set of the wrong type
 -- stops the step before anything is changed.
 
-local slot, token, step = ARGV[1], ARGV[2], ARGV[3]
+local slot, token, which = ARGV[1], ARGV[2], ARGV[3]
 
 local raw, refused = read('HGET', KEYS[1], 'hash', slot)
 if refused then return redis.error_reply(refused) end
@@ -42,7 +42,7 @@ if rec.token ~= token then return {0, now} end
 if rec.state ~= 'running' then
   -- A finish sent again by the token that finished the run, with the same
   -- end: it was recorded (its answer was lost); nothing changes.
-  if step == 'finish' and rec.state == ARGV[4] then return {1, now} end
+  if which == 'finish' and rec.state == ARGV[4] then return {1, now} end
   return {0, now}
 end
 -- The step's first write, to the live set: an error when it is not one.
@@ -52,21 +52,21 @@ local function live(command, ...)
 end
 local wrong
 
-if step == 'renew' then
+if which == 'renew' then
   local lease_until = now + tonumber(ARGV[4])
   rec.lease = int(lease_until)
   wrong = live('ZADD', int(lease_until), slot)
-elseif step == 'release' then
+elseif which == 'release' then
   -- A lease is alive while its end >= now: one millisecond ago has run out.
   rec.lease = int(now - 1)
   wrong = live('ZADD', int(now - 1), slot)
-elseif step == 'give_back' then
+elseif which == 'give_back' then
   -- Released before the handler started: no holder tells the next
   -- takeover that this attempt was not used.
   rec.lease = int(now - 1)
   rec.token = nil
   wrong = live('ZADD', int(now - 1), slot)
-elseif step == 'finish' then
+elseif which == 'finish' then
   rec.state = ARGV[4]
   rec.finished = int(now)
   if ARGV[5] == '1' then rec.error = ARGV[6] else rec.error = nil end
@@ -86,7 +86,7 @@ elseif step == 'finish' then
     wrong = live('ZREM', slot)
   end
 else
-  return redis.error_reply('ERR anarchon: unknown step ' .. step)
+  return redis.error_reply('ERR anarchon: unknown step ' .. which)
 end
 if wrong then return redis.error_reply(wrong) end
 redis.call('HSET', KEYS[1], slot, cjson.encode(rec))

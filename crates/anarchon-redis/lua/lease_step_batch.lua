@@ -1,10 +1,10 @@
 -- anarchon, Redis `lease` strategy: runner steps, one or many in one script.
 -- The Rust side sends lease_prelude.lua, then lease_heartbeat.lua as the
 -- body of `local function step(KEYS, ARGV)`, then this file (see
--- `src/lease.rs`). The store sends its finishes through it: on a single
--- Redis those that wait while one script is in flight go together, up to
--- a hundred a script; on a Redis Cluster the runs of different jobs lie in
--- different hash slots, so there each script carries one.
+-- `src/lease.rs`). A store on a single Redis sends its finishes through
+-- it: those that wait while one script is in flight go together, up to a
+-- hundred a script. (On a Redis Cluster the runs of different jobs lie on
+-- different nodes, and each finish is sent alone, by lease_heartbeat.lua.)
 --
 -- Why: the runs of one instant end together, and a finish sent alone paid
 -- an EVALSHA and a TIME of its own around the few commands that record it.

@@ -93,9 +93,10 @@ const CLAIMS_PER_SCRIPT: usize = 100;
 /// one round trip. On a single Redis a batch's claims share one script call
 /// (up to a hundred claims each, every claim answered on its own), so the
 /// claims that lose in a fleet add one field read each, not an `EVALSHA`
-/// and a `TIME`; on a Redis Cluster each claim is its own script. Finishes
-/// that arrive while one is in flight go together in the next script call
-/// the same way. The claim
+/// and a `TIME`; on a Redis Cluster each claim is its own script. On a
+/// single Redis, finishes that arrive while one is in flight go together
+/// in the next script call the same way; on a cluster each finish is sent
+/// alone, as it comes. The claim
 /// follows the flowchart of [`MemoryStore`](anarchon_core::MemoryStore)
 /// step by step.
 ///
@@ -132,6 +133,10 @@ const CLAIMS_PER_SCRIPT: usize = 100;
 /// Each call is one script, which Redis runs whole or not at all. If the
 /// future is dropped after sending, the step may have happened; sending the
 /// same claim again (same token) answers `Won` for the caller's own claim.
+/// On a single Redis a finish is sent by the store's own task (finishes
+/// that arrive together go in one script), so a finish whose future is
+/// dropped may still be recorded, even if it had not been sent yet; sent
+/// again with the same token and end, it gets the same answer.
 pub struct RedisLeaseStore {
     link: Arc<Link>,
     /// Finishes: those that arrive together share one script call.
@@ -784,7 +789,7 @@ impl LeaseStore for RedisLeaseStore {
             _ => (String::new(), String::new()),
         };
         let (state, error) = outcome.into_record();
-        let args = vec![
+        let mut args = vec![
             run.slot.as_millis().to_string(),
             token.to_string(),
             "finish".to_owned(),
@@ -795,6 +800,15 @@ impl LeaseStore for RedisLeaseStore {
             before,
             NOT_RETRIED.to_owned(),
         ];
+        if self.link.is_cluster() {
+            // The runs of different jobs lie on different nodes: grouped,
+            // one slow node would hold up the finishes bound for the
+            // others, and a script of one finish saves nothing.
+            let extra = args.split_off(3);
+            return self
+                .step(run, token, "finish", extra, "finishing a run")
+                .await;
+        }
         let finish = Finish {
             run: run.clone(),
             args,

@@ -276,7 +276,9 @@ async fn finishes_sent_together_are_one_round_trip_each_answered_for_its_run() {
         (run(2), own(2), RunOutcome::Succeeded),
         (never_claimed, Token::generate(), RunOutcome::Succeeded),
     ];
-    burst.extend((3..N).map(|i| (run(i), own(i), RunOutcome::Succeeded)));
+    // A stranger's token in the second script too: answers stay in place.
+    let token = |i: usize| if i == 120 { Token::generate() } else { own(i) };
+    burst.extend((3..N).map(|i| (run(i), token(i), RunOutcome::Succeeded)));
     proxy.take();
     let answers = futures::future::join_all(
         burst
@@ -294,7 +296,9 @@ async fn finishes_sent_together_are_one_round_trip_each_answered_for_its_run() {
     for ((run, _, _), answer) in burst.iter().zip(answers) {
         let i = held.iter().position(|c| c.run() == run);
         match i {
-            None | Some(0) => assert_eq!(answer.unwrap(), anarchon_core::Renewal::Fenced, "{run}"),
+            None | Some(0) | Some(120) => {
+                assert_eq!(answer.unwrap(), anarchon_core::Renewal::Fenced, "{run}")
+            }
             Some(7) => {
                 let err = answer.unwrap_err();
                 assert!(err.to_string().contains(&broken_live), "{err}");
@@ -319,7 +323,12 @@ async fn finishes_sent_together_are_one_round_trip_each_answered_for_its_run() {
         RecordState::Running,
         "refused: unchanged"
     );
-    for i in [2, 3, N - 1] {
+    assert_eq!(
+        record(120).await.state,
+        RecordState::Running,
+        "fenced: unchanged"
+    );
+    for i in [2, 3, 119, 121, N - 1] {
         assert_eq!(
             record(i).await.state,
             RecordState::Finished(FinalState::Succeeded)

@@ -6,10 +6,11 @@
 //! it, so the finishes that arrive while one script is in flight go in the
 //! next (`lua/lease_step_batch.lua`, up to [`STEPS_PER_SCRIPT`] a script,
 //! every script of a group in one round trip), each decided and answered
-//! for its own run and token by `lua/lease_heartbeat.lua`. On a Redis
-//! Cluster the runs of different jobs lie in different hash slots, so there
-//! each script carries one finish (the scripts of a group still go
-//! together, one pipeline per node).
+//! for its own run and token by `lua/lease_heartbeat.lua`. A store on a
+//! Redis Cluster does not group its finishes: the runs of different jobs
+//! lie on different nodes, so a script would carry one finish anyway, and a
+//! group waiting for one slow node would hold up the finishes bound for the
+//! others.
 
 use std::sync::Arc;
 
@@ -76,6 +77,8 @@ impl Group for FinishGroup {
     const MOST: usize = 1000;
 
     async fn send(&self, finishes: Vec<Finish>) -> Vec<Self::Answer> {
+        // (The store sends no finish here on a cluster; should one come,
+        // each script carries one, for its own hash slot.)
         let per_script = if self.link.is_cluster() {
             1
         } else {
