@@ -58,6 +58,14 @@ impl std::fmt::Display for Unanswered {
 
 impl std::error::Error for Unanswered {}
 
+impl Unanswered {
+    /// The temporary [`StoreError`](crate::StoreError) of `backend` for
+    /// the call `doing` names: it may be sent again.
+    pub fn store_error(self, backend: &'static str, doing: &str) -> crate::StoreError {
+        crate::StoreError::unavailable(backend, format!("{doing}: {self}"))
+    }
+}
+
 /// The calls of one kind of one store handle: those waiting, and whether
 /// a send is in flight.
 pub struct GroupCommit<G: Group> {
@@ -250,6 +258,17 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(10), sent)
             .await
             .unwrap_or_else(|_| panic!("{n} sends were never made"));
+    }
+
+    #[test]
+    fn an_unanswered_call_is_a_temporary_store_error_naming_it() {
+        let e = Unanswered.store_error("pg", "recording the end of a@1");
+        assert!(e.is_temporary(), "{e}");
+        assert!(
+            e.message()
+                .starts_with("recording the end of a@1: it got no answer"),
+            "{e}"
+        );
     }
 
     #[tokio::test]

@@ -140,7 +140,9 @@ const CLAIMS_PER_SCRIPT: usize = 100;
 pub struct RedisLeaseStore {
     link: Arc<Link>,
     /// Finishes: those that arrive together share one script call.
-    finishes: Arc<Finishes>,
+    /// Finishes, on a single Redis: those that arrive together share one
+    /// script call. `None` on a cluster, where each finish goes alone.
+    finishes: Option<Arc<Finishes>>,
     prefix: KeyPrefix,
     /// Jobs known to be in `{p}:jobs`, for the connection generation.
     registered: Mutex<(u64, HashSet<JobName>)>,
@@ -193,7 +195,11 @@ impl RedisLeaseStore {
     /// eviction policy the options refuse.
     pub async fn connect(opts: &RedisOptions) -> Result<Self, Error> {
         let link = Arc::new(Link::connect(opts, BACKEND, &SCRIPTS).await?);
-        let finishes = Finishes::new(FinishGroup::new(link.clone(), opts.prefix.clone()));
+        // On a cluster the runs of different jobs lie on different nodes:
+        // a group would wait for its slowest node, and a script there
+        // carries one finish anyway.
+        let finishes = (!link.is_cluster())
+            .then(|| Finishes::new(FinishGroup::new(link.clone(), opts.prefix.clone())));
         // On a cluster, a `PUBLISH` on any node reaches the subscribers of
         // every node: the subscription takes the seeds in turn, the next one
         // each time it is lost (its node may be the one that failed).
@@ -789,10 +795,7 @@ impl LeaseStore for RedisLeaseStore {
             _ => (String::new(), String::new()),
         };
         let (state, error) = outcome.into_record();
-        let mut args = vec![
-            run.slot.as_millis().to_string(),
-            token.to_string(),
-            "finish".to_owned(),
+        let extra = vec![
             state.as_str().to_owned(),
             if error.is_some() { "1" } else { "0" }.to_owned(),
             error.unwrap_or_default(),
@@ -800,28 +803,24 @@ impl LeaseStore for RedisLeaseStore {
             before,
             NOT_RETRIED.to_owned(),
         ];
-        if self.link.is_cluster() {
-            // The runs of different jobs lie on different nodes: grouped,
-            // one slow node would hold up the finishes bound for the
-            // others, and a script of one finish saves nothing.
-            let extra = args.split_off(3);
+        let Some(finishes) = &self.finishes else {
             return self
                 .step(run, token, "finish", extra, "finishing a run")
                 .await;
-        }
+        };
+        let mut args = vec![
+            run.slot.as_millis().to_string(),
+            token.to_string(),
+            "finish".to_owned(),
+        ];
+        args.extend(extra);
         let finish = Finish {
             run: run.clone(),
             args,
         };
-        self.finishes
-            .call(finish)
-            .await
-            .unwrap_or_else(|unanswered| {
-                Err(StoreError::unavailable(
-                    BACKEND,
-                    format!("finishing {run}: {unanswered}"),
-                ))
-            })
+        finishes.call(finish).await.unwrap_or_else(|unanswered| {
+            Err(unanswered.store_error(BACKEND, &format!("finishing {run}")))
+        })
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {

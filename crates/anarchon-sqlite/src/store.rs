@@ -272,12 +272,7 @@ impl LeaseStore for SqliteStore {
         self.finishes
             .call(finish)
             .await
-            .unwrap_or_else(|unanswered| {
-                Err(StoreError::unavailable(
-                    BACKEND,
-                    format!("{}: {unanswered}", action_for(run)),
-                ))
-            })
+            .unwrap_or_else(|unanswered| Err(unanswered.store_error(BACKEND, &action_for(run))))
     }
 
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {

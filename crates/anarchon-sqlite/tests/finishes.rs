@@ -10,28 +10,14 @@ mod common;
 use std::time::Duration;
 
 use anarchon_core::{
-    ClaimOutcome, ClaimRequest, FinalState, InstanceId, JobName, LeaseClaim, LeaseStore,
-    MaxAttempts, Overlap, RecordState, Renewal, RetryPlan, RunKey, RunOutcome, Slot,
-    StoreErrorKind, Timestamp, Token,
+    ClaimOutcome, FinalState, JobName, LeaseClaim, LeaseStore, RecordState, Renewal, RetryPlan,
+    RunKey, RunOutcome, Slot, StoreErrorKind, Timestamp, Token,
 };
 use anarchon_sqlite::SqliteStore;
+use anarchon_testkit::claim::job;
+use anarchon_testkit::lease::lease_claim;
 use common::SqliteFactory;
 use futures::future::join_all;
-
-fn claim(job: &str, slot: Slot) -> LeaseClaim {
-    LeaseClaim {
-        claim: ClaimRequest {
-            run: RunKey::new(JobName::new(job).expect("job name"), slot),
-            token: Token::generate(),
-            instance: InstanceId::new("test").expect("instance id"),
-            max_late: Duration::from_secs(60),
-        },
-        lease: Duration::from_secs(30),
-        overlap: Overlap::Allow,
-        max_attempts: MaxAttempts::DEFAULT,
-        rerun_paused: false,
-    }
-}
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -45,7 +31,13 @@ async fn held(store: &SqliteStore, prefix: &str, n: usize) -> Vec<LeaseClaim> {
     let now = now_ms();
     let slot = Slot::from_millis(now - now.rem_euclid(1000));
     let held: Vec<LeaseClaim> = (0..n)
-        .map(|i| claim(&format!("{prefix}-{i}"), slot))
+        .map(|i| {
+            lease_claim(
+                RunKey::new(job(&format!("{prefix}-{i}")), slot),
+                Token::generate(),
+                "test",
+            )
+        })
         .collect();
     let outcomes = anarchon_testkit::fleet::outcomes_of_a_batch(store, &held).await;
     assert!(

@@ -6,11 +6,11 @@
 //! it, so the finishes that arrive while one script is in flight go in the
 //! next (`lua/lease_step_batch.lua`, up to [`STEPS_PER_SCRIPT`] a script,
 //! every script of a group in one round trip), each decided and answered
-//! for its own run and token by `lua/lease_heartbeat.lua`. A store on a
-//! Redis Cluster does not group its finishes: the runs of different jobs
-//! lie on different nodes, so a script would carry one finish anyway, and a
-//! group waiting for one slow node would hold up the finishes bound for the
-//! others.
+//! for its own run and token by `lua/lease_heartbeat.lua`. Only a store on
+//! a single Redis has a group: on a Redis Cluster the runs of different
+//! jobs lie on different nodes, so a script would carry one finish anyway,
+//! and a group waiting for one slow node would hold up the finishes bound
+//! for the others.
 
 use std::sync::Arc;
 
@@ -77,21 +77,14 @@ impl Group for FinishGroup {
     const MOST: usize = 1000;
 
     async fn send(&self, finishes: Vec<Finish>) -> Vec<Self::Answer> {
-        // (The store sends no finish here on a cluster; should one come,
-        // each script carries one, for its own hash slot.)
-        let per_script = if self.link.is_cluster() {
-            1
-        } else {
-            STEPS_PER_SCRIPT
-        };
         let calls: Vec<Call> = finishes
-            .chunks(per_script)
+            .chunks(STEPS_PER_SCRIPT)
             .map(|chunk| self.call(chunk))
             .collect();
         match self.link.eval(&[], &calls, Durable::Yes, DURING).await {
             Ok(replies) => replies
                 .into_iter()
-                .zip(finishes.chunks(per_script))
+                .zip(finishes.chunks(STEPS_PER_SCRIPT))
                 .flat_map(|(reply, chunk)| unbatch(reply, chunk.len(), "steps", DURING, renewal))
                 .map(|answer| answer.map_err(store_err))
                 .collect(),
