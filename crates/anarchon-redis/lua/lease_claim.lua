@@ -1,47 +1,48 @@
 -- anarchon, Redis `lease` strategy: the claim flowchart as one atomic step
 -- on Redis's own clock (TIME).
--- This file is the body of `local function claim(KEYS, ARGV, memo)`, which
+-- This file is the body of
+-- `local function claim(K, k, A, a, memo, namespace_paused)`, which
 -- lease_claim_batch.lua calls once per claim of a batch (see
--- `src/lease.rs`). memo is a table shared by the claims of one script:
--- what they read that no claim writes (the pauses) is read once.
+-- `src/lease.rs`). The claim's keys are K[k + 1 .. k + 7] and its
+-- arguments A[a + 1 .. a + 8]: the batch's own KEYS and ARGV, read in
+-- place, so a claim costs no tables of its own. memo is a table shared by
+-- the claims of one script: what they read that no claim writes (the
+-- pauses) is read once. namespace_paused() tells whether the pause of
+-- every job holds at now (and why not, when it cannot be read).
 -- Mirrors: anarchon_core::decide::claim, steps 1-6 (TIME is read up front
 -- and the pauses are read in the same script, so as decide::claim_at; the
 -- live runs only for `overlap = skip` and `buffer-one`, the waiting slot
 -- only for `buffer-one`), and what anarchon_core::MemoryStore's claim_one
 -- writes for each decision.
 --
--- KEYS[1] runs   hash: slot -> run record (JSON)
--- KEYS[2] slots  sorted set: every recorded slot, scored by its instant
--- KEYS[3] live   sorted set: the live slots, scored by when they stop being
---         live: running ones by their lease end, failed ones whose retry is
---         pending by the retry's due time. A running run stays in it until
---         it ends (finished, interrupted, replaced or collected), whatever
---         its lease, so `replace` finds every run still going here.
--- KEYS[4] fence  counter: the job's last fence (never deleted)
--- KEYS[5] window string: the longest max_late (ms) of the job's claims,
---         which garbage collection keeps the job's runs for (never deleted)
--- KEYS[6] the job's pause        hash: since, until (absent: until resumed), reason, by
--- KEYS[7] the namespace's pause  hash, the same fields ({p}:pause). In Redis
---         Cluster it lies in another hash slot than the job's keys: there
---         the caller reads it just before and passes it as ARGV[9..11],
---         and KEYS[7] names the job's own pause (not read for this).
--- KEYS[8] waiting sorted set: the slots recorded `waiting` (buffer-one),
---         scored by the end of their wait (the record's lease); at most
---         one whose wait has not ended, by construction
--- ARGV[1] slot (ms)  ARGV[2] token  ARGV[3] instance  ARGV[4] max_late (ms)
--- ARGV[5] lease (ms) ARGV[6] the overlap rule: 'allow', 'skip', 'replace'
--- or 'buffer-one' (anarchon_core::Overlap::as_str)  ARGV[7] max_attempts
--- ARGV[8] '1' if the claim may start a slot recorded `paused` (a backfill)
--- ARGV[9] 'given' when the namespace's pause comes as arguments (Redis
---         Cluster), absent otherwise  ARGV[10] its since ('' for no pause)
--- ARGV[11] its until ('' for until resumed)
+-- Keys:
+-- k + 1 runs    hash: slot -> run record (JSON)
+-- k + 2 slots   sorted set: every recorded slot, scored by its instant
+-- k + 3 live    sorted set: the live slots, scored by when they stop being
+--       live: running ones by their lease end, failed ones whose retry is
+--       pending by the retry's due time. A running run stays in it until
+--       it ends (finished, interrupted, replaced or collected), whatever
+--       its lease, so `replace` finds every run still going here.
+-- k + 4 fence   counter: the job's last fence (never deleted)
+-- k + 5 window  string: the longest max_late (ms) of the job's claims,
+--       which garbage collection keeps the job's runs for (never deleted)
+-- k + 6 the job's pause  hash: since, until (absent: until resumed),
+--       reason, by
+-- k + 7 waiting sorted set: the slots recorded `waiting` (buffer-one),
+--       scored by the end of their wait (the record's lease); at most
+--       one whose wait has not ended, by construction
+-- Arguments:
+-- a + 1 slot (ms)  a + 2 token  a + 3 instance  a + 4 max_late (ms)
+-- a + 5 lease (ms)  a + 6 the overlap rule: 'allow', 'skip', 'replace' or
+-- 'buffer-one' (anarchon_core::Overlap::as_str)  a + 7 max_attempts
+-- a + 8 '1' if the claim may start a slot recorded `paused` (a backfill)
 --
--- Returns {kind, attempt, fence, lease_until, now, state, earlier}; kind is
--- one of won, running, done, late, overlap, missed (this claim recorded
+-- Returns six values: kind, attempt, fence, lease_until, state, earlier
+-- (lease_claim_batch.lua puts them in its answer), or an error reply. kind
+-- is one of won, running, done, late, overlap, missed (this claim recorded
 -- the slot missed), interrupted (this claim ended the run so). earlier is
--- the run's past
--- attempts as JSON for a won answer (the Rust side tells from it how the
--- attempt came to run), '' otherwise and for none.
+-- the run's past attempts as JSON for a won answer (the Rust side tells
+-- from it how the attempt came to run), '' otherwise and for none.
 --
 -- A record's fields (all text but earlier): state, attempt, token, fence,
 -- instance, started, finished, lease (its end; for a `waiting` slot the
@@ -52,8 +53,8 @@
 -- Runs after lease_prelude.lua (check, read, int, now).
 --
 -- Most claims of a slot find it running or ended: in a fleet of N, N - 1
--- claims lose. Those read one field and write nothing, so they check no
--- key's type: Redis itself refuses to read a run hash of the wrong type.
+-- claims lose. Those read one field and write nothing (see the losers'
+-- path below), so they check no key's type: Redis itself refuses to read a run hash of the wrong type.
 -- No claim asks a key's TYPE. A key that is read before the first write
 -- (the runs, the late window, the pauses, the live and waiting sets where
 -- the overlap rule reads them) is checked by that read; the keys that are
@@ -64,18 +65,42 @@
 -- listed in `slots` with no record (readers and garbage collection pass
 -- over such a slot).
 
-local slot, token, instance = ARGV[1], ARGV[2], ARGV[3]
-local max_late, lease = tonumber(ARGV[4]), tonumber(ARGV[5])
-local rule = ARGV[6]
-local max_attempts = tonumber(ARGV[7])
+local runs_key, slots_key, live_key = K[k + 1], K[k + 2], K[k + 3]
+local fence_key, window_key, job_pause_key, waiting_key = K[k + 4], K[k + 5], K[k + 6], K[k + 7]
+local slot, token, instance = A[a + 1], A[a + 2], A[a + 3]
+local max_late, lease = tonumber(A[a + 4]), tonumber(A[a + 5])
+local rule = A[a + 6]
+local max_attempts = tonumber(A[a + 7])
 
 local rec = nil
-local raw, refused = read('HGET', KEYS[1], 'hash', slot)
+local raw, refused = read('HGET', runs_key, 'hash', slot)
 if refused then return redis.error_reply(refused) end
+-- The losers' path. In a fleet most claims find someone else's run going
+-- or just ended, and decoding its record cost them more than anything
+-- else they do. A record that is not ours (our token is nowhere in it)
+-- and says it is running with a live lease, or that it succeeded, is
+-- answered from its text. This path only answers; it never writes, so it
+-- cannot make a second winner: anything it does not recognise goes the
+-- full way below. The text is read soundly: records are written by
+-- cjson.encode alone, and inside a JSON string every '"' is escaped, so
+-- '":"' only ever lies between a key and its string value. The record's
+-- own `state` and `lease` are then the only places the searched texts can
+-- be (no attempt in `earlier` has either key).
+if raw and not string.find(raw, token, 1, true) then
+  if string.find(raw, '"state":"running"', 1, true) then
+    local at = string.find(raw, '"lease":"', 1, true)
+    local lease_until = at and tonumber(string.match(raw, '^%d+', at + 9))
+    if lease_until and lease_until >= now then
+      return 'running', 0, 0, lease_until, 'running', ''
+    end
+  elseif string.find(raw, '"state":"succeeded"', 1, true) then
+    return 'done', 0, 0, 0, 'succeeded', ''
+  end
+end
 if raw then
   local ok, decoded = pcall(cjson.decode, raw)
   if not ok or type(decoded) ~= 'table' then
-    return redis.error_reply('ERR anarchon: the record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' is not valid JSON')
+    return redis.error_reply('ERR anarchon: the record of slot ' .. slot .. ' in ' .. runs_key .. ' is not valid JSON')
   end
   rec = decoded
 end
@@ -85,7 +110,7 @@ local state = rec and rec.state or nil
 -- or (for a backfill) a `paused` one. Only such a claim reads or writes the
 -- waiting set, so only it checks that key's type (before anything is
 -- written): a claim that finds a running run costs what it did.
-local rerun_paused = state == 'paused' and ARGV[8] == '1'
+local rerun_paused = state == 'paused' and A[a + 8] == '1'
 local not_yet_run = state == nil or state == 'missed' or state == 'waiting' or rerun_paused
 
 -- The answers that write nothing: steps 1 (ended, or a retry not yet
@@ -94,31 +119,30 @@ local attempt, fence, lease_until
 if state == 'running' then
   attempt, fence, lease_until = tonumber(rec.attempt), tonumber(rec.fence), tonumber(rec.lease)
   if not attempt or not fence or not lease_until then
-    return redis.error_reply('ERR anarchon: the running record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' lacks attempt, fence or lease')
+    return redis.error_reply('ERR anarchon: the running record of slot ' .. slot .. ' in ' .. runs_key .. ' lacks attempt, fence or lease')
   end
   -- 2. Our own claim, sent again (with the past attempts, as every won
   -- answer: '' for none).
   if rec.token == token then
-    return {'won', attempt, fence, lease_until, now, 'running',
-            rec.earlier and cjson.encode(rec.earlier) or ''}
+    return 'won', attempt, fence, lease_until, 'running', rec.earlier and cjson.encode(rec.earlier) or ''
   end
   -- 3. Someone else's live lease.
   if lease_until >= now then
-    return {'running', attempt, fence, lease_until, now, 'running', ''}
+    return 'running', attempt, fence, lease_until, 'running', ''
   end
 elseif not not_yet_run then
   -- 1. Finished (succeeded, failed, interrupted, skipped, paused,
   -- replaced): done, except a failed run whose retry is pending. That one
   -- counts as still going until the retry is due.
   if state ~= 'failed' or rec.retry_at == nil then
-    return {'done', 0, 0, 0, now, state, ''}
+    return 'done', 0, 0, 0, state, ''
   end
   local retry_at = tonumber(rec.retry_at)
   if not retry_at then
-    return redis.error_reply('ERR anarchon: the failed record of slot ' .. slot .. ' in ' .. KEYS[1] .. ' has a retry_at that is not a number')
+    return redis.error_reply('ERR anarchon: the failed record of slot ' .. slot .. ' in ' .. runs_key .. ' has a retry_at that is not a number')
   end
   if now < retry_at then
-    return {'running', 0, 0, retry_at, now, 'failed', ''}
+    return 'running', 0, 0, retry_at, 'failed', ''
   end
 end
 
@@ -126,9 +150,9 @@ end
 -- waiting set after its other writes, so that key is checked now, before
 -- any write (a rare path); every other key is checked by a read or by its
 -- first write (above).
-local bad = state == 'waiting' and check(KEYS[8], 'zset') or nil
+local bad = state == 'waiting' and check(waiting_key, 'zset') or nil
 if bad then return redis.error_reply(bad) end
-local stored, refused = read('GET', KEYS[5], 'string')
+local stored, refused = read('GET', window_key, 'string')
 if refused then return redis.error_reply(refused) end
 local window = tonumber(stored or '0') or 0
 
@@ -136,7 +160,7 @@ local window = tonumber(stored or '0') or 0
 -- its request time negated (anarchon_core::Slot::at), so history and
 -- collection go by time. (nil and why, when the key is not a sorted set.)
 local function list_slot()
-  local _, wrong = read('ZADD', KEYS[2], 'zset', math.abs(tonumber(slot)), slot)
+  local _, wrong = read('ZADD', slots_key, 'zset', math.abs(tonumber(slot)), slot)
   return wrong
 end
 
@@ -145,10 +169,10 @@ end
 local function put(r)
   -- The job's late window grows with the first record this claim writes.
   if max_late > window then
-    redis.call('SET', KEYS[5], int(max_late))
+    redis.call('SET', window_key, int(max_late))
     window = max_late
   end
-  redis.call('HSET', KEYS[1], slot, cjson.encode(r))
+  redis.call('HSET', runs_key, slot, cjson.encode(r))
 end
 
 -- Records an ending that holds no lease (paused, missed, skipped,
@@ -165,11 +189,11 @@ end
 -- wrong-typed one stops the claim before the record is written.
 -- (nil and why.)
 local function start(r, lease_until)
-  local fence, wrong = read('INCR', KEYS[4], 'string')
+  local fence, wrong = read('INCR', fence_key, 'string')
   if wrong then return nil, wrong end
   wrong = list_slot()
   if wrong then return nil, wrong end
-  local _, not_live = read('ZADD', KEYS[3], 'zset', int(lease_until), slot)
+  local _, not_live = read('ZADD', live_key, 'zset', int(lease_until), slot)
   if not_live then return nil, not_live end
   r.fence = int(fence)
   put(r)
@@ -179,24 +203,23 @@ end
 -- Whether the pause under `key` holds at now: there is one, and it lasts
 -- until resumed or ends after now.
 -- (nil and why, when the key is not a hash.)
--- Every claim of a batch that may start its slot asks about the
--- namespace's pause: it is read once per script (no claim writes a pause).
+-- A job's claims in one batch (manual runs beside the schedule's) read it
+-- once (no claim writes a pause).
 local function holds(key)
   local known = memo[key]
   if known ~= nil then return known end
   local pause, wrong = read('HMGET', key, 'hash', 'since', 'until')
   if wrong then return nil, wrong end
-  local held = false
-  if pause[1] then held = not pause[2] or now < tonumber(pause[2]) end
-  memo[key] = held
-  return held
+  local holds_now = held(pause[1], pause[2])
+  memo[key] = holds_now
+  return holds_now
 end
 
 -- Whether another run of the job is live: a lease end or a pending
 -- retry's due time >= now. At most two entries, one may be this slot.
 -- (nil and why, when the key is not a sorted set.)
 local function another_live()
-  local live, wrong = read('ZRANGEBYSCORE', KEYS[3], 'zset', int(now), '+inf', 'LIMIT', 0, 2)
+  local live, wrong = read('ZRANGEBYSCORE', live_key, 'zset', int(now), '+inf', 'LIMIT', 0, 2)
   if wrong then return nil, wrong end
   for _, other in ipairs(live) do
     if other ~= slot then return true end
@@ -210,7 +233,7 @@ if not_yet_run then
   -- Whatever a waiting slot becomes but waiting (paused, missed, skipped
   -- or running), it no longer waits.
   local function stop_waiting()
-    if waiting then redis.call('ZREM', KEYS[8], slot) end
+    if waiting then redis.call('ZREM', waiting_key, slot) end
   end
   -- Records the slot ended as `r` (it no longer waits). (nil and why.)
   local function end_as(r)
@@ -221,23 +244,18 @@ if not_yet_run then
   -- 5. The job or every job is paused: a fresh or waiting slot is recorded
   -- `paused` (nobody's, like a skipped one); a missed or paused slot stays
   -- so.
-  local job_paused, wrong = holds(KEYS[6])
+  local job_paused, wrong = holds(job_pause_key)
   if wrong then return redis.error_reply(wrong) end
-  local all_paused, wrong_all
-  if ARGV[9] == 'given' then
-    all_paused = ARGV[10] ~= '' and (ARGV[11] == '' or now < tonumber(ARGV[11]))
-  else
-    all_paused, wrong_all = holds(KEYS[7])
-  end
+  local all_paused, wrong_all = namespace_paused()
   if wrong_all then return redis.error_reply(wrong_all) end
   if job_paused or all_paused then
     if state == nil or waiting then
       local wrong = end_as({state = 'paused', finished = int(now)})
       if wrong then return redis.error_reply(wrong) end
-      return {'done', 0, 0, 0, now, 'paused', ''}
+      return 'done', 0, 0, 0, 'paused', ''
     end
-    if rerun_paused then return {'done', 0, 0, 0, now, 'paused', ''} end
-    return {'late', 0, 0, 0, now, '', ''}
+    if rerun_paused then return 'done', 0, 0, 0, 'paused', '' end
+    return 'late', 0, 0, 0, '', ''
   end
   -- 6. Late, overlapping, waiting, or it starts. A slot that waited past
   -- its max_late is missed like one never claimed.
@@ -246,9 +264,9 @@ if not_yet_run then
       local wrong = end_as({state = 'missed', finished = int(now)})
       if wrong then return redis.error_reply(wrong) end
       -- This claim recorded the miss: the one claimant told so.
-      return {'missed', 0, 0, 0, now, '', ''}
+      return 'missed', 0, 0, 0, '', ''
     end
-    return {'late', 0, 0, 0, now, '', ''}
+    return 'late', 0, 0, 0, '', ''
   end
   if rule == 'skip' then
     local live, wrong = another_live()
@@ -256,7 +274,7 @@ if not_yet_run then
     if live then
       wrong = end_as({state = 'skipped', finished = int(now)})
       if wrong then return redis.error_reply(wrong) end
-      return {'overlap', 0, 0, 0, now, '', ''}
+      return 'overlap', 0, 0, 0, '', ''
     end
   end
   if rule == 'buffer-one' then
@@ -265,17 +283,17 @@ if not_yet_run then
       -- the caller looks again a lease later.
       local live, wrong = another_live()
       if wrong then return redis.error_reply(wrong) end
-      if live then return {'running', 0, 0, now + lease, now, 'waiting', ''} end
+      if live then return 'running', 0, 0, now + lease, 'waiting', '' end
     else
       -- One slot waits at most: while another's wait lasts, this one is
       -- skipped, even if the live run has just ended.
-      local waits, wrong = read('ZRANGEBYSCORE', KEYS[8], 'zset', int(now), '+inf', 'LIMIT', 0, 2)
+      local waits, wrong = read('ZRANGEBYSCORE', waiting_key, 'zset', int(now), '+inf', 'LIMIT', 0, 2)
       if wrong then return redis.error_reply(wrong) end
       for _, other in ipairs(waits) do
         if other ~= slot then
           wrong = write({state = 'skipped', finished = int(now)})
           if wrong then return redis.error_reply(wrong) end
-          return {'overlap', 0, 0, 0, now, '', ''}
+          return 'overlap', 0, 0, 0, '', ''
         end
       end
       local live
@@ -286,8 +304,8 @@ if not_yet_run then
         local wait_until = math.abs(tonumber(slot)) + max_late
         wrong = write({state = 'waiting', lease = int(wait_until)})
         if wrong then return redis.error_reply(wrong) end
-        redis.call('ZADD', KEYS[8], int(wait_until), slot)
-        return {'running', 0, 0, now + lease, now, 'waiting', ''}
+        redis.call('ZADD', waiting_key, int(wait_until), slot)
+        return 'running', 0, 0, now + lease, 'waiting', ''
       end
     end
   end
@@ -299,16 +317,16 @@ if not_yet_run then
   -- a key that stops the start leaves them as they were.
   local ended = {}
   if rule == 'replace' then
-    local going, wrong = read('ZRANGEBYSCORE', KEYS[3], 'zset', '-inf', '+inf')
+    local going, wrong = read('ZRANGEBYSCORE', live_key, 'zset', '-inf', '+inf')
     if wrong then return redis.error_reply(wrong) end
     for _, other in ipairs(going) do
       if other ~= slot then
-        local other_raw = redis.call('HGET', KEYS[1], other)
+        local other_raw = redis.call('HGET', runs_key, other)
         local r = nil
         if other_raw then
           local ok, decoded = pcall(cjson.decode, other_raw)
           if not ok or type(decoded) ~= 'table' then
-            return redis.error_reply('ERR anarchon: the record of slot ' .. other .. ' in ' .. KEYS[1] .. ' is not valid JSON')
+            return redis.error_reply('ERR anarchon: the record of slot ' .. other .. ' in ' .. runs_key .. ' is not valid JSON')
           end
           r = decoded
         end
@@ -328,11 +346,11 @@ if not_yet_run then
       r.state = 'replaced'
       r.finished = int(now)
       r.retry_at = nil
-      redis.call('HSET', KEYS[1], other, cjson.encode(r))
+      redis.call('HSET', runs_key, other, cjson.encode(r))
     end
-    redis.call('ZREM', KEYS[3], other)
+    redis.call('ZREM', live_key, other)
   end
-  return {'won', 1, fence, lease_until, now, 'running', ''}
+  return 'won', 1, fence, lease_until, 'running', ''
 end
 
 -- 1, continued. A failed run whose retry is due: any claim starts the
@@ -360,8 +378,7 @@ if state ~= 'running' then
   local wrong
   fence, wrong = start(rec, lease_until)
   if wrong then return redis.error_reply(wrong) end
-  return {'won', attempt, fence, lease_until, now, 'running',
-          rec.earlier and cjson.encode(rec.earlier) or ''}
+  return 'won', attempt, fence, lease_until, 'running', rec.earlier and cjson.encode(rec.earlier) or ''
 end
 
 -- 4. The lease ran out. A run given back before its handler started (no
@@ -384,8 +401,7 @@ if given_back or attempt < max_attempts then
   local wrong
   fence, wrong = start(rec, lease_until)
   if wrong then return redis.error_reply(wrong) end
-  return {'won', attempt, fence, lease_until, now, 'running',
-          rec.earlier and cjson.encode(rec.earlier) or ''}
+  return 'won', attempt, fence, lease_until, 'running', rec.earlier and cjson.encode(rec.earlier) or ''
 end
 rec.state = 'interrupted'
 rec.finished = int(now)
@@ -393,8 +409,8 @@ rec.finished = int(now)
 -- set is checked by taking the slot out, before the record changes.
 local wrong = list_slot()
 if wrong then return redis.error_reply(wrong) end
-local _, not_live = read('ZREM', KEYS[3], 'zset', slot)
+local _, not_live = read('ZREM', live_key, 'zset', slot)
 if not_live then return redis.error_reply(not_live) end
 put(rec)
 -- This claim ended the run: the one claimant told so.
-return {'interrupted', 0, 0, 0, now, '', ''}
+return 'interrupted', 0, 0, 0, '', ''

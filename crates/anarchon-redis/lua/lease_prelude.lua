@@ -10,6 +10,7 @@
 -- int(n) writes a number without
 -- an exponent; caught (below) turns a pcall of one call of a batch into
 -- its answer. now is the store's clock in milliseconds, from TIME.
+-- held(since, till) tells whether a pause holds at now.
 
 local function check(key, want)
   local found = redis.call('TYPE', key)['ok']
@@ -41,3 +42,10 @@ end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 
+-- held(since, till): whether a pause that began at `since` (nil or false
+-- for no pause) and lasts until `till` (nil or false for until resumed)
+-- holds at now.
+local function held(since, till)
+  if not since then return false end
+  return not till or now < tonumber(till)
+end

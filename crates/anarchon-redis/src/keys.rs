@@ -13,12 +13,13 @@
 //! atomic script. A Redis Cluster refuses a script whose keys lie in two
 //! hash slots, so in cluster mode no script does that: the namespace's
 //! pause is read with its own `HMGET` just before a batch of claims and
-//! passed to each claim script as arguments (KEYS\[7\] then names the
-//! job's own pause), a job's pause script writes the job's pause only while
-//! the index `{<prefix>}:pauses` is updated beside it (added to before a
-//! pause, removed from after a resume), and the pauses are read one scope
-//! per call. docs/backends/redis.md (Redis Cluster) says what that
-//! weakens: a claim can race a namespace-wide pause by one round trip.
+//! passed to each claim script as arguments (the script's first key then
+//! names the job's own pause), a job's pause script writes the job's
+//! pause only while the index `{<prefix>}:pauses` is updated beside it
+//! (added to before a pause, removed from after a resume), and the pauses
+//! are read one scope per call. docs/backends/redis.md (Redis Cluster)
+//! says what that weakens: a claim can race a namespace-wide pause by one
+//! round trip.
 //!
 //! | strategy  | key                          | type       | holds |
 //! |-----------|------------------------------|------------|-------|

@@ -54,7 +54,7 @@ static CLAIM: Lua = Lua::new(
     "lease_claim",
     concat!(
         include_str!("../lua/lease_prelude.lua"),
-        "local function claim(KEYS, ARGV, memo)\n",
+        "local function claim(K, k, A, a, memo, namespace_paused)\n",
         include_str!("../lua/lease_claim.lua"),
         "\nend\n",
         include_str!("../lua/lease_claim_batch.lua")
@@ -285,36 +285,21 @@ impl RedisLeaseStore {
         self.link.check_server().await
     }
 
-    /// The claim script's keys and arguments for `req` (see
-    /// `lua/lease_claim.lua`). `namespace_pause` is the namespace's pause as
-    /// read before the claim (cluster mode: since and until, `""` for none),
-    /// or `None` for the script to read `{p}:pause` itself (one server).
-    fn claim_keys_and_args(
-        &self,
-        req: &LeaseClaim,
-        namespace_pause: Option<&(String, String)>,
-    ) -> (Vec<String>, Vec<String>) {
+    /// The claim's seven keys and eight arguments in a batch (see
+    /// `lua/lease_claim.lua`), appended to `keys` and `args`.
+    fn push_claim(&self, req: &LeaseClaim, keys: &mut Vec<String>, args: &mut Vec<String>) {
         let run = req.run();
-        let keys = LeaseKeys::new(&self.prefix, &run.job);
-        // The namespace's pause has the tag `{p}`: in Redis Cluster it lies
-        // in another hash slot than the job's keys, so there the script gets
-        // it as arguments, read just before, and KEYS[7] names the job's own
-        // pause again (a key in the job's slot, not read for this).
-        let namespace_key = match namespace_pause {
-            None => pause_key(&self.prefix, &PauseScope::All),
-            Some(_) => keys.pause.clone(),
-        };
-        let claim_keys = vec![
-            keys.runs,
-            keys.slots,
-            keys.live,
-            keys.fence,
-            keys.window,
-            keys.pause,
-            namespace_key,
-            keys.waiting,
-        ];
-        let mut args = vec![
+        let job = LeaseKeys::new(&self.prefix, &run.job);
+        keys.extend([
+            job.runs,
+            job.slots,
+            job.live,
+            job.fence,
+            job.window,
+            job.pause,
+            job.waiting,
+        ]);
+        args.extend([
             run.slot.as_millis().to_string(),
             req.claim.token.to_string(),
             req.claim.instance.as_str().to_owned(),
@@ -323,11 +308,7 @@ impl RedisLeaseStore {
             req.overlap.as_str().to_owned(),
             req.max_attempts.get().to_string(),
             if req.rerun_paused { "1" } else { "0" }.to_owned(),
-        ];
-        if let Some((since, until)) = namespace_pause {
-            args.extend(["given".to_owned(), since.clone(), until.clone()]);
-        }
-        (claim_keys, args)
+        ]);
     }
 
     /// Cluster mode: the namespace's pause (since, until; `""` for what it
@@ -426,27 +407,42 @@ impl RedisLeaseStore {
         Ok(replies
             .into_iter()
             .zip(reqs.chunks(per_script))
-            .flat_map(|(reply, chunk)| {
-                unbatch(reply, chunk.len(), "claims", during, |v| {
-                    parse_claim(check(v, during)?)
-                })
-            })
+            .flat_map(|(reply, chunk)| unbatch_claims(reply, chunk.len()))
             .collect())
     }
 
     /// One script for the claims of `chunk` (see `lua/lease_claim_batch.lua`):
-    /// each claim's eight keys, and its arguments after their count.
+    /// the namespace's pause (its key, or on a cluster its reading), then
+    /// each claim's keys and arguments.
     fn batch_call(&self, chunk: &[LeaseClaim], namespace_pause: Option<&(String, String)>) -> Call {
         let mut batch = Call {
             lua: &CLAIM,
-            keys: Vec::with_capacity(chunk.len() * 8),
-            args: Vec::with_capacity(chunk.len() * 9),
+            keys: Vec::with_capacity(1 + chunk.len() * 7),
+            args: Vec::with_capacity(3 + chunk.len() * 8),
         };
+        // The namespace's pause has the tag `{p}`: in Redis Cluster it lies
+        // in another hash slot than the job's keys, so there the script gets
+        // it as arguments, read just before, and the first key names the
+        // pause of the script's one job instead (a key in the job's slot,
+        // not read for this).
+        match (namespace_pause, chunk.first()) {
+            (Some((since, until)), Some(req)) => {
+                batch
+                    .keys
+                    .push(LeaseKeys::new(&self.prefix, &req.run().job).pause);
+                batch
+                    .args
+                    .extend(["given".to_owned(), since.clone(), until.clone()]);
+            }
+            _ => {
+                batch.keys.push(pause_key(&self.prefix, &PauseScope::All));
+                batch
+                    .args
+                    .extend(["read".to_owned(), String::new(), String::new()]);
+            }
+        }
         for req in chunk {
-            let (keys, args) = self.claim_keys_and_args(req, namespace_pause);
-            batch.keys.extend(keys);
-            batch.args.push(args.len().to_string());
-            batch.args.extend(args);
+            self.push_claim(req, &mut batch.keys, &mut batch.args);
         }
         batch
     }
@@ -618,35 +614,74 @@ fn unbatch<T>(
     }
 }
 
-fn parse_claim(reply: Value) -> Result<ClaimOutcome, Error> {
+/// How many values each claim of a batch answers (see
+/// `lua/lease_claim_batch.lua`): kind, attempt, fence, lease_until, state,
+/// earlier.
+const CLAIM_FIELDS: usize = 6;
+
+/// The answers to the `n` claims of one claim script: the store's clock,
+/// then [`CLAIM_FIELDS`] values per claim, each claim read with
+/// [`parse_claim`]; or, if the script as a whole was refused, that error
+/// for each.
+fn unbatch_claims(reply: Value, n: usize) -> Vec<Result<ClaimOutcome, Error>> {
+    let during = "claiming";
+    let unanswered = |why: String| {
+        (0..n)
+            .map(|_| Err(Error::protocol(during, why.clone())))
+            .collect()
+    };
+    match reply {
+        Value::Array(items) if items.len() == 1 + n * CLAIM_FIELDS => {
+            let Some(now) = int(&items[0]) else {
+                return unanswered("a batch of claims answered no clock reading".to_owned());
+            };
+            let store_now = Timestamp::from_millis(now);
+            items[1..]
+                .chunks(CLAIM_FIELDS)
+                .map(|fields| parse_claim(fields, store_now))
+                .collect()
+        }
+        // The script as a whole was refused (say, a Redis too busy to run
+        // it): each claim gets the error.
+        Value::ServerError(_) => (0..n)
+            .map(|_| {
+                check(reply.clone(), during)
+                    .and_then(|_| Err(Error::protocol(during, "an error reply read as an answer")))
+            })
+            .collect(),
+        _ => unanswered(format!(
+            "a batch of {n} claims was not answered with a clock reading and {CLAIM_FIELDS} values each"
+        )),
+    }
+}
+
+/// One claim's answer: its [`CLAIM_FIELDS`] values, read at `store_now`.
+fn parse_claim(fields: &[Value], store_now: Timestamp) -> Result<ClaimOutcome, Error> {
     let during = "claiming";
     let bad = |what: &str| Error::protocol(during, format!("claim answer: {what}"));
-    let Value::Array(items) = reply else {
-        return Err(bad("not an array"));
+    let [kind, attempt, fence, lease_until, state, earlier] = fields else {
+        return Err(bad("not 6 values"));
     };
-    if items.len() != 7 {
-        return Err(bad("not 7 items"));
-    }
-    let kind = text(&items[0]).ok_or_else(|| bad("no kind"))?;
-    let number = |i: usize| int(&items[i]).ok_or_else(|| bad("not a number"));
+    let kind = text(&check(kind.clone(), during)?).ok_or_else(|| bad("no kind"))?;
+    let number = |v: &Value| int(v).ok_or_else(|| bad("not a number"));
     Ok(match kind.as_str() {
         "won" => {
-            let attempt = u32::try_from(number(1)?)
+            let attempt = u32::try_from(number(attempt)?)
                 .ok()
                 .and_then(Attempt::new)
                 .ok_or_else(|| bad("attempt"))?;
-            let fence = Fence::new(u64::try_from(number(2)?).map_err(|_| bad("fence"))?);
+            let fence = Fence::new(u64::try_from(number(fence)?).map_err(|_| bad("fence"))?);
             // The run's past attempts tell how this attempt came to run.
-            let earlier = text(&items[6]).ok_or_else(|| bad("no past attempts"))?;
+            let earlier = text(earlier).ok_or_else(|| bad("no past attempts"))?;
             let past = PastAttempts::decode(&earlier).map_err(|e| bad(&e.to_string()))?;
             ClaimOutcome::Won(past.win(attempt, Some(fence)))
         }
         "running" => ClaimOutcome::Running {
-            lease_until: Timestamp::from_millis(number(3)?),
-            store_now: Timestamp::from_millis(number(4)?),
+            lease_until: Timestamp::from_millis(number(lease_until)?),
+            store_now,
         },
         "done" => {
-            let state = text(&items[5]).ok_or_else(|| bad("no state"))?;
+            let state = text(state).ok_or_else(|| bad("no state"))?;
             match RecordState::parse(&state) {
                 Some(RecordState::Finished(f)) => ClaimOutcome::Done(f),
                 _ => return Err(bad("done with a state that is not final")),
@@ -903,21 +938,22 @@ mod tests {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
-    fn won(attempt: i64, earlier: &str) -> Value {
-        Value::Array(vec![
+    fn won(attempt: i64, earlier: &str) -> Vec<Value> {
+        vec![
             bulk("won"),
             Value::Int(attempt),
             Value::Int(7),
             Value::Int(1000),
-            Value::Int(900),
             bulk("running"),
             bulk(earlier),
-        ])
+        ]
     }
+
+    const NOW: Timestamp = Timestamp::from_millis(900);
 
     #[test]
     fn claim_answers_parse() {
-        let first = parse_claim(won(1, "")).expect("won");
+        let first = parse_claim(&won(1, ""), NOW).expect("won");
         assert_eq!(
             first,
             ClaimOutcome::Won(anarchon_core::Win::first(Some(Fence::new(7))))
@@ -925,7 +961,7 @@ mod tests {
         // A retry: the past attempts as the script's cjson writes them.
         let retried =
             r#"[{"attempt":1,"ended":"failed","at":800,"instance":"inst-1","error":"boom"}]"#;
-        let ClaimOutcome::Won(win) = parse_claim(won(2, retried)).expect("won") else {
+        let ClaimOutcome::Won(win) = parse_claim(&won(2, retried), NOW).expect("won") else {
             panic!("not won");
         };
         assert_eq!(
@@ -937,64 +973,115 @@ mod tests {
                 1
             )
         );
-        let ClaimOutcome::Won(win) = parse_claim(won(2, "{}")).expect("won") else {
+        let ClaimOutcome::Won(win) = parse_claim(&won(2, "{}"), NOW).expect("won") else {
             panic!("not won");
         };
         assert_eq!((win.cause, win.retries), (AttemptCause::Takeover, 0));
-        assert!(parse_claim(won(2, "[1]")).is_err(), "no past attempts");
-        let running = Value::Array(vec![
+        assert!(
+            parse_claim(&won(2, "[1]"), NOW).is_err(),
+            "no past attempts"
+        );
+        let running = [
             bulk("running"),
             Value::Int(0),
             Value::Int(0),
             Value::Int(1500),
-            Value::Int(900),
             bulk("failed"),
             bulk(""),
-        ]);
+        ];
         assert_eq!(
-            parse_claim(running).expect("running"),
+            parse_claim(&running, NOW).expect("running"),
             ClaimOutcome::Running {
                 lease_until: Timestamp::from_millis(1500),
-                store_now: Timestamp::from_millis(900),
+                store_now: NOW,
             }
         );
-        let done = Value::Array(vec![
+        let done = [
             bulk("done"),
             Value::Int(0),
             Value::Int(0),
             Value::Int(0),
-            Value::Int(900),
             bulk("interrupted"),
             bulk(""),
-        ]);
+        ];
         assert_eq!(
-            parse_claim(done).expect("done"),
+            parse_claim(&done, NOW).expect("done"),
             ClaimOutcome::Done(FinalState::Interrupted)
         );
         let recorded = |kind: &str| {
-            Value::Array(vec![
+            [
                 bulk(kind),
                 Value::Int(0),
                 Value::Int(0),
                 Value::Int(0),
-                Value::Int(900),
                 bulk(""),
                 bulk(""),
-            ])
+            ]
         };
         assert_eq!(
-            parse_claim(recorded("interrupted")).expect("interrupted"),
+            parse_claim(&recorded("interrupted"), NOW).expect("interrupted"),
             ClaimOutcome::Interrupted
         );
         assert_eq!(
-            parse_claim(recorded("missed")).expect("missed"),
+            parse_claim(&recorded("missed"), NOW).expect("missed"),
             ClaimOutcome::Missed
         );
         assert_eq!(
-            parse_claim(recorded("late")).expect("late"),
+            parse_claim(&recorded("late"), NOW).expect("late"),
             ClaimOutcome::Late
         );
-        assert!(parse_claim(Value::Int(1)).is_err());
+        assert!(parse_claim(&[Value::Int(1)], NOW).is_err());
+    }
+
+    #[test]
+    fn a_batch_answer_is_the_clock_then_six_values_per_claim() {
+        let mut reply = vec![Value::Int(900)];
+        reply.extend(won(1, ""));
+        // The second claim failed alone: an error for its kind.
+        reply.extend([
+            redis::parse_redis_value(b"-WRONGTYPE anarchon: key k holds the wrong type\r\n")
+                .expect("an error reply"),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(0),
+            bulk(""),
+            bulk(""),
+        ]);
+        reply.extend(recorded_running());
+        let answers = unbatch_claims(Value::Array(reply.clone()), 3);
+        assert_eq!(answers.len(), 3);
+        assert!(
+            matches!(answers[0], Ok(ClaimOutcome::Won(_))),
+            "{:?}",
+            answers[0]
+        );
+        let error = answers[1].as_ref().expect_err("the failed claim");
+        assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+        assert_eq!(
+            answers[2].as_ref().expect("running"),
+            &ClaimOutcome::Running {
+                lease_until: Timestamp::from_millis(1500),
+                store_now: NOW,
+            }
+        );
+        // A reply of the wrong length answers every claim with an error.
+        let short = unbatch_claims(Value::Array(reply[..reply.len() - 1].to_vec()), 3);
+        assert!(short.iter().all(Result::is_err), "{short:?}");
+        // So does a reply with no clock reading.
+        reply[0] = bulk("noon");
+        let clockless = unbatch_claims(Value::Array(reply), 3);
+        assert!(clockless.iter().all(Result::is_err), "{clockless:?}");
+    }
+
+    fn recorded_running() -> [Value; 6] {
+        [
+            bulk("running"),
+            Value::Int(1),
+            Value::Int(7),
+            Value::Int(1500),
+            bulk("running"),
+            bulk(""),
+        ]
     }
 
     #[test]

@@ -867,3 +867,115 @@ async fn the_claims_of_one_batch_each_see_their_own_jobs_pause() {
         "{outcomes:?}"
     );
 }
+
+/// A losing claim is answered from its record's text when that record is
+/// someone else's and says it is running or succeeded (see
+/// `lua/lease_claim.lua`, the losers' path). That reading must not be
+/// fooled by what a record quotes: a failed run's error that spells out
+/// another state and lease is still read as the failed run it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_claims_read_each_record_by_its_own_state_whatever_it_quotes() {
+    let factory = LeaseFactory::new().await;
+    let store = factory.instance().await;
+    let job = job("losers");
+    let base = ten_minutes_ahead();
+    let decoy = r#"boom "state":"succeeded","state":"running","lease":"99999999999999""#;
+    let claim = |seconds: i64, token: Token| {
+        lease_claim(
+            RunKey::new(job.clone(), slot_after(base, seconds)),
+            token,
+            "a",
+        )
+    };
+
+    // Someone else's running run: the loser is told it runs, until when,
+    // and the holder's own claim again still wins.
+    let holder = Token::generate();
+    let running = claim(0, holder);
+    won(store.claim_lease(&running).await.unwrap());
+    let ClaimOutcome::Running { lease_until, .. } = store
+        .claim_lease(&claim(0, Token::generate()))
+        .await
+        .unwrap()
+    else {
+        panic!("a live lease held by someone else");
+    };
+    let now = anarchon_core::Clock::now(&anarchon_core::SystemClock).as_millis();
+    assert!(
+        (now..now + 120_000).contains(&lease_until.as_millis()),
+        "the lease read from the record ends a lease from now: {lease_until:?}"
+    );
+    won(store.claim_lease(&running).await.unwrap());
+
+    // A failed run whose error quotes `succeeded`: done, as failed.
+    let failed = claim(1, Token::generate());
+    won(store.claim_lease(&failed).await.unwrap());
+    store
+        .finish(
+            failed.run(),
+            failed.claim.token,
+            RunOutcome::Failed {
+                error: decoy.into(),
+                retry: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .claim_lease(&claim(1, Token::generate()))
+            .await
+            .unwrap(),
+        ClaimOutcome::Done(FinalState::Failed)
+    );
+
+    // A failed run with a retry pending, whose error quotes a running
+    // state and a lease far ahead: it counts as going until its retry is
+    // due, not until the quoted lease.
+    let retrying = claim(2, Token::generate());
+    won(store.claim_lease(&retrying).await.unwrap());
+    store
+        .finish(
+            retrying.run(),
+            retrying.claim.token,
+            RunOutcome::Failed {
+                error: decoy.into(),
+                retry: Some(anarchon_core::RetryPlan {
+                    after: Duration::from_secs(3600),
+                    before: anarchon_core::Timestamp::from_millis(now + 7_200_000),
+                }),
+            },
+        )
+        .await
+        .unwrap();
+    let ClaimOutcome::Running { lease_until, .. } = store
+        .claim_lease(&claim(2, Token::generate()))
+        .await
+        .unwrap()
+    else {
+        panic!("a retry pending counts as going");
+    };
+    assert!(
+        (now + 3_000_000..now + 4_000_000).contains(&lease_until.as_millis()),
+        "going until the retry is due, an hour from now: {lease_until:?}"
+    );
+
+    // A succeeded run: done, as succeeded.
+    let succeeded = claim(3, Token::generate());
+    won(store.claim_lease(&succeeded).await.unwrap());
+    store
+        .finish(
+            succeeded.run(),
+            succeeded.claim.token,
+            RunOutcome::Succeeded,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .claim_lease(&claim(3, Token::generate()))
+            .await
+            .unwrap(),
+        ClaimOutcome::Done(FinalState::Succeeded)
+    );
+}
