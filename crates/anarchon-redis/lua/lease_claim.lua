@@ -4,7 +4,7 @@
 -- `local function claim(K, k, A, a, memo, namespace_paused)`, which
 -- lease_claim_batch.lua calls once per claim of a batch (see
 -- `src/lease.rs`). The claim's keys are K[k + 1 .. k + 7] and its
--- arguments A[a + 1 .. a + 8]: the batch's own KEYS and ARGV, read in
+-- arguments A[a + 1 .. a + 3]: the batch's own KEYS and ARGV, read in
 -- place, so a claim costs no tables of its own. memo is a table shared by
 -- the claims of one script: what they read that no claim writes (the
 -- pauses) is read once. namespace_paused() tells whether the pause of
@@ -32,10 +32,13 @@
 --       scored by the end of their wait (the record's lease); at most
 --       one whose wait has not ended, by construction
 -- Arguments:
--- a + 1 slot (ms)  a + 2 token  a + 3 instance  a + 4 max_late (ms)
--- a + 5 lease (ms)  a + 6 the overlap rule: 'allow', 'skip', 'replace' or
--- 'buffer-one' (anarchon_core::Overlap::as_str)  a + 7 max_attempts
--- a + 8 '1' if the claim may start a slot recorded `paused` (a backfill)
+-- a + 1 slot (ms)  a + 2 token
+-- a + 3 the claim's terms, in one argument, since a losing claim reads
+--       none of them: max_late (ms), lease (ms), max_attempts, '1' if the
+--       claim may start a slot recorded `paused` (a backfill) or '0', the
+--       overlap rule ('allow', 'skip', 'replace' or 'buffer-one':
+--       anarchon_core::Overlap::as_str) and the instance, separated by one
+--       space each
 --
 -- Returns six values: kind, attempt, fence, lease_until, state, earlier
 -- (lease_claim_batch.lua puts them in its answer), or an error reply. kind
@@ -67,10 +70,7 @@
 
 local runs_key, slots_key, live_key = K[k + 1], K[k + 2], K[k + 3]
 local fence_key, window_key, job_pause_key, waiting_key = K[k + 4], K[k + 5], K[k + 6], K[k + 7]
-local slot, token, instance = A[a + 1], A[a + 2], A[a + 3]
-local max_late, lease = tonumber(A[a + 4]), tonumber(A[a + 5])
-local rule = A[a + 6]
-local max_attempts = tonumber(A[a + 7])
+local slot, token = A[a + 1], A[a + 2]
 
 local rec = nil
 local raw, refused = read('HGET', runs_key, 'hash', slot)
@@ -97,6 +97,16 @@ if raw and not string.find(raw, token, 1, true) then
     return 'done', 0, 0, 0, 'succeeded', ''
   end
 end
+
+-- The claim's terms: read only past the losers' path, which needs none.
+local max_late, lease, max_attempts, backfill, rule, instance =
+  string.match(A[a + 3], '^(%d+) (%d+) (%d+) ([01]) (%S+) (.+)$')
+if not max_late then
+  return redis.error_reply('ERR anarchon: the terms of the claim of slot ' .. slot ..
+                           ' are not "max_late lease max_attempts backfill rule instance": ' .. A[a + 3])
+end
+max_late, lease, max_attempts = tonumber(max_late), tonumber(lease), tonumber(max_attempts)
+
 if raw then
   local ok, decoded = pcall(cjson.decode, raw)
   if not ok or type(decoded) ~= 'table' then
@@ -110,7 +120,7 @@ local state = rec and rec.state or nil
 -- or (for a backfill) a `paused` one. Only such a claim reads or writes the
 -- waiting set, so only it checks that key's type (before anything is
 -- written): a claim that finds a running run costs what it did.
-local rerun_paused = state == 'paused' and A[a + 8] == '1'
+local rerun_paused = state == 'paused' and backfill == '1'
 local not_yet_run = state == nil or state == 'missed' or state == 'waiting' or rerun_paused
 
 -- The answers that write nothing: steps 1 (ended, or a retry not yet

@@ -22,7 +22,7 @@
 -- ARGV[1] 'given' when the namespace's pause comes as arguments (Redis
 --         Cluster), 'read' for the script to read KEYS[1]  ARGV[2] its
 --         since ('' for no pause)  ARGV[3] its until ('' for until resumed)
--- ARGV[4..] the eight arguments of lease_claim.lua for each claim, claim
+-- ARGV[4..] the three arguments of lease_claim.lua for each claim, claim
 --         after claim.
 --
 -- Returns a flat array: `now` (the store's clock, ms), then six values
@@ -38,14 +38,14 @@
 -- Every claim of the batch sees the same `now`: the script is one atomic
 -- step on Redis, read once from TIME by the prelude.
 
-local KEYS_PER_CLAIM, ARGS_PER_CLAIM = 7, 8
+local KEYS_PER_CLAIM, ARGS_PER_CLAIM = 7, 3
 local claims = (#KEYS - 1) / KEYS_PER_CLAIM
 if ARGV[1] ~= 'given' and ARGV[1] ~= 'read' then
   return redis.error_reply("ERR anarchon: a batch of claims must say 'given' or 'read' for the namespace's pause")
 end
 if claims ~= math.floor(claims) or #ARGV ~= 3 + claims * ARGS_PER_CLAIM then
   return redis.error_reply('ERR anarchon: a batch of claims with ' .. #KEYS .. ' keys and ' .. #ARGV ..
-                           ' arguments: each claim takes 7 keys and 8 arguments, after 1 key and 3 arguments of the batch')
+                           ' arguments: each claim takes 7 keys and 3 arguments, after 1 key and 3 arguments of the batch')
 end
 
 -- Whether the pause of every job holds at now: read once per script, and
