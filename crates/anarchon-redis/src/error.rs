@@ -106,8 +106,10 @@ pub enum Error {
         during: &'static str,
         /// The replicas asked for.
         wanted: u32,
-        /// The replicas that acknowledged in time (the lowest count when a
-        /// batch went to several masters).
+        /// The replicas that acknowledged in time. On a Redis Cluster the
+        /// calls of one batch go out in one pipeline per hash slot, each
+        /// with its own `WAIT`: this is the count of one pipeline that fell
+        /// short, not necessarily the lowest.
         acknowledged: i64,
         /// How long Redis waited.
         timeout: Duration,
