@@ -680,7 +680,36 @@ fn verdict(line: &mut String, name: &str, met: Option<bool>) {
     let _ = write!(line, " | {name}: {verdict}");
 }
 
-fn json(all: &[Figures], s: &Settings, fleet_part: Option<String>) -> String {
+/// `text` as a JSON string: quoted, with quotes, backslashes and control
+/// characters escaped.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if u32::from(c) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The results file: the single-process figures of `all`, the fleet's
+/// (`fleet_part`, already JSON) and the measurements that failed, each
+/// with what was measured and why it failed, so that a file read on its
+/// own says what it lacks.
+fn json(
+    all: &[Figures],
+    s: &Settings,
+    fleet_part: Option<String>,
+    failed: &[(String, String)],
+) -> String {
     let num = |x: f64| {
         if x.is_finite() {
             format!("{x:.3}")
@@ -735,7 +764,21 @@ fn json(all: &[Figures], s: &Settings, fleet_part: Option<String>) -> String {
     }
     out.push_str("  ],\n  \"fleet\": ");
     out.push_str(fleet_part.as_deref().unwrap_or("null"));
-    out.push_str("\n}\n");
+    out.push_str(",\n  \"failed\": [");
+    for (i, (what, why)) in failed.iter().enumerate() {
+        let _ = write!(
+            out,
+            "{}\n    {{\"what\": {}, \"error\": {}}}",
+            if i == 0 { "" } else { "," },
+            json_string(what),
+            json_string(why)
+        );
+    }
+    out.push_str(if failed.is_empty() {
+        "]\n}\n"
+    } else {
+        "\n  ]\n}\n"
+    });
     out
 }
 
@@ -839,10 +882,10 @@ async fn run_all(args: &[String]) -> Result<()> {
     // A backend whose measurement fails is reported at the end; the others
     // are still measured, printed and written (a store that stops
     // answering halfway through a long run costs only its own figures).
-    let mut failed: Vec<String> = Vec::new();
+    let mut failed: Vec<(String, String)> = Vec::new();
     let mut fail = |what: String, e: anyhow::Error| {
         eprintln!("== {what}: FAILED: {e:#} (going on with the next) ==");
-        failed.push(format!("{what}: {e:#}"));
+        failed.push((what, format!("{e:#}")));
     };
     let mut all = Vec::new();
     for name in &backends {
@@ -873,13 +916,17 @@ async fn run_all(args: &[String]) -> Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     let fleet_part = (!fleet_all.is_empty()).then(|| fleet::json(&fleet_all, &fleet_settings));
-    std::fs::write(&out_path, json(&all, &s, fleet_part))?;
+    std::fs::write(&out_path, json(&all, &s, fleet_part, &failed))?;
     println!("results written to {out_path}");
     if !failed.is_empty() {
         bail!(
-            "{} measurement(s) failed, so the results lack them:\n  {}",
+            "{} measurement(s) failed, so the results lack them (and list them under \"failed\"):\n  {}",
             failed.len(),
-            failed.join("\n  ")
+            failed
+                .iter()
+                .map(|(what, why)| format!("{what}: {why}"))
+                .collect::<Vec<_>>()
+                .join("\n  ")
         );
     }
     Ok(())
@@ -919,4 +966,30 @@ async fn main() -> Result<()> {
         return fleet::worker(&args[1..]).await;
     }
     run_all(&args).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The results file parses as JSON and names each failed measurement
+    /// with its error, whatever characters the error holds.
+    #[test]
+    fn results_list_the_measurements_that_failed() {
+        let s = Settings::new(true);
+        let why = "connection refused: \"127.0.0.1:5672\"\n\tat C:\\path \u{1b}[0m";
+        let failed = vec![
+            ("fleet: rabbitmq".to_owned(), why.to_owned()),
+            ("nats".to_owned(), "timed out".to_owned()),
+        ];
+        let written = json(&[], &s, None, &failed);
+        let read: serde_json::Value = serde_json::from_str(&written).expect(&written);
+        assert_eq!(read["failed"][0]["what"], "fleet: rabbitmq");
+        assert_eq!(read["failed"][0]["error"], why);
+        assert_eq!(read["failed"][1]["what"], "nats");
+        assert_eq!(read["failed"].as_array().map(Vec::len), Some(2));
+        let none: serde_json::Value =
+            serde_json::from_str(&json(&[], &s, None, &[])).expect("valid JSON");
+        assert_eq!(none["failed"], serde_json::json!([]));
+    }
 }
