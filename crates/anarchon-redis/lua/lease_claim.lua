@@ -57,7 +57,8 @@
 --
 -- Most claims of a slot find it running or ended: in a fleet of N, N - 1
 -- claims lose. Those read one field and write nothing (see the losers'
--- path below), so they check no key's type: Redis itself refuses to read a run hash of the wrong type.
+-- path below), so they check no key's type: Redis itself refuses to read
+-- a run hash of the wrong type.
 -- No claim asks a key's TYPE. A key that is read before the first write
 -- (the runs, the late window, the pauses, the live and waiting sets where
 -- the overlap rule reads them) is checked by that read; the keys that are
