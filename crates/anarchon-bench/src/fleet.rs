@@ -65,8 +65,10 @@ impl FleetSettings {
 
 /// The backends a fleet measures when `--backends` does not say: every
 /// store a fleet of processes can share (MemoryStore lives in one process).
+/// `floor` first: the same fleet with no store, whose lateness the lease
+/// stores' verdicts quote.
 pub(crate) const FLEET_BACKENDS: &str =
-    "sqlite, postgres, redis-lease, redis-stream-id, rabbitmq, nats, nats-kv";
+    "floor, sqlite, postgres, redis-lease, redis-stream-id, rabbitmq, nats, nats-kv";
 
 /// The server's counters at one moment; `None` where the server cannot
 /// tell (or is not on this machine).
@@ -299,6 +301,10 @@ async fn run(
                 "fleet-worker",
                 "--backend",
                 backend,
+                "--worker",
+                &index.to_string(),
+                "--workers",
+                &s.processes.to_string(),
                 "--namespace",
                 &target.namespace(),
                 "--jobs",
@@ -503,8 +509,9 @@ fn tally(text: &str, s: &FleetSettings, first_slot: i64) -> Result<FleetFigures>
     })
 }
 
-/// `anarchon-bench fleet-worker --backend B --namespace N --jobs M --secs D
-/// --start-at UNIX_MS --out FILE`: one process of a fleet.
+/// `anarchon-bench fleet-worker --backend B --worker I --workers K
+/// --namespace N --jobs M --secs D --start-at UNIX_MS --out FILE`: worker I
+/// (from 0) of a fleet of K processes.
 pub(crate) async fn worker(args: &[String]) -> Result<()> {
     let arg = |name: &str| -> Result<&str> {
         value_arg(args, name)?.with_context(|| format!("fleet-worker needs {name}"))
@@ -519,7 +526,8 @@ pub(crate) async fn worker(args: &[String]) -> Result<()> {
             .open(arg("--out")?)
             .context("opening the executions file")?,
     );
-    let target = make_target(backend, Some(arg("--namespace")?)).await?;
+    let mut target = make_target(backend, Some(arg("--namespace")?)).await?;
+    target.fleet_share(arg("--worker")?.parse()?, arg("--workers")?.parse()?);
     let store = target.fleet_instance().await?;
     // A handle of our own keeps the connection pool open after the
     // scheduler is gone (see the end).
@@ -629,14 +637,29 @@ pub(crate) fn table(all: &[FleetFigures], s: &FleetSettings) -> String {
         "\nexec/s: runs of the window's slots per second; missed: job-slots of the window without a run (first and last second left out); late: handler start minus slot, ms; cmd/ex, evalsha: Redis commands per execution (all, EVALSHA); xact/ex: PostgreSQL transactions per execution; srv CPU, cli CPU: server and worker CPU ms per execution; errors: store calls that failed after the scheduler's retries; locked: store calls that failed with `database is locked`"
     );
     let _ = writeln!(t, "\nfleet targets:");
+    let floor = all.iter().find(|f| f.backend == "floor");
     for f in all {
         let mut line = format!("  {:<16}", f.backend);
-        if f.lease_store {
+        if f.backend == "floor" {
+            let _ = write!(
+                line,
+                " | no store: what the machine and the scheduler cost alone, late p99 {:.1} ms",
+                f.late_p99_ms
+            );
+        } else if f.lease_store {
             verdict(
                 &mut line,
                 "lateness p99 <= 5 ms",
                 Some(f.late_p99_ms <= 5.0),
             );
+            if let Some(floor) = floor {
+                let _ = write!(
+                    line,
+                    " (floor {:.1} ms, {:+.1})",
+                    floor.late_p99_ms,
+                    f.late_p99_ms - floor.late_p99_ms
+                );
+            }
         }
         match f.backend.as_str() {
             "redis-lease" => {
@@ -662,7 +685,7 @@ pub(crate) fn table(all: &[FleetFigures], s: &FleetSettings) -> String {
             }
             _ => {}
         }
-        if !f.lease_store {
+        if !f.lease_store && f.backend != "floor" {
             let _ = write!(line, " | claim-only: measured, no target");
         }
         let _ = writeln!(

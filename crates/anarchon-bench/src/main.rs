@@ -483,6 +483,7 @@ const BACKENDS: &str =
 async fn make_target(name: &str, namespace: Option<&str>) -> Result<Box<dyn Target>> {
     Ok(match name {
         "memory" => Box::new(targets::Memory::new()),
+        "floor" => Box::new(targets::Floor::new()),
         "sqlite" => Box::new(targets::Sqlite::new(namespace)?),
         "postgres" | "pg" => Box::new(
             targets::Postgres::new(
@@ -833,7 +834,14 @@ async fn run_all(args: &[String]) -> Result<()> {
     });
     let backends: Vec<String> = match (&chosen, fleet_only) {
         (_, true) => Vec::new(),
-        (Some(list), false) => list.clone(),
+        (Some(list), false) => {
+            if list.iter().any(|b| b == "floor") {
+                eprintln!(
+                    "the single-process part leaves floor out: it is a fleet without a store"
+                );
+            }
+            list.iter().filter(|b| *b != "floor").cloned().collect()
+        }
         (None, false) => BACKENDS.split(", ").map(String::from).collect(),
     };
     let fleet_backends: Vec<String> = if no_fleet {
@@ -860,7 +868,7 @@ async fn run_all(args: &[String]) -> Result<()> {
         .chain(&fleet_backends)
         .find(|b| !is_backend(b))
     {
-        bail!("unknown backend {unknown:?}: {BACKENDS}");
+        bail!("unknown backend {unknown:?}: {BACKENDS}, or floor (the fleet alone)");
     }
     let defaults = fleet::FleetSettings::new(quick);
     let fleet_settings = fleet::FleetSettings {
@@ -935,7 +943,7 @@ async fn run_all(args: &[String]) -> Result<()> {
 /// Whether `name` names a backend [`make_target`] knows: one of
 /// [`BACKENDS`], or `pg` / `amqp` for PostgreSQL / RabbitMQ.
 fn is_backend(name: &str) -> bool {
-    matches!(name, "pg" | "amqp") || BACKENDS.split(", ").any(|known| known == name)
+    matches!(name, "pg" | "amqp" | "floor") || BACKENDS.split(", ").any(|known| known == name)
 }
 
 /// The single-process figures of backend `name`; what the measurement

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use anarchon_core::layer::{ClaimLayer, LeaseLayer};
 use anarchon_core::{
-    ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, JobName, LeaseClaim, LeaseStore,
-    MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
+    ClaimAnswers, ClaimOutcome, ClaimRequest, ClaimStore, FinalState, JobName, LeaseClaim,
+    LeaseStore, MemoryStore, Renewal, RunKey, RunOutcome, RunRecord, RunView, StoreError, Token,
 };
 
 use anyhow::{Context, Result};
@@ -66,6 +66,12 @@ pub(crate) trait Target: Send + Sync {
     /// and failed because SQLite said `database is locked`.
     fn tally(&self) -> TallySnapshot {
         TallySnapshot::default()
+    }
+    /// Tells a fleet worker's handle that it is worker `worker` of
+    /// `workers`. Only [`Floor`] uses it: a store shared by the workers
+    /// needs no such word.
+    fn fleet_share(&mut self, worker: usize, workers: usize) {
+        let _ = (worker, workers);
     }
 }
 
@@ -1089,9 +1095,149 @@ fn nats_server_load(url: &str) -> ServerLoad {
     }
 }
 
+/// The fleet's floor: K processes with the same M jobs and no store at
+/// all, so that the fleet's lateness has a figure beside it for what the
+/// machine and the scheduler cost by themselves.
+///
+/// Each worker decides its claims in its own memory, at once: a run whose
+/// job and slot hash to the worker's own index (of K) goes to a
+/// [`MemoryStore`] of its own, which it wins; every other run is answered
+/// done. So each run starts in exactly one process, as in a real fleet,
+/// and each winner heartbeats and finishes into its memory, but no claim
+/// waits for a round trip or for a server. What is left of the lateness
+/// is the workers' timers, their claim batches, the handler starts and
+/// the appends, on a machine shared by K processes.
+///
+/// The losers' answer differs from a real store's (which mostly says the
+/// run is going, so the loser watches it as a backup until its lease
+/// ends): a backup waits for a lease end seconds away, so it does not
+/// touch the slot's lateness.
+pub(crate) struct Floor {
+    share: Share,
+}
+
+impl Floor {
+    pub(crate) fn new() -> Self {
+        Self {
+            share: Share { index: 0, of: 1 },
+        }
+    }
+}
+
+/// Which runs a floor worker owns: those whose job and slot hash to its
+/// index of `of`.
+#[derive(Clone, Copy)]
+struct Share {
+    index: u64,
+    of: u64,
+}
+
+impl Share {
+    /// Whether this worker runs `run`. FNV-1a over the job's name and the
+    /// slot: every worker computes the same owner for a run, and exactly
+    /// one index matches.
+    fn owns(self, run: &RunKey) -> bool {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let slot = run.slot.as_millis().to_le_bytes();
+        for byte in run.job.as_str().bytes().chain(slot) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        hash % self.of == self.index
+    }
+}
+
+/// A floor worker's store: its own runs in a [`MemoryStore`], every other
+/// run done at once.
+struct FloorStore {
+    inner: MemoryStore,
+    share: Share,
+}
+
+impl FloorStore {
+    /// The answer to a claim of a run another worker owns.
+    const OTHERS: ClaimOutcome = ClaimOutcome::Done(FinalState::Succeeded);
+}
+
+#[async_trait]
+impl LeaseLayer for FloorStore {
+    type Inner = MemoryStore;
+
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        if !self.share.owns(&req.run) {
+            return Ok(Self::OTHERS);
+        }
+        self.inner.claim(req).await
+    }
+
+    async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {
+        if !self.share.owns(&req.claim.run) {
+            return Ok(Self::OTHERS);
+        }
+        self.inner.claim_lease(req).await
+    }
+
+    async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
+        let owned: Vec<LeaseClaim> = reqs
+            .iter()
+            .filter(|req| self.share.owns(&req.claim.run))
+            .cloned()
+            .collect();
+        let mut won = self.inner.claim_many(&owned).await?.into_iter();
+        Ok(reqs
+            .iter()
+            .map(|req| {
+                if self.share.owns(&req.claim.run) {
+                    won.next().unwrap_or_else(|| {
+                        Err(StoreError::protocol(
+                            "floor",
+                            "the memory store answered too few claims",
+                        ))
+                    })
+                } else {
+                    Ok(Self::OTHERS)
+                }
+            })
+            .collect())
+    }
+}
+
+#[async_trait]
+impl Target for Floor {
+    fn name(&self) -> &'static str {
+        "floor"
+    }
+    async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
+        Ok(Arc::new(FloorStore {
+            inner: MemoryStore::new(),
+            share: self.share,
+        }))
+    }
+    async fn round_trips(&self) -> Result<u64> {
+        Ok(0)
+    }
+    fn counted_by(&self) -> &'static str {
+        "nobody: the floor has no store"
+    }
+    fn namespace(&self) -> String {
+        String::new()
+    }
+    fn fleet_share(&mut self, worker: usize, workers: usize) {
+        self.share = Share {
+            index: worker as u64,
+            of: workers.max(1) as u64,
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::with_database;
+    use super::*;
+    use anarchon_core::{InstanceId, Slot};
 
     #[test]
     fn replaces_the_database_of_a_url() {
@@ -1107,5 +1253,75 @@ mod tests {
             with_database("postgres://h:5432", "f"),
             "postgres://h:5432/f"
         );
+    }
+
+    /// The run of `fleet-{job}` at the whole second `second` s from now
+    /// (a claim of it is not late).
+    fn run(job: usize, second: i64) -> RunKey {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        RunKey::new(
+            JobName::new(&format!("fleet-{job}")).unwrap(),
+            Slot::from_millis((now + second) * 1000),
+        )
+    }
+
+    #[test]
+    fn every_run_has_exactly_one_floor_worker() {
+        for of in 1..=8u64 {
+            let mut per_worker = vec![0; of as usize];
+            for job in 0..50 {
+                for second in 0..20 {
+                    let run = run(job, second);
+                    let owners: Vec<u64> = (0..of)
+                        .filter(|&index| Share { index, of }.owns(&run))
+                        .collect();
+                    assert_eq!(owners.len(), 1, "{of} workers, job {job}, second {second}");
+                    per_worker[owners[0] as usize] += 1;
+                }
+            }
+            // 1,000 runs: every worker gets a share, none all of them.
+            assert!(
+                per_worker.iter().all(|&n| n > 1000 / of / 2),
+                "{of} workers: {per_worker:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_floor_worker_wins_its_own_runs_and_hears_the_others_done() {
+        let claims: Vec<LeaseClaim> = (0..40)
+            .map(|job| {
+                LeaseClaim::from_plain(&ClaimRequest {
+                    run: run(job, 0),
+                    token: Token::generate(),
+                    instance: InstanceId::generate(),
+                    max_late: Duration::from_secs(5),
+                })
+            })
+            .collect();
+        let mut won = vec![0; claims.len()];
+        for worker in 0..3 {
+            let mut floor = Floor::new();
+            floor.fleet_share(worker, 3);
+            let store = floor.instance().await.unwrap().as_lease_store().unwrap();
+            let answers: Vec<_> = store
+                .claim_many(&claims)
+                .await
+                .unwrap()
+                .into_iter()
+                .collect();
+            assert_eq!(answers.len(), claims.len());
+            for (i, answer) in answers.into_iter().enumerate() {
+                match answer.unwrap() {
+                    ClaimOutcome::Won(_) => won[i] += 1,
+                    ClaimOutcome::Done(FinalState::Succeeded) => {}
+                    other => panic!("claim {i}: {other:?}"),
+                }
+            }
+        }
+        assert!(won.iter().all(|&n| n == 1), "wins per run: {won:?}");
     }
 }
