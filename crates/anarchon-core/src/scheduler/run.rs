@@ -139,7 +139,7 @@ pub(crate) async fn run_won(
     // head start, whatever the wall clock did meanwhile), renewing the
     // lease on schedule meanwhile.
     let start_at = fire_at.map_or_else(Instant::now, |fire_at| {
-        Instant::now() + fire_at.since(inner.clock.now()).min(MAX_CLAIM_AHEAD)
+        Instant::now() + inner.clock.until(fire_at).min(MAX_CLAIM_AHEAD)
     });
     loop {
         tokio::select! {
