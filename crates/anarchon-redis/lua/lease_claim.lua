@@ -1,14 +1,14 @@
 -- anarchon, Redis `lease` strategy: the claim flowchart as one atomic step
 -- on Redis's own clock (TIME).
 -- This file is the body of
--- `local function claim(K, k, A, a, memo, namespace_paused)`, which
+-- `local function claim(K, k, A, a, namespace_paused)`, which
 -- lease_claim_batch.lua calls once per claim of a batch (see
 -- `src/lease.rs`). The claim's keys are K[k + 1 .. k + 7] and its
 -- arguments A[a + 1 .. a + 3]: the batch's own KEYS and ARGV, read in
--- place, so a claim costs no tables of its own. memo is a table shared by
--- the claims of one script: what they read that no claim writes (the
--- pauses) is read once. namespace_paused() tells whether the pause of
--- every job holds at now (and why not, when it cannot be read).
+-- place, so a claim costs no tables of its own. namespace_paused() tells
+-- whether the pause of every job holds at now (and why not, when it
+-- cannot be read); the job's own pause is read with the prelude's holds,
+-- once per script.
 -- Mirrors: anarchon_core::decide::claim, steps 1-6 (TIME is read up front
 -- and the pauses are read in the same script, so as decide::claim_at; the
 -- live runs only for `overlap = skip` and `buffer-one`, the waiting slot
@@ -209,21 +209,6 @@ local function start(r, lease_until)
   r.fence = int(fence)
   put(r)
   return fence
-end
-
--- Whether the pause under `key` holds at now: there is one, and it lasts
--- until resumed or ends after now.
--- (nil and why, when the key is not a hash.)
--- A job's claims in one batch (manual runs beside the schedule's) read it
--- once (no claim writes a pause).
-local function holds(key)
-  local known = memo[key]
-  if known ~= nil then return known end
-  local pause, wrong = read('HMGET', key, 'hash', 'since', 'until')
-  if wrong then return nil, wrong end
-  local holds_now = held(pause[1], pause[2])
-  memo[key] = holds_now
-  return holds_now
 end
 
 -- Whether another run of the job is live: a lease end or a pending

@@ -1,6 +1,6 @@
 -- anarchon, Redis `lease` strategy: claims, one or many in one script.
 -- The Rust side sends lease_prelude.lua, then lease_claim.lua as the body of
--- `local function claim(K, k, A, a, memo, namespace_paused)`, then this
+-- `local function claim(K, k, A, a, namespace_paused)`, then this
 -- file (see `src/lease.rs`). On a single Redis one script carries up to a
 -- hundred claims; on a Redis Cluster the claims of different jobs lie in
 -- different hash slots, so there each script carries one.
@@ -45,26 +45,21 @@ if ARGV[1] ~= 'given' and ARGV[1] ~= 'read' then
 end
 if claims ~= math.floor(claims) or #ARGV ~= 3 + claims * ARGS_PER_CLAIM then
   return redis.error_reply('ERR anarchon: a batch of claims with ' .. #KEYS .. ' keys and ' .. #ARGV ..
-                           ' arguments: each claim takes 7 keys and 3 arguments, after 1 key and 3 arguments of the batch')
+                           ' arguments: each claim takes ' .. KEYS_PER_CLAIM .. ' keys and ' .. ARGS_PER_CLAIM ..
+                           ' arguments, after 1 key and 3 arguments of the batch')
 end
 
--- Whether the pause of every job holds at now: read once per script, and
--- only by a claim that may start its slot (no claim writes a pause).
-local namespace
+-- Whether the pause of every job holds at now: as given, or read once per
+-- script (the prelude's holds), and only by a claim that may start its
+-- slot.
 local function namespace_paused()
-  if namespace == nil then
-    if ARGV[1] == 'given' then
-      namespace = held(ARGV[2] ~= '' and ARGV[2], ARGV[3] ~= '' and ARGV[3])
-    else
-      local pause, wrong = read('HMGET', KEYS[1], 'hash', 'since', 'until')
-      if wrong then return nil, wrong end
-      namespace = held(pause[1], pause[2])
-    end
+  if ARGV[1] == 'given' then
+    return held(ARGV[2] ~= '' and ARGV[2], ARGV[3] ~= '' and ARGV[3])
   end
-  return namespace
+  return holds(KEYS[1])
 end
 
-local answers, memo = {now}, {}
+local answers = {now}
 local n = 1
 -- Appends one claim's answer: pcall's ok, then the claim's six values.
 local function answer(ok, kind, attempt, fence, lease_until, state, earlier)
@@ -78,6 +73,6 @@ local function answer(ok, kind, attempt, fence, lease_until, state, earlier)
 end
 for i = 0, claims - 1 do
   answer(pcall(claim, KEYS, 1 + i * KEYS_PER_CLAIM, ARGV, 3 + i * ARGS_PER_CLAIM,
-               memo, namespace_paused))
+               namespace_paused))
 end
 return answers

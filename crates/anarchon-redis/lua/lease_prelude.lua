@@ -10,7 +10,8 @@
 -- int(n) writes a number without
 -- an exponent; caught (below) turns a pcall of one call of a batch into
 -- its answer. now is the store's clock in milliseconds, from TIME.
--- held(since, till) tells whether a pause holds at now.
+-- held(since, till) tells whether a pause holds at now; holds(key) reads
+-- the pause under key and tells the same.
 
 local function check(key, want)
   local found = redis.call('TYPE', key)['ok']
@@ -48,4 +49,21 @@ local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local function held(since, till)
   if not since then return false end
   return not till or now < tonumber(till)
+end
+
+-- holds(key): whether the pause under `key` (a hash: since, until) holds
+-- at now; nil and why when the key is not a hash. Each key is read once
+-- per script and remembered: only the claim scripts ask, and no claim
+-- writes a pause, so a batch's claims of one job (manual runs beside the
+-- schedule's) and every claim's reading of the namespace's pause share
+-- one HMGET.
+local pauses_read = {}
+local function holds(key)
+  local known = pauses_read[key]
+  if known ~= nil then return known end
+  local pause, wrong = read('HMGET', key, 'hash', 'since', 'until')
+  if wrong then return nil, wrong end
+  local holds_now = held(pause[1], pause[2])
+  pauses_read[key] = holds_now
+  return holds_now
 end

@@ -54,7 +54,7 @@ static CLAIM: Lua = Lua::new(
     "lease_claim",
     concat!(
         include_str!("../lua/lease_prelude.lua"),
-        "local function claim(K, k, A, a, memo, namespace_paused)\n",
+        "local function claim(K, k, A, a, namespace_paused)\n",
         include_str!("../lua/lease_claim.lua"),
         "\nend\n",
         include_str!("../lua/lease_claim_batch.lua")
@@ -293,7 +293,9 @@ impl RedisLeaseStore {
     fn push_claim(&self, req: &LeaseClaim, keys: &mut Vec<String>, args: &mut Vec<String>) {
         let run = req.run();
         let job = LeaseKeys::new(&self.prefix, &run.job);
-        keys.extend([
+        // Typed as arrays of the lengths the script expects, so that a key
+        // or an argument added here and not there does not compile.
+        let claim_keys: [String; CLAIM_KEYS] = [
             job.runs,
             job.slots,
             job.live,
@@ -301,8 +303,9 @@ impl RedisLeaseStore {
             job.window,
             job.pause,
             job.waiting,
-        ]);
-        args.extend([
+        ];
+        keys.extend(claim_keys);
+        let claim_args: [String; CLAIM_ARGS] = [
             run.slot.as_millis().to_string(),
             req.claim.token.to_string(),
             format!(
@@ -314,7 +317,8 @@ impl RedisLeaseStore {
                 req.overlap.as_str(),
                 req.claim.instance.as_str(),
             ),
-        ]);
+        ];
+        args.extend(claim_args);
     }
 
     /// Cluster mode: the namespace's pause (since, until; `""` for what it
@@ -423,8 +427,8 @@ impl RedisLeaseStore {
     fn batch_call(&self, chunk: &[LeaseClaim], namespace_pause: Option<&(String, String)>) -> Call {
         let mut batch = Call {
             lua: &CLAIM,
-            keys: Vec::with_capacity(1 + chunk.len() * 7),
-            args: Vec::with_capacity(3 + chunk.len() * 3),
+            keys: Vec::with_capacity(1 + chunk.len() * CLAIM_KEYS),
+            args: Vec::with_capacity(3 + chunk.len() * CLAIM_ARGS),
         };
         // The namespace's pause has the tag `{p}`: in Redis Cluster it lies
         // in another hash slot than the job's keys, so there the script gets
@@ -594,74 +598,88 @@ fn clock_of(item: Option<&Value>, during: &'static str) -> Result<Timestamp, Sto
         .ok_or_else(|| store_err(Error::protocol(during, "no clock reading")))
 }
 
-/// The answers to the `n` calls (claims, steps) of one batch script: its
-/// own answer to each, read with `parse`, or, if the script as a whole was
-/// refused, that error for each.
+/// How a batch script lays its answer out: `head` values that every call
+/// of the batch shares (a claim script's clock), then `per_call` values
+/// for each call, call after call.
+#[derive(Clone, Copy)]
+struct Layout {
+    head: usize,
+    per_call: usize,
+}
+
+/// The answers to the `n` calls (claims, steps) of one batch script, each
+/// read by `parse` from the answer's head and its own values; or, if the
+/// script as a whole was refused (say, a Redis too busy to run it) or
+/// answered out of its layout, that error for each call.
 fn unbatch<T>(
     reply: Value,
     n: usize,
+    layout: Layout,
     what: &str,
     during: &'static str,
-    parse: impl Fn(Value) -> Result<T, Error>,
+    parse: impl Fn(&[Value], &[Value]) -> Result<T, Error>,
 ) -> Vec<Result<T, Error>> {
     match reply {
-        Value::Array(answers) if answers.len() == n => answers.into_iter().map(parse).collect(),
-        Value::ServerError(_) => (0..n)
-            .map(|_| check(reply.clone(), during).and_then(&parse))
+        Value::Array(items) if items.len() == layout.head + n * layout.per_call => {
+            let (head, calls) = items.split_at(layout.head);
+            calls
+                .chunks(layout.per_call)
+                .map(|call| parse(head, call))
+                .collect()
+        }
+        Value::ServerError(refused) => (0..n)
+            .map(|_| Err(Error::from_redis(during, refused.clone().into())))
             .collect(),
         _ => (0..n)
             .map(|_| {
                 Err(Error::protocol(
                     during,
-                    format!("a batch of {n} {what} was not answered with {n} answers"),
+                    format!(
+                        "a batch of {n} {what} was not answered with {} values and {} for each",
+                        layout.head, layout.per_call
+                    ),
                 ))
             })
             .collect(),
     }
 }
 
-/// How many values each claim of a batch answers (see
-/// `lua/lease_claim_batch.lua`): kind, attempt, fence, lease_until, state,
-/// earlier.
-const CLAIM_FIELDS: usize = 6;
+/// How a claim script answers (see `lua/lease_claim_batch.lua`): the
+/// store's clock, then six values per claim: kind, attempt, fence,
+/// lease_until, state, earlier.
+const CLAIM_ANSWER: Layout = Layout {
+    head: 1,
+    per_call: 6,
+};
 
-/// The answers to the `n` claims of one claim script: the store's clock,
-/// then [`CLAIM_FIELDS`] values per claim, each claim read with
-/// [`parse_claim`]; or, if the script as a whole was refused, that error
-/// for each.
+/// How a batch of runner steps answers (see `lua/lease_step_batch.lua`):
+/// one reply per step.
+const STEP_ANSWER: Layout = Layout {
+    head: 0,
+    per_call: 1,
+};
+
+/// Keys and arguments each claim of a batch script takes, after the
+/// batch's own one key and three arguments; `lua/lease_claim_batch.lua`
+/// says the same (`KEYS_PER_CLAIM`, `ARGS_PER_CLAIM`), and refuses a batch
+/// that does not add up.
+const CLAIM_KEYS: usize = 7;
+const CLAIM_ARGS: usize = 3;
+
+/// The answers to the `n` claims of one claim script ([`CLAIM_ANSWER`]),
+/// each read with [`parse_claim`] at the script's clock.
 fn unbatch_claims(reply: Value, n: usize) -> Vec<Result<ClaimOutcome, Error>> {
     let during = "claiming";
-    let unanswered = |why: String| {
-        (0..n)
-            .map(|_| Err(Error::protocol(during, why.clone())))
-            .collect()
-    };
-    match reply {
-        Value::Array(items) if items.len() == 1 + n * CLAIM_FIELDS => {
-            let Some(now) = int(&items[0]) else {
-                return unanswered("a batch of claims answered no clock reading".to_owned());
-            };
-            let store_now = Timestamp::from_millis(now);
-            items[1..]
-                .chunks(CLAIM_FIELDS)
-                .map(|fields| parse_claim(fields, store_now))
-                .collect()
-        }
-        // The script as a whole was refused (say, a Redis too busy to run
-        // it): each claim gets the error.
-        Value::ServerError(_) => (0..n)
-            .map(|_| {
-                check(reply.clone(), during)
-                    .and_then(|_| Err(Error::protocol(during, "an error reply read as an answer")))
-            })
-            .collect(),
-        _ => unanswered(format!(
-            "a batch of {n} claims was not answered with a clock reading and {CLAIM_FIELDS} values each"
-        )),
-    }
+    unbatch(reply, n, CLAIM_ANSWER, "claims", during, |head, fields| {
+        let now = head.first().and_then(int).ok_or_else(|| {
+            Error::protocol(during, "a batch of claims answered no clock reading")
+        })?;
+        parse_claim(fields, Timestamp::from_millis(now))
+    })
 }
 
-/// One claim's answer: its [`CLAIM_FIELDS`] values, read at `store_now`.
+/// One claim's answer: its six values ([`CLAIM_ANSWER`]), read at
+/// `store_now`.
 fn parse_claim(fields: &[Value], store_now: Timestamp) -> Result<ClaimOutcome, Error> {
     let during = "claiming";
     let bad = |what: &str| Error::protocol(during, format!("claim answer: {what}"));
@@ -1037,6 +1055,13 @@ mod tests {
             ClaimOutcome::Late
         );
         assert!(parse_claim(&[Value::Int(1)], NOW).is_err());
+    }
+
+    #[test]
+    fn the_claim_script_counts_the_keys_and_arguments_we_send_per_claim() {
+        let script = include_str!("../lua/lease_claim_batch.lua");
+        let counts = format!("local KEYS_PER_CLAIM, ARGS_PER_CLAIM = {CLAIM_KEYS}, {CLAIM_ARGS}\n");
+        assert!(script.contains(&counts), "{counts:?} is not in the script");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use anarchon_core::{Renewal, RunKey, StoreError};
 use async_trait::async_trait;
 use deadpool_redis::redis::Value;
 
-use super::{BACKEND, STEPS, store_err, unbatch};
+use super::{BACKEND, STEP_ANSWER, STEPS, store_err, unbatch};
 use crate::connection::{Call, Durable, Link, check, int};
 use crate::error::Error;
 use crate::keys::LeaseKeys;
@@ -85,7 +85,16 @@ impl Group for FinishGroup {
             Ok(replies) => replies
                 .into_iter()
                 .zip(finishes.chunks(STEPS_PER_SCRIPT))
-                .flat_map(|(reply, chunk)| unbatch(reply, chunk.len(), "steps", DURING, renewal))
+                .flat_map(|(reply, chunk)| {
+                    unbatch(
+                        reply,
+                        chunk.len(),
+                        STEP_ANSWER,
+                        "steps",
+                        DURING,
+                        |_, step| renewal(step[0].clone()),
+                    )
+                })
                 .map(|answer| answer.map_err(store_err))
                 .collect(),
             // Alone, a finish keeps the whole error, its source too.
