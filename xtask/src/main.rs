@@ -12,6 +12,9 @@
 //!   D seconds (20; 5 with `--quick`) on every store a fleet can share
 //!   (`--backends` picks them too; `memory` is left out of the fleet).
 //!   `--fleet-only` runs just the fleet, `--no-fleet` leaves it out.
+//!   `bench redis-instructions [--runs N]` counts instead, with callgrind,
+//!   the instructions Redis executes per claim and finish of the `lease`
+//!   scripts (a repeatable figure where the fleet's server CPU is noisy).
 //! * `soak [--minutes N]`: the randomized history test for longer, with a
 //!   new seed each round.
 //! * `services [--start]`: checks that the four test servers, the
@@ -187,7 +190,7 @@ fn main() -> Result<()> {
         Some("soak") => soak(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask test-all [--backends memory,sqlite,pg,redis,amqp,nats]\n       cargo xtask bench [--quick] [--backends memory,sqlite,postgres,redis-lease,redis-stream-id,redis-script,rabbitmq,nats,nats-kv]\n                         [--fleet-only | --no-fleet] [--fleet-processes K] [--fleet-jobs M] [--fleet-secs D] [--fleet-keep DIR] [--race-finish]\n       cargo xtask soak [--minutes N]\n       cargo xtask services [--start]"
+                "usage: cargo xtask test-all [--backends memory,sqlite,pg,redis,amqp,nats]\n       cargo xtask bench [--quick] [--backends memory,sqlite,postgres,redis-lease,redis-stream-id,redis-script,rabbitmq,nats,nats-kv]\n                         [--fleet-only | --no-fleet] [--fleet-processes K] [--fleet-jobs M] [--fleet-secs D] [--fleet-keep DIR] [--race-finish]\n       cargo xtask bench redis-instructions [--runs N]\n       cargo xtask soak [--minutes N]\n       cargo xtask services [--start]"
             );
             bail!("unknown or missing task")
         }

@@ -180,7 +180,8 @@ pub(crate) struct FleetFigures {
     locked: u64,
 }
 
-fn now_ms() -> f64 {
+/// The wall clock, Unix milliseconds to the microsecond.
+pub(crate) fn now_ms() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_micros() as f64 / 1000.0)

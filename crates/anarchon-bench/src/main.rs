@@ -15,8 +15,11 @@
 //!
 //! Two hidden subcommands are this binary re-executed by itself: `idle`
 //! (the footprint) and `fleet-worker` (one process of a fleet).
+//! `redis-instructions` ([`instructions`]) counts, with callgrind, what
+//! the Redis `lease` scripts cost Redis in instructions.
 
 mod fleet;
+mod instructions;
 mod targets;
 
 use std::collections::HashMap;
@@ -250,8 +253,10 @@ async fn precision(target: &dyn Target, s: &Settings, f: &mut Figures) -> Result
             Schedule::every(Duration::from_secs(1))?,
         )?
         .run(move |ctx| {
-            let late = SystemClock.now().as_millis() - ctx.slot().as_millis();
-            lateness.lock().expect("not poisoned").push(late as f64);
+            // In microseconds, as the fleet reads it: whole milliseconds
+            // would round every start down.
+            let late = fleet::now_ms() - ctx.slot().as_millis() as f64;
+            lateness.lock().expect("not poisoned").push(late);
             async { Ok::<_, String>(()) }
         })?;
     }
@@ -972,6 +977,9 @@ async fn main() -> Result<()> {
     }
     if args.first().map(String::as_str) == Some("fleet-worker") {
         return fleet::worker(&args[1..]).await;
+    }
+    if args.first().map(String::as_str) == Some("redis-instructions") {
+        return instructions::run(&args[1..]).await;
     }
     run_all(&args).await
 }
