@@ -260,6 +260,11 @@ pub(crate) fn breaks_connection(e: &lapin::Error) -> bool {
     }
 }
 
+/// What RabbitMQ says (NOT_FOUND, on a channel) of a durable queue whose
+/// home node, or whose own process, is down: "home node 'rabbit@h' of
+/// durable queue 'q' in vhost '/' is down or inaccessible".
+const QUEUE_HOME_DOWN: &str = "is down or inaccessible";
+
 pub(crate) fn classify(e: &lapin::Error) -> Class {
     use lapin::ErrorKind as K;
     match e.kind() {
@@ -270,6 +275,17 @@ pub(crate) fn classify(e: &lapin::Error) -> Class {
         | K::MissingHeartbeatError
         | K::ChannelsLimitReached => Class::Unavailable,
         K::ProtocolError(amqp) => match amqp.kind() {
+            // A durable queue whose process has gone while the broker
+            // still lists it (seen on a broker deleting thousands of
+            // expired gate queues): the broker recovers it or drops it in
+            // a moment, so the same claim may go through then. A claim
+            // refused so was not taken: its declaration failed before any
+            // publish.
+            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)
+                if amqp.get_message().as_str().contains(QUEUE_HOME_DOWN) =>
+            {
+                Class::Unavailable
+            }
             AMQPErrorKind::Soft(
                 AMQPSoftError::ACCESSREFUSED
                 | AMQPSoftError::NOTFOUND
@@ -314,5 +330,27 @@ mod tests {
         .into();
         assert!(!store.is_temporary());
         assert!(store.message().contains("cron.sync.slot.1"));
+    }
+
+    fn refused(kind: AMQPSoftError, message: &str) -> lapin::Error {
+        lapin::ErrorKind::ProtocolError(lapin::protocol::AMQPError::new(
+            AMQPErrorKind::Soft(kind),
+            message.into(),
+        ))
+        .into()
+    }
+
+    #[test]
+    fn a_queue_whose_home_is_down_is_a_moment_of_the_broker_and_a_missing_one_is_not() {
+        let down = refused(
+            AMQPSoftError::NOTFOUND,
+            "NOT_FOUND - home node 'rabbit@localhost' of durable queue 'cron.sync.slot.1' in vhost '/' is down or inaccessible",
+        );
+        assert_eq!(classify(&down), Class::Unavailable);
+        let missing = refused(
+            AMQPSoftError::NOTFOUND,
+            "NOT_FOUND - no queue 'cron.sync.slot.1' in vhost '/'",
+        );
+        assert_eq!(classify(&missing), Class::Invalid);
     }
 }
