@@ -147,6 +147,8 @@ pub(crate) fn process_cpu(comm: &str, keep: impl Fn(&str) -> bool) -> Option<BTr
 pub(crate) struct FleetFigures {
     backend: String,
     lease_store: bool,
+    /// The floor (no store), which the stores' lateness is read against.
+    floor: bool,
     /// Handler starts recorded in the file, all slots.
     executions: usize,
     /// Executions of the window's slots, per second of the window.
@@ -432,6 +434,7 @@ async fn drive(
     let text = std::fs::read_to_string(&plan.out)?;
     let mut f = tally(&text, s, plan.first_slot)?;
     f.lease_store = plan.lease_store;
+    f.floor = target.is_floor();
     let executions = f.executions.max(1) as f64;
     let per_exec = |d: Option<u64>| d.map(|d| d as f64 / executions);
     f.commands_per_exec = per_exec(between(before.commands, after.commands));
@@ -638,10 +641,10 @@ pub(crate) fn table(all: &[FleetFigures], s: &FleetSettings) -> String {
         "\nexec/s: runs of the window's slots per second; missed: job-slots of the window without a run (first and last second left out); late: handler start minus slot, ms; cmd/ex, evalsha: Redis commands per execution (all, EVALSHA); xact/ex: PostgreSQL transactions per execution; srv CPU, cli CPU: server and worker CPU ms per execution; errors: store calls that failed after the scheduler's retries; locked: store calls that failed with `database is locked`"
     );
     let _ = writeln!(t, "\nfleet targets:");
-    let floor = all.iter().find(|f| f.backend == "floor");
+    let floor = all.iter().find(|f| f.floor);
     for f in all {
         let mut line = format!("  {:<16}", f.backend);
-        if f.backend == "floor" {
+        if f.floor {
             let _ = write!(
                 line,
                 " | no store: what the machine and the scheduler cost alone, late p99 {:.1} ms",
@@ -686,7 +689,7 @@ pub(crate) fn table(all: &[FleetFigures], s: &FleetSettings) -> String {
             }
             _ => {}
         }
-        if !f.lease_store && f.backend != "floor" {
+        if !f.lease_store && !f.floor {
             let _ = write!(line, " | claim-only: measured, no target");
         }
         let _ = writeln!(

@@ -41,13 +41,13 @@ const BATCH: usize = 100;
 
 /// A `redis-server` under callgrind, stopped (and its files removed) when
 /// dropped.
-struct Counted {
+struct UnderCallgrind {
     server: Child,
     dir: tempfile::TempDir,
     port: u16,
 }
 
-impl Counted {
+impl UnderCallgrind {
     /// Starts the server on a free loopback port with collection off, and
     /// waits until it answers (valgrind takes seconds to start it).
     fn start() -> Result<Self> {
@@ -125,7 +125,7 @@ impl Counted {
     }
 }
 
-impl Drop for Counted {
+impl Drop for UnderCallgrind {
     fn drop(&mut self) {
         let _ = self.server.kill();
         let _ = self.server.wait();
@@ -155,10 +155,11 @@ fn total_of(dump: &str) -> Option<u64> {
     line("totals:").or_else(|| line("summary:"))
 }
 
-/// N claims of one run each, 100 jobs wide, at whole seconds from now.
-fn claims(runs: usize, instance: &InstanceId) -> Result<Vec<LeaseClaim>> {
+/// N claims of one run each, 100 jobs wide, at whole seconds from the
+/// next one after `later` from now.
+fn claims(runs: usize, instance: &InstanceId, later: Duration) -> Result<Vec<LeaseClaim>> {
     let now = anarchon_core::Clock::now(&anarchon_core::SystemClock).as_millis();
-    let first = (now / 1000 + 1) * 1000;
+    let first = (now / 1000 + 1) * 1000 + anarchon_core::time::millis(later);
     (0..runs)
         .map(|i| {
             let job = JobName::new(&format!("counted-{}", i % BATCH))?;
@@ -198,19 +199,16 @@ pub(crate) async fn run(args: &[String]) -> Result<()> {
     if runs == 0 {
         bail!("--runs must be at least 1");
     }
-    let server = Counted::start()?;
+    let server = UnderCallgrind::start()?;
     let store =
         RedisLeaseStore::connect(&RedisOptions::new(server.url()).with_prefix("counted")?).await?;
     // Load the scripts and register the jobs before anything is counted.
-    let warm = claims(BATCH, &InstanceId::generate())?;
+    let warm = claims(BATCH, &InstanceId::generate(), Duration::ZERO)?;
     claim_all(&store, &warm, |o| matches!(o, ClaimOutcome::Won(_))).await?;
 
     let winner = InstanceId::generate();
-    let mut won = claims(runs, &winner)?;
-    // Past the warm-up's slots.
-    for c in &mut won {
-        c.claim.run.slot = Slot::from_millis(c.claim.run.slot.as_millis() + 3_600_000);
-    }
+    // An hour on: past the warm-up's slots.
+    let won = claims(runs, &winner, Duration::from_secs(3600))?;
     let win = server
         .count(
             "win",

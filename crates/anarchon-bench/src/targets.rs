@@ -73,6 +73,11 @@ pub(crate) trait Target: Send + Sync {
     fn fleet_share(&mut self, worker: usize, workers: usize) {
         let _ = (worker, workers);
     }
+    /// Whether this is the fleet's floor, which has no store: its figures
+    /// are the yardstick the stores' lateness is read against.
+    fn is_floor(&self) -> bool {
+        false
+    }
 }
 
 /// Store calls counted on the client side: how many were made, how many
@@ -1182,25 +1187,30 @@ impl LeaseLayer for FloorStore {
     }
 
     async fn claim_many(&self, reqs: &[LeaseClaim]) -> Result<ClaimAnswers, StoreError> {
+        // One pass decides ownership; the answers go back by index.
+        let mut answers: Vec<Option<Result<ClaimOutcome, StoreError>>> = reqs
+            .iter()
+            .map(|req| (!self.share.owns(&req.claim.run)).then_some(Ok(Self::OTHERS)))
+            .collect();
         let owned: Vec<LeaseClaim> = reqs
             .iter()
-            .filter(|req| self.share.owns(&req.claim.run))
-            .cloned()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|(req, _)| req.clone())
             .collect();
         let mut won = self.inner.claim_many(&owned).await?.into_iter();
-        Ok(reqs
-            .iter()
-            .map(|req| {
-                if self.share.owns(&req.claim.run) {
-                    won.next().unwrap_or_else(|| {
-                        Err(StoreError::protocol(
-                            "floor",
-                            "the memory store answered too few claims",
-                        ))
-                    })
-                } else {
-                    Ok(Self::OTHERS)
-                }
+        for answer in answers.iter_mut().filter(|a| a.is_none()) {
+            *answer = won.next();
+        }
+        Ok(answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(StoreError::protocol(
+                        "floor",
+                        "the memory store answered too few claims",
+                    ))
+                })
             })
             .collect())
     }
@@ -1210,6 +1220,9 @@ impl LeaseLayer for FloorStore {
 impl Target for Floor {
     fn name(&self) -> &'static str {
         "floor"
+    }
+    fn is_floor(&self) -> bool {
+        true
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         Ok(Arc::new(FloorStore {
