@@ -2149,3 +2149,88 @@ async fn a_backfill_waits_for_each_slots_retry_before_the_next() {
         assert_eq!(r.attempt, Attempt::new(2), "failed once, retried: {r:?}");
     }
 }
+
+/// Everything the start-before-finish test sees, in order: a handler
+/// starting (`true`) or a finish reaching the store (`false`), by slot.
+type StartsAndFinishes = Arc<Mutex<Vec<(Slot, bool)>>>;
+
+/// A memory store that notes each finish in the shared log.
+struct NotingFinishes {
+    inner: Arc<MemoryStore>,
+    log: StartsAndFinishes,
+}
+
+#[anarchon_core::async_trait]
+impl LeaseLayer for NotingFinishes {
+    type Inner = MemoryStore;
+
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+
+    async fn finish(
+        &self,
+        run: &anarchon_core::RunKey,
+        token: anarchon_core::Token,
+        outcome: anarchon_core::RunOutcome,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        self.log.lock().unwrap().push((run.slot, false));
+        self.inner.finish(run, token, outcome).await
+    }
+}
+
+/// 300 per-second jobs whose handlers return at once, on one worker
+/// thread of tokio's multi-threaded runtime (where a task woken by the task
+/// that runs is run next, so a run that ended would record its outcome
+/// between two starts). Every handler of a slot starts before any run of
+/// that slot reaches the store with its outcome. Real time: the paused
+/// clock needs the current-thread runtime, which never runs a woken task
+/// ahead of the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn the_handlers_due_at_one_instant_start_before_any_run_records_its_outcome() {
+    const JOBS: usize = 300;
+    let log: StartsAndFinishes = Arc::default();
+    let store = Arc::new(NotingFinishes {
+        inner: Arc::new(MemoryStore::new()),
+        log: log.clone(),
+    });
+    let mut b = Scheduler::builder(store);
+    for i in 0..JOBS {
+        let log = log.clone();
+        b.job(format!("burst-{i}"), every(1))
+            .unwrap()
+            .run(move |ctx| {
+                log.lock().unwrap().push((ctx.slot(), true));
+                async { Ok::<_, String>(()) }
+            })
+            .unwrap();
+    }
+    let scheduler = b.start().unwrap();
+    // The first slot may be claimed late; the second and third are not.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    scheduler.shutdown().await;
+
+    let log = log.lock().unwrap().clone();
+    let mut slots: Vec<Slot> = log.iter().map(|(slot, _)| *slot).collect();
+    slots.sort();
+    slots.dedup();
+    let full: Vec<Slot> = slots
+        .into_iter()
+        .filter(|slot| log.iter().filter(|(s, start)| s == slot && *start).count() == JOBS)
+        .collect();
+    assert!(
+        full.len() >= 2,
+        "fewer than two slots ran all {JOBS} jobs: {full:?}"
+    );
+    for slot in full {
+        let last_start = log.iter().rposition(|(s, start)| *s == slot && *start);
+        let first_finish = log.iter().position(|(s, start)| *s == slot && !*start);
+        let (Some(last_start), Some(first_finish)) = (last_start, first_finish) else {
+            panic!("slot {slot:?} has starts but no finish");
+        };
+        assert!(
+            last_start < first_finish,
+            "slot {slot:?}: a finish reached the store (entry {first_finish}) before the last handler started (entry {last_start})"
+        );
+    }
+}

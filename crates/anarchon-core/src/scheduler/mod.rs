@@ -30,6 +30,7 @@ mod lease_clock;
 pub mod metrics;
 mod requests;
 mod run;
+mod start_gate;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -416,6 +417,7 @@ where
                 calls::FIRST_CLAIM_AHEAD.as_millis() as u64
             ),
             claim_ahead_grew: tokio::sync::Notify::new(),
+            starts: start_gate::StartGate::default(),
         });
         let driver = tokio::spawn(driver::drive(inner.clone()));
         Ok(Scheduler {
@@ -516,6 +518,9 @@ pub(crate) struct Inner {
     /// claim goes out with it rather than at the time the timer chose with
     /// the shorter one.
     pub(crate) claim_ahead_grew: tokio::sync::Notify,
+    /// The handler starts due: runs that end wait for them before they
+    /// record their outcome.
+    pub(crate) starts: start_gate::StartGate,
 }
 
 /// A running scheduler.

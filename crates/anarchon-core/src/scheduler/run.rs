@@ -27,6 +27,11 @@ use crate::time::Timestamp;
 /// A backup wakes this long after the lease end it was told, so the store's
 /// clock has passed it by the time the backup asks.
 const BACKUP_MARGIN: Duration = Duration::from_millis(5);
+/// The longest a run that ended waits for the handler starts due at the
+/// same instant before it records its outcome (see `start_gate`). A
+/// thousand starts take a few milliseconds; a start held up longer is
+/// waiting for its store, and the finish goes.
+const MOST_HELD_FOR_STARTS: Duration = Duration::from_millis(50);
 
 /// Acts on the answer to a claim. `sent_at` is when the claim was first sent:
 /// the lease cannot have started before it. A won run's handler starts at
@@ -141,6 +146,8 @@ pub(crate) async fn run_won(
     let start_at = fire_at.map_or_else(Instant::now, |fire_at| {
         Instant::now() + inner.clock.until(fire_at).min(MAX_CLAIM_AHEAD)
     });
+    // Withdrawn once the handler is called, or when the run goes without.
+    let expected = inner.starts.expect(start_at);
     loop {
         tokio::select! {
             () = tokio::time::sleep_until(start_at) => break,
@@ -176,6 +183,7 @@ pub(crate) async fn run_won(
     Metrics::started(&run.job, run.slot.at(), inner.clock.now());
     let handler_started = Instant::now();
     let mut handler = tokio::spawn(job.handler.call(ctx.clone()).instrument(span.clone()));
+    drop(expected);
 
     let mut holding = Holding::start(lease_store.is_some());
     let deadline = job.timeout.map(|t| Instant::now() + t);
@@ -216,7 +224,14 @@ pub(crate) async fn run_won(
         }
     };
 
-    Metrics::ended(&run.job, handler_started.elapsed());
+    let took = handler_started.elapsed();
+    // The handlers due now start before this run records anything (see
+    // `start_gate`), waiting at most a fraction of the lease left.
+    let left = lease_store.as_ref().map_or(MOST_HELD_FOR_STARTS, |_| {
+        lease_clock.left(Instant::now()) / 4
+    });
+    inner.starts.settled(left.min(MOST_HELD_FOR_STARTS)).await;
+    Metrics::ended(&run.job, took);
     let retry = lease_store
         .as_ref()
         .and_then(|_| retry_plan(&inner, &job, &run, &win));
@@ -241,10 +256,6 @@ pub(crate) async fn run_won(
         },
     };
     span.in_scope(|| tracing::info!(?outcome, "handler finished"));
-    // Runs due at this same instant start their handlers before this one
-    // records its outcome: a store call costs CPU on this runtime, and a
-    // thousand finishes ahead of the last handler's start make it late.
-    tokio::task::yield_now().await;
     if let (Some(store), Holding::LostContact, false) =
         (&lease_store, holding, outcome == RunOutcome::Succeeded)
     {
