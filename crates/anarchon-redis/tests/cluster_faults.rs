@@ -53,6 +53,8 @@ const AFTER_FAILOVER: Duration = Duration::from_secs(2);
 /// How long the cluster may take to promote the replica (node timeout
 /// 2 s, plus the election).
 const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
+/// How many lines of the client's log a failed failover prints.
+const LOG_LINES: usize = 120;
 
 fn refuse_a_cluster_elsewhere() {
     let var = anarchon_testkit::servers::Cluster::Redis.env_var();
@@ -322,15 +324,18 @@ async fn race(stores: Vec<Arc<RedisLeaseStore>>, restart_early: bool) -> (Race, 
         Arc::new(std::sync::Mutex::new(vec![now_ms(); JOBS]));
     let gaps: Arc<std::sync::Mutex<i64>> = Arc::default();
     let errors = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let last_errors: Arc<std::sync::Mutex<Vec<Option<(i64, String)>>>> =
+        Arc::new(std::sync::Mutex::new(vec![None; RACERS]));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = Vec::new();
     for (racer, store) in stores.iter().enumerate() {
-        let (store, wins, last_answer, gaps, errors, stop) = (
+        let (store, wins, last_answer, gaps, errors, last_errors, stop) = (
             store.clone(),
             wins.clone(),
             last_answer.clone(),
             gaps.clone(),
             errors.clone(),
+            last_errors.clone(),
             stop.clone(),
         );
         tasks.push(tokio::spawn(async move {
@@ -347,8 +352,10 @@ async fn race(stores: Vec<Arc<RedisLeaseStore>>, restart_early: bool) -> (Race, 
                     .collect();
                 let answers = match store.claim_many(&claims).await {
                     Ok(answers) => answers,
-                    Err(_) => {
+                    Err(error) => {
                         errors.fetch_add(JOBS, std::sync::atomic::Ordering::SeqCst);
+                        last_errors.lock().unwrap()[racer] =
+                            Some((now_ms(), format!("the batch: {error}")));
                         continue;
                     }
                 };
@@ -374,8 +381,10 @@ async fn race(stores: Vec<Arc<RedisLeaseStore>>, restart_early: bool) -> (Race, 
                                     });
                             }
                         }
-                        Err(_) => {
+                        Err(error) => {
                             errors.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            last_errors.lock().unwrap()[racer] =
+                                Some((now_ms(), format!("job-{job}: {error}")));
                         }
                     }
                 }
@@ -442,7 +451,38 @@ async fn race(stores: Vec<Arc<RedisLeaseStore>>, restart_early: bool) -> (Race, 
         }
     }
     let answered_again_after = answered_again_after.unwrap_or_else(|| {
-        panic!("the claims of some jobs were not answered within {FAILOVER_LIMIT:?} of killing {killed}")
+        let since_kill = |at: i64| format!("{:+} ms", at - killed_at);
+        let last = last_answer.lock().unwrap().clone();
+        let silent: Vec<String> = last
+            .iter()
+            .enumerate()
+            .filter(|(_, at)| **at <= killed_at + failed_over_after)
+            .map(|(job, at)| format!("job-{job} (last answer {})", since_kill(*at)))
+            .collect();
+        let racers: Vec<String> = last_errors
+            .lock()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(racer, e)| match e {
+                Some((at, e)) => format!("racer-{racer} at {}: {e}", since_kill(*at)),
+                None => format!("racer-{racer}: no error"),
+            })
+            .collect();
+        let views: Vec<String> = left
+            .iter()
+            .map(|node| format!("{node}:\n{}", cluster_nodes(node)))
+            .collect();
+        panic!(
+            "the claims of some jobs were not answered within {FAILOVER_LIMIT:?} of killing \
+             {killed} (its replica {replica} took over {failed_over_after} ms after the kill)\n\
+             jobs without an answer since: {}\nlast errors: {}\nCLUSTER NODES of the nodes \
+             left:\n{}\nthe client's log (last {LOG_LINES} lines):\n{}",
+            silent.join(", "),
+            racers.join("; "),
+            views.join("\n"),
+            common::log::tail(LOG_LINES),
+        )
     });
     tokio::time::sleep(AFTER_FAILOVER).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -546,6 +586,14 @@ fn replica_of(node: &str) -> Option<String> {
     Some(format!("{}:{port}", text(items.get(1)?)?))
 }
 
+/// `CLUSTER NODES` on `node`, or why it could not be read.
+fn cluster_nodes(node: &str) -> String {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("NODES");
+    common::query_blocking::<String>(&format!("redis://{node}"), &cmd)
+        .unwrap_or_else(|e| format!("(no answer: {e})"))
+}
+
 /// The first word of `ROLE` on `node`.
 fn cluster_role(node: &str) -> Option<String> {
     let role: redis::Value =
@@ -567,6 +615,7 @@ async fn fail_over(
     restart_early: bool,
 ) -> (Race, usize) {
     refuse_a_cluster_elsewhere();
+    common::log::capture("redis=debug,anarchon_redis=debug");
     until_whole().await;
     let mut stores = Vec::new();
     for _ in 0..RACERS {

@@ -58,20 +58,13 @@ impl StartGate {
             // Registered before the check: a withdrawal between the check
             // and the wait is not missed.
             notified.as_mut().enable();
-            if !self.any_due(Instant::now()) {
+            if !due_by(&self.lock(), Instant::now()) {
                 return;
             }
             if tokio::time::timeout_at(give_up, notified).await.is_err() {
                 return;
             }
         }
-    }
-
-    /// Whether a start due at or before `now` has not been made yet.
-    fn any_due(&self, now: Instant) -> bool {
-        self.lock()
-            .first_key_value()
-            .is_some_and(|(at, _)| *at <= now)
     }
 
     fn withdraw(&self, at: Instant) {
@@ -83,8 +76,7 @@ impl StartGate {
                     due.remove(&at);
                 }
             }
-            due.first_key_value()
-                .is_none_or(|(first, _)| *first > Instant::now())
+            !due_by(&due, Instant::now())
         };
         if none_due {
             self.settled.notify_waiters();
@@ -97,6 +89,11 @@ impl StartGate {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// Whether `due` holds a start due at or before `now` (not made yet).
+fn due_by(due: &BTreeMap<Instant, usize>, now: Instant) -> bool {
+    due.first_key_value().is_some_and(|(at, _)| *at <= now)
 }
 
 impl Drop for Expected<'_> {

@@ -4,6 +4,7 @@
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
+pub mod log;
 pub mod proxy;
 
 use std::sync::Arc;
