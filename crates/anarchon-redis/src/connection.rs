@@ -31,7 +31,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deadpool_redis::redis::aio::{ConnectionLike, MultiplexedConnection};
 use deadpool_redis::redis::cluster::ClusterClientBuilder;
@@ -44,6 +44,7 @@ use deadpool_redis::redis::{
 };
 use deadpool_redis::{Connection, Manager, Pool, PoolError, Runtime};
 
+use crate::cluster::ClusterLink;
 use crate::error::Error;
 use crate::options::{EvictionCheck, RedisOptions, ReplicaWait};
 use crate::server::{EvictionFinding, ServerInfo, info_field, parse_server};
@@ -137,12 +138,8 @@ enum Conn {
         reconnecting: tokio::sync::Mutex<()>,
     },
     /// A Redis Cluster: one cluster connection, which follows the cluster
-    /// on its own (it is cloned for each call: a handle on the same
-    /// connections).
-    Cluster {
-        conn: ClusterConnection,
-        since: Instant,
-    },
+    /// on its own, replaced if it stalls.
+    Cluster(Box<ClusterLink>),
 }
 
 /// The connection a store owns: pool, connection in use, scripts, server facts.
@@ -473,10 +470,12 @@ impl Link {
         judge_server(&server, opts, backend)?;
         Ok(Self {
             backend,
-            conn: Conn::Cluster {
+            conn: Conn::Cluster(Box::new(ClusterLink::new(
                 conn,
-                since: Instant::now(),
-            },
+                client,
+                bound,
+                opts.response_timeout,
+            ))),
             generation: AtomicU64::new(1),
             scripts,
             server,
@@ -489,7 +488,7 @@ impl Link {
 
     /// Whether the store talks to a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self.conn, Conn::Cluster { .. })
+        matches!(self.conn, Conn::Cluster(_))
     }
 
     /// The server as found at start-up.
@@ -511,9 +510,9 @@ impl Link {
     pub(crate) fn generation(&self) -> u64 {
         match &self.conn {
             Conn::Single { .. } => self.generation.load(Ordering::SeqCst),
-            Conn::Cluster { since, .. } => {
-                let periods = since.elapsed().as_secs() / CLUSTER_GENERATION.as_secs();
-                1 + self.server_changes() + periods
+            Conn::Cluster(cluster) => {
+                let periods = cluster.since.elapsed().as_secs() / CLUSTER_GENERATION.as_secs();
+                1 + self.server_changes() + cluster.replaced() + periods
             }
         }
     }
@@ -611,7 +610,11 @@ impl Link {
                     }
                 })
             }
-            Conn::Cluster { conn, .. } => query(&mut conn.clone(), pipe, during).await,
+            Conn::Cluster(cluster) => {
+                let result = query(&mut cluster.conn(), pipe, during).await;
+                cluster.after(&result, self.backend).await;
+                result
+            }
         }
     }
 
@@ -852,8 +855,10 @@ impl Link {
     pub(crate) async fn check_server(&self) -> Result<bool, Error> {
         let before = self.server_changes();
         let during = "reading INFO";
-        if let Conn::Cluster { conn, .. } = &self.conn {
-            let infos = masters_info(&mut conn.clone(), during).await?;
+        if let Conn::Cluster(cluster) = &self.conn {
+            let infos = masters_info(&mut cluster.conn(), during).await;
+            cluster.after(&infos, self.backend).await;
+            let infos = infos?;
             self.observe_run_id(cluster_fingerprint(&infos));
             return Ok(self.server_changes() > before);
         }

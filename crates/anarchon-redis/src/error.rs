@@ -222,6 +222,12 @@ impl Error {
         )
     }
 
+    /// Whether the call timed out waiting for Redis (rather than being
+    /// refused or answered with an error).
+    pub(crate) fn is_timeout(&self) -> bool {
+        matches!(self, Error::Unavailable { source: Some(e), .. } if e.is_timeout())
+    }
+
     /// This error as the core's [`StoreError`] for the strategy `backend`:
     /// unavailable (temporary), invalid (configuration, credentials, key
     /// types, server) or protocol.

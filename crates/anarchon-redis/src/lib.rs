@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod cluster;
 mod connection;
 mod error;
 mod idmp;

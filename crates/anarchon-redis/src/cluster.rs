@@ -1,0 +1,364 @@
+//! The store's Redis Cluster connection, and its replacement when it stops
+//! answering.
+//!
+//! Why: redis-rs's cluster connection serves every call from one task,
+//! and while that task refreshes its slot map it serves nothing. After a
+//! master was killed we have seen that refresh never end: from then on
+//! every call of every store in the process timed out, for as long as we
+//! watched (28 s), while the cluster itself had long promoted the replica
+//! and answered other clients (see `tests/cluster_faults.rs`). The
+//! connection has no way out of that state on its own, so the store
+//! watches for it: when its calls have only timed out for
+//! [`ClusterLink::stall_limit`] and none was answered, it builds a new
+//! connection from the seeds and sends the next calls over that.
+//!
+//! A call answered with a server error still counts as answered; a
+//! refused connection is not a timeout. So a node that is down (its
+//! slots' calls fail at once) or a failover in progress (the other
+//! masters answer) never looks like a stall; a cluster that answers
+//! nothing at all is replaced at most once per limit, which costs a
+//! connection to each node. The connection replaced is dropped; if its
+//! task is the one that hung, it stays behind until the process ends.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use deadpool_redis::redis::cluster::ClusterClient;
+use deadpool_redis::redis::cluster_async::ClusterConnection;
+
+use crate::error::Error;
+
+/// The shortest a cluster connection's calls may only time out before it
+/// is replaced, whatever the response timeout.
+const LEAST_STALL: Duration = Duration::from_secs(5);
+
+/// A Redis Cluster connection that is replaced when it stalls.
+pub(crate) struct ClusterLink {
+    /// The connection in use: each call clones it (a handle on the same
+    /// connections).
+    conn: Mutex<ClusterConnection>,
+    /// Builds a new connection from the seeds.
+    client: ClusterClient,
+    /// How long building one may take.
+    connect_bound: Duration,
+    /// Whether calls are answered, and when one last was.
+    watch: Mutex<Watch>,
+    /// One replacement at a time.
+    replacing: tokio::sync::Mutex<()>,
+    /// How many times the connection was replaced.
+    replaced: AtomicU64,
+    /// When the store connected.
+    pub(crate) since: Instant,
+}
+
+impl ClusterLink {
+    /// Wraps `conn`, built by `client`; a replacement may take
+    /// `connect_bound`; calls time out after `response_timeout`.
+    pub(crate) fn new(
+        conn: ClusterConnection,
+        client: ClusterClient,
+        connect_bound: Duration,
+        response_timeout: Duration,
+    ) -> Self {
+        let now = Instant::now();
+        Self {
+            conn: Mutex::new(conn),
+            client,
+            connect_bound,
+            watch: Mutex::new(Watch::new(now, stall_limit(response_timeout))),
+            replacing: tokio::sync::Mutex::new(()),
+            replaced: AtomicU64::new(0),
+            since: now,
+        }
+    }
+
+    /// The connection in use.
+    pub(crate) fn conn(&self) -> ClusterConnection {
+        self.conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// How many times the connection was replaced.
+    pub(crate) fn replaced(&self) -> u64 {
+        self.replaced.load(Ordering::SeqCst)
+    }
+
+    /// Notes how a call ended; after a timeout that ends a stall, replaces
+    /// the connection before returning (one caller does; the others go
+    /// on with the old one meanwhile).
+    pub(crate) async fn after<T>(&self, result: &Result<T, Error>, backend: &'static str) {
+        let timed_out = matches!(result, Err(e) if e.is_timeout());
+        let stalled = self
+            .watch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .note(Instant::now(), timed_out);
+        if let Some(silent_for) = stalled {
+            self.replace(backend, silent_for).await;
+        }
+    }
+
+    async fn replace(&self, backend: &'static str, silent_for: Duration) {
+        let Ok(_one) = self.replacing.try_lock() else {
+            return;
+        };
+        tracing::warn!(
+            backend,
+            ?silent_for,
+            "the Redis Cluster connection answered no call for {silent_for:?}, only timeouts: connecting to the cluster anew"
+        );
+        match tokio::time::timeout(self.connect_bound, self.client.get_async_connection()).await {
+            Ok(Ok(conn)) => {
+                *self
+                    .conn
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = conn;
+                self.replaced.fetch_add(1, Ordering::SeqCst);
+                self.watch
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .restart(Instant::now());
+            }
+            Ok(Err(error)) => tracing::warn!(
+                backend,
+                "could not connect to the Redis Cluster anew (the next stalled call tries again): {error}"
+            ),
+            Err(_) => tracing::warn!(
+                backend,
+                bound = ?self.connect_bound,
+                "could not connect to the Redis Cluster anew within its bound (the next stalled call tries again)"
+            ),
+        }
+    }
+}
+
+/// How long calls may only time out before the connection is replaced:
+/// three response timeouts, and never less than [`LEAST_STALL`].
+fn stall_limit(response_timeout: Duration) -> Duration {
+    (response_timeout * 3).max(LEAST_STALL)
+}
+
+/// When a connection last answered, and whether it is stalled.
+#[derive(Debug)]
+struct Watch {
+    answered: Instant,
+    limit: Duration,
+}
+
+impl Watch {
+    fn new(now: Instant, limit: Duration) -> Self {
+        Self {
+            answered: now,
+            limit,
+        }
+    }
+
+    /// Notes a call that ended at `now`: answered, or timed out. Returns
+    /// how long the connection has answered nothing when a timeout ends a
+    /// stall (the limit passed since the last answer); then the next stall
+    /// is counted from now, so one stall asks for one replacement.
+    fn note(&mut self, now: Instant, timed_out: bool) -> Option<Duration> {
+        if !timed_out {
+            self.answered = now;
+            return None;
+        }
+        let silent_for = now.saturating_duration_since(self.answered);
+        if silent_for < self.limit {
+            return None;
+        }
+        self.answered = now;
+        Some(silent_for)
+    }
+
+    /// A new connection: counted as answered at `now`.
+    fn restart(&mut self, now: Instant) {
+        self.answered = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: Duration = Duration::from_secs(6);
+
+    #[test]
+    fn timeouts_after_an_answer_within_the_limit_are_no_stall() {
+        let start = Instant::now();
+        let mut watch = Watch::new(start, LIMIT);
+        assert_eq!(watch.note(start + Duration::from_secs(5), true), None);
+        // An answer resets the count: later timeouts count from it.
+        assert_eq!(watch.note(start + Duration::from_secs(5), false), None);
+        assert_eq!(watch.note(start + Duration::from_secs(10), true), None);
+    }
+
+    #[test]
+    fn only_timeouts_for_the_limit_are_a_stall_asked_for_once() {
+        let start = Instant::now();
+        let mut watch = Watch::new(start, LIMIT);
+        assert_eq!(watch.note(start + Duration::from_secs(2), true), None);
+        assert_eq!(
+            watch.note(start + Duration::from_secs(6), true),
+            Some(LIMIT),
+            "six seconds without an answer, ending in a timeout"
+        );
+        // The calls that time out right after do not ask again...
+        assert_eq!(watch.note(start + Duration::from_secs(7), true), None);
+        // ...until another whole limit passed without an answer.
+        assert_eq!(
+            watch.note(start + Duration::from_secs(12), true),
+            Some(LIMIT)
+        );
+    }
+
+    #[test]
+    fn errors_that_are_not_timeouts_never_ask_for_a_new_connection() {
+        let start = Instant::now();
+        let mut watch = Watch::new(start, LIMIT);
+        for s in 1..60 {
+            assert_eq!(watch.note(start + Duration::from_secs(s), false), None);
+        }
+    }
+
+    /// A one-node "cluster" on loopback that owns every slot. Once told
+    /// to, it stops answering the connections it has (it reads and says
+    /// nothing), while new connections are served: a client whose
+    /// connection hung, against a cluster that is fine.
+    mod fake_node {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
+
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        use tokio::net::{TcpListener, TcpStream};
+
+        pub(super) struct FakeNode {
+            pub(super) port: u16,
+            /// Connections numbered below this one get no answers.
+            silent_below: Arc<AtomicU64>,
+            opened: Arc<AtomicU64>,
+        }
+
+        impl FakeNode {
+            pub(super) async fn start() -> Self {
+                let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let port = listener.local_addr().unwrap().port();
+                let silent_below = Arc::new(AtomicU64::new(0));
+                let opened = Arc::new(AtomicU64::new(0));
+                let (silent, count) = (silent_below.clone(), opened.clone());
+                tokio::spawn(async move {
+                    while let Ok((stream, _)) = listener.accept().await {
+                        let number = count.fetch_add(1, Ordering::SeqCst);
+                        tokio::spawn(serve(stream, port, number, silent.clone()));
+                    }
+                });
+                Self {
+                    port,
+                    silent_below,
+                    opened,
+                }
+            }
+
+            /// From now on, the connections open so far get no answers.
+            pub(super) fn hang_open_connections(&self) {
+                self.silent_below
+                    .store(self.opened.load(Ordering::SeqCst), Ordering::SeqCst);
+            }
+        }
+
+        async fn serve(stream: TcpStream, port: u16, number: u64, silent: Arc<AtomicU64>) {
+            let (read, mut write) = stream.into_split();
+            let mut lines = BufReader::new(read);
+            loop {
+                // A command: `*n`, then `$len` and the argument, n times.
+                let mut header = String::new();
+                if lines.read_line(&mut header).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                let Some(n) = header.trim().strip_prefix('*') else {
+                    return;
+                };
+                let mut args = Vec::new();
+                for _ in 0..n.parse::<usize>().unwrap_or(0) {
+                    let (mut len, mut arg) = (String::new(), String::new());
+                    lines.read_line(&mut len).await.unwrap();
+                    lines.read_line(&mut arg).await.unwrap();
+                    args.push(arg.trim_end().to_ascii_uppercase());
+                }
+                if number < silent.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let reply = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+                    ["CLUSTER", "SLOTS"] => {
+                        format!("*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:{port}\r\n")
+                    }
+                    ["PING", ..] => "+PONG\r\n".to_owned(),
+                    ["GET", ..] => "$-1\r\n".to_owned(),
+                    _ => "+OK\r\n".to_owned(),
+                };
+                if write.write_all(reply.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// A GET through `link`, noted as the store notes its calls.
+    async fn get(link: &ClusterLink) -> Result<Option<String>, Error> {
+        let result = deadpool_redis::redis::cmd("GET")
+            .arg("k")
+            .query_async::<Option<String>>(&mut link.conn())
+            .await
+            .map_err(|e| Error::from_redis("reading", e));
+        link.after(&result, "redis-lease").await;
+        result
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_that_only_times_out_is_replaced_and_the_calls_go_on() {
+        let node = fake_node::FakeNode::start().await;
+        let response_timeout = Duration::from_millis(200);
+        let client = ClusterClient::builder(vec![format!("redis://127.0.0.1:{}", node.port)])
+            .connection_timeout(Duration::from_secs(1))
+            .response_timeout(response_timeout)
+            .build()
+            .unwrap();
+        let conn = client.get_async_connection().await.unwrap();
+        let link = ClusterLink::new(conn, client, Duration::from_secs(2), response_timeout);
+        assert_eq!(get(&link).await.unwrap(), None, "the fake node answers");
+
+        node.hang_open_connections();
+        let hung_at = Instant::now();
+        let mut timeouts = 0;
+        let answered = loop {
+            match get(&link).await {
+                Ok(value) => break value,
+                Err(e) => {
+                    assert!(e.is_timeout(), "only timeouts while hung: {e}");
+                    timeouts += 1;
+                }
+            }
+            assert!(
+                hung_at.elapsed() < LEAST_STALL * 3,
+                "still no answer {:?} after the connection hung",
+                hung_at.elapsed()
+            );
+        };
+        assert_eq!(answered, None);
+        assert_eq!(link.replaced(), 1, "one new connection");
+        assert!(
+            hung_at.elapsed() >= LEAST_STALL,
+            "replaced only once the calls had timed out for the limit ({:?})",
+            hung_at.elapsed()
+        );
+        assert!(timeouts >= 2, "the calls timed out first ({timeouts})");
+    }
+
+    #[test]
+    fn the_limit_is_three_response_timeouts_and_at_least_five_seconds() {
+        assert_eq!(stall_limit(Duration::from_secs(2)), Duration::from_secs(6));
+        assert_eq!(stall_limit(Duration::from_millis(300)), LEAST_STALL);
+    }
+}
