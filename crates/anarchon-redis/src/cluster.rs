@@ -182,6 +182,7 @@ impl Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fake_cluster::FakeCluster;
 
     const LIMIT: Duration = Duration::from_secs(6);
 
@@ -223,88 +224,6 @@ mod tests {
         }
     }
 
-    /// A one-node "cluster" on loopback that owns every slot. Once told
-    /// to, it stops answering the connections it has (it reads and says
-    /// nothing), while new connections are served: a client whose
-    /// connection hung, against a cluster that is fine.
-    mod fake_node {
-        use std::sync::Arc;
-        use std::sync::atomic::{AtomicU64, Ordering};
-
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-        use tokio::net::{TcpListener, TcpStream};
-
-        pub(super) struct FakeNode {
-            pub(super) port: u16,
-            /// Connections numbered below this one get no answers.
-            silent_below: Arc<AtomicU64>,
-            opened: Arc<AtomicU64>,
-        }
-
-        impl FakeNode {
-            pub(super) async fn start() -> Self {
-                let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-                let port = listener.local_addr().unwrap().port();
-                let silent_below = Arc::new(AtomicU64::new(0));
-                let opened = Arc::new(AtomicU64::new(0));
-                let (silent, count) = (silent_below.clone(), opened.clone());
-                tokio::spawn(async move {
-                    while let Ok((stream, _)) = listener.accept().await {
-                        let number = count.fetch_add(1, Ordering::SeqCst);
-                        tokio::spawn(serve(stream, port, number, silent.clone()));
-                    }
-                });
-                Self {
-                    port,
-                    silent_below,
-                    opened,
-                }
-            }
-
-            /// From now on, the connections open so far get no answers.
-            pub(super) fn hang_open_connections(&self) {
-                self.silent_below
-                    .store(self.opened.load(Ordering::SeqCst), Ordering::SeqCst);
-            }
-        }
-
-        async fn serve(stream: TcpStream, port: u16, number: u64, silent: Arc<AtomicU64>) {
-            let (read, mut write) = stream.into_split();
-            let mut lines = BufReader::new(read);
-            loop {
-                // A command: `*n`, then `$len` and the argument, n times.
-                let mut header = String::new();
-                if lines.read_line(&mut header).await.unwrap_or(0) == 0 {
-                    return;
-                }
-                let Some(n) = header.trim().strip_prefix('*') else {
-                    return;
-                };
-                let mut args = Vec::new();
-                for _ in 0..n.parse::<usize>().unwrap_or(0) {
-                    let (mut len, mut arg) = (String::new(), String::new());
-                    lines.read_line(&mut len).await.unwrap();
-                    lines.read_line(&mut arg).await.unwrap();
-                    args.push(arg.trim_end().to_ascii_uppercase());
-                }
-                if number < silent.load(Ordering::SeqCst) {
-                    continue;
-                }
-                let reply = match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
-                    ["CLUSTER", "SLOTS"] => {
-                        format!("*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:{port}\r\n")
-                    }
-                    ["PING", ..] => "+PONG\r\n".to_owned(),
-                    ["GET", ..] => "$-1\r\n".to_owned(),
-                    _ => "+OK\r\n".to_owned(),
-                };
-                if write.write_all(reply.as_bytes()).await.is_err() {
-                    return;
-                }
-            }
-        }
-    }
-
     /// A GET through `link`, noted as the store notes its calls.
     async fn get(link: &ClusterLink) -> Result<Option<String>, Error> {
         let result = deadpool_redis::redis::cmd("GET")
@@ -318,9 +237,9 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_connection_that_only_times_out_is_replaced_and_the_calls_go_on() {
-        let node = fake_node::FakeNode::start().await;
+        let node = FakeCluster::start(1).await;
         let response_timeout = Duration::from_millis(200);
-        let client = ClusterClient::builder(vec![format!("redis://127.0.0.1:{}", node.port)])
+        let client = ClusterClient::builder(vec![node.url(0)])
             .connection_timeout(Duration::from_secs(1))
             .response_timeout(response_timeout)
             .build()
@@ -329,7 +248,7 @@ mod tests {
         let link = ClusterLink::new(conn, client, Duration::from_secs(2), response_timeout);
         assert_eq!(get(&link).await.unwrap(), None, "the fake node answers");
 
-        node.hang_open_connections();
+        node.hang_open_connections(0);
         let hung_at = Instant::now();
         let mut timeouts = 0;
         let answered = loop {

@@ -694,7 +694,7 @@ impl Link {
         for reply in prelude? {
             check(reply, during)?;
         }
-        Ok(answers)
+        answers.into_iter().collect()
     }
 
     /// [`Self::eval`], but the prelude's answers come back unchecked, beside
@@ -704,14 +704,18 @@ impl Link {
     ///
     /// On a cluster the prelude is its own pipeline (its commands must
     /// share a hash slot) and the calls are grouped by hash slot, each
-    /// group one pipeline; all are sent at once.
+    /// group one pipeline; all are sent at once. A group that fails (its
+    /// node is down, its round trip timed out) fails only its own calls:
+    /// each of them answers the group's error, and the other nodes' calls
+    /// keep their answers. On one server all calls share one round trip,
+    /// so they fail together: as the outer error.
     pub(crate) async fn eval_with_prelude(
         &self,
         prelude: &[Cmd],
         calls: &[Call],
         durable: Durable,
         during: &'static str,
-    ) -> Result<(Result<Vec<Value>, Error>, Vec<Value>), Error> {
+    ) -> Result<(Result<Vec<Value>, Error>, Vec<Result<Value, Error>>), Error> {
         let wait = match durable {
             Durable::Yes => self.wait,
             Durable::No => None,
@@ -721,7 +725,7 @@ impl Link {
             let (prelude, answers) = self
                 .rounds(prelude, &all, wait, Reload::InPipeline, during)
                 .await?;
-            return Ok((Ok(prelude), answers));
+            return Ok((Ok(prelude), answers.into_iter().map(Ok).collect()));
         }
         let mut groups: HashMap<Slot, Vec<usize>> = HashMap::new();
         for (i, call) in calls.iter().enumerate() {
@@ -745,17 +749,29 @@ impl Link {
         });
         let (prelude_replies, group_answers) =
             futures::future::join(prelude_future, futures::future::join_all(group_futures)).await;
-        let mut answers: Vec<Option<Value>> = vec![None; calls.len()];
+        let mut answers: Vec<Option<Result<Value, Error>>> =
+            std::iter::repeat_with(|| None).take(calls.len()).collect();
         for (indices, result) in groups.iter().zip(group_answers) {
-            let (_, replies) = result?;
-            for (&i, reply) in indices.iter().zip(replies) {
-                answers[i] = Some(reply);
+            match result {
+                Ok((_, replies)) => {
+                    for (&i, reply) in indices.iter().zip(replies) {
+                        answers[i] = Some(Ok(reply));
+                    }
+                }
+                Err(error) => {
+                    for &i in indices.iter().skip(1) {
+                        answers[i] = Some(Err(error.for_another_call()));
+                    }
+                    if let Some(&first) = indices.first() {
+                        answers[first] = Some(Err(error));
+                    }
+                }
             }
         }
         let answers = answers
             .into_iter()
-            .map(|a| a.ok_or_else(|| Error::protocol(during, "an answer is missing")))
-            .collect::<Result<_, _>>()?;
+            .map(|a| a.unwrap_or_else(|| Err(Error::protocol(during, "an answer is missing"))))
+            .collect();
         Ok((prelude_replies, answers))
     }
 
@@ -1175,6 +1191,61 @@ mod tests {
             anarchon_core::StoreErrorKind::Unavailable
         );
         assert!(check_wait(wait, Value::Nil, "claiming").is_err());
+    }
+
+    /// A key whose hash slot lies in `first..=last`.
+    fn key_in(first: u16, last: u16) -> String {
+        (0..)
+            .map(|i| format!("{{job-{i}}}:x"))
+            .find(|key| (first..=last).any(|slot| Some(Slot::for_key(key)) == Slot::new(slot)))
+            .expect("some key hashes into any range")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cluster_node_that_stops_answering_costs_only_its_own_calls() {
+        let cluster = crate::fake_cluster::FakeCluster::start(2).await;
+        let opts = RedisOptions::new(format!(
+            "{}?cluster=true&seed={}",
+            cluster.url(0),
+            cluster.address(1)
+        ))
+        .with_cluster(true)
+        .with_response_timeout(Duration::from_millis(300));
+        let link = Link::connect(&opts, "redis-lease", &[]).await.unwrap();
+        let call = |node: usize| {
+            let (first, last) = cluster.slots_of(node);
+            Call {
+                lua: &TEST_LUA,
+                keys: vec![key_in(first, last)],
+                args: Vec::new(),
+            }
+        };
+        let calls = [call(0), call(1), call(0)];
+        let (_, answers) = link
+            .eval_with_prelude(&[], &calls, Durable::No, "claiming")
+            .await
+            .unwrap();
+        assert!(
+            answers.iter().all(Result::is_ok),
+            "both nodes answer: {answers:?}"
+        );
+
+        cluster.hang_open_connections(1);
+        let (_, answers) = link
+            .eval_with_prelude(&[], &calls, Durable::No, "claiming")
+            .await
+            .expect("the calls answer one by one, not as one error");
+        let [first, hung, second] = &answers[..] else {
+            panic!("three answers: {answers:?}");
+        };
+        assert!(
+            first.is_ok() && second.is_ok(),
+            "node 0 answered: {answers:?}"
+        );
+        assert!(
+            hung.as_ref().is_err_and(Error::is_timeout),
+            "node 1's call timed out on its own: {hung:?}"
+        );
     }
 
     #[test]

@@ -228,6 +228,53 @@ impl Error {
         matches!(self, Error::Unavailable { source: Some(e), .. } if e.is_timeout())
     }
 
+    /// The same error, for another call of the round trip that failed.
+    pub(crate) fn for_another_call(&self) -> Self {
+        match self {
+            Error::Unavailable {
+                during,
+                cause,
+                source,
+            } => Error::Unavailable {
+                during,
+                cause: cause.clone(),
+                source: source.clone(),
+            },
+            Error::NotReplicated {
+                during,
+                wanted,
+                acknowledged,
+                timeout,
+            } => Error::NotReplicated {
+                during,
+                wanted: *wanted,
+                acknowledged: *acknowledged,
+                timeout: *timeout,
+            },
+            Error::Server {
+                during,
+                detail,
+                source,
+            } => Error::Server {
+                during,
+                detail: detail.clone(),
+                source: source.clone(),
+            },
+            Error::AccessDenied { during, detail } => Error::AccessDenied {
+                during,
+                detail: detail.clone(),
+            },
+            Error::WrongType { during, detail } => Error::WrongType {
+                during,
+                detail: detail.clone(),
+            },
+            other => Error::Protocol {
+                during: "sending a round trip",
+                detail: other.to_string(),
+            },
+        }
+    }
+
     /// This error as the core's [`StoreError`] for the strategy `backend`:
     /// unavailable (temporary), invalid (configuration, credentials, key
     /// types, server) or protocol.

@@ -417,7 +417,17 @@ impl RedisLeaseStore {
         Ok(replies
             .into_iter()
             .zip(reqs.chunks(per_script))
-            .flat_map(|(reply, chunk)| unbatch_claims(reply, chunk.len()))
+            .flat_map(|(reply, chunk)| match reply {
+                Ok(reply) => unbatch_claims(reply, chunk.len()),
+                // A cluster node's calls failed: its claims answer the error.
+                Err(error) => {
+                    let mut answers: Vec<_> = (1..chunk.len())
+                        .map(|_| Err(error.for_another_call()))
+                        .collect();
+                    answers.insert(0, Err(error));
+                    answers
+                }
+            })
             .collect())
     }
 

@@ -3,6 +3,8 @@
 mod cluster;
 mod connection;
 mod error;
+#[cfg(test)]
+mod fake_cluster;
 mod idmp;
 mod keys;
 mod lease;
