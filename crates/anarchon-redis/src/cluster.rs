@@ -4,13 +4,14 @@
 //! Why: redis-rs's cluster connection serves every call from one task,
 //! and while that task refreshes its slot map it serves nothing. After a
 //! master was killed we have seen that refresh never end: from then on
-//! every call of every store in the process timed out, for as long as we
+//! every call of the stores it happened to timed out, for as long as we
 //! watched (28 s), while the cluster itself had long promoted the replica
 //! and answered other clients (see `tests/cluster_faults.rs`). The
 //! connection has no way out of that state on its own, so the store
-//! watches for it: when its calls have only timed out for
-//! [`ClusterLink::stall_limit`] and none was answered, it builds a new
-//! connection from the seeds and sends the next calls over that.
+//! watches for it: when its calls have only timed out, none answered, for
+//! a while ([`stall_limit`]: two response timeouts, at least 4 s, from the
+//! first of those timeouts), it builds a new connection from the seeds and
+//! sends the next calls over that.
 //!
 //! A call answered with a server error still counts as answered; a
 //! refused connection is not a timeout. So a node that is down (its
@@ -31,7 +32,7 @@ use crate::error::Error;
 
 /// The shortest a cluster connection's calls may only time out before it
 /// is replaced, whatever the response timeout.
-const LEAST_STALL: Duration = Duration::from_secs(5);
+const LEAST_STALL: Duration = Duration::from_secs(4);
 
 /// A Redis Cluster connection that is replaced when it stalls.
 pub(crate) struct ClusterLink {
@@ -66,7 +67,7 @@ impl ClusterLink {
             conn: Mutex::new(conn),
             client,
             connect_bound,
-            watch: Mutex::new(Watch::new(now, stall_limit(response_timeout))),
+            watch: Mutex::new(Watch::new(stall_limit(response_timeout))),
             replacing: tokio::sync::Mutex::new(()),
             replaced: AtomicU64::new(0),
             since: now,
@@ -96,19 +97,19 @@ impl ClusterLink {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .note(Instant::now(), timed_out);
-        if let Some(silent_for) = stalled {
-            self.replace(backend, silent_for).await;
+        if let Some(timing_out_for) = stalled {
+            self.replace(backend, timing_out_for).await;
         }
     }
 
-    async fn replace(&self, backend: &'static str, silent_for: Duration) {
+    async fn replace(&self, backend: &'static str, timing_out_for: Duration) {
         let Ok(_one) = self.replacing.try_lock() else {
             return;
         };
         tracing::warn!(
             backend,
-            ?silent_for,
-            "the Redis Cluster connection answered no call for {silent_for:?}, only timeouts: connecting to the cluster anew"
+            ?timing_out_for,
+            "every call on the Redis Cluster connection timed out for {timing_out_for:?}, none answered: connecting to the cluster anew"
         );
         match tokio::time::timeout(self.connect_bound, self.client.get_async_connection()).await {
             Ok(Ok(conn)) => {
@@ -120,7 +121,7 @@ impl ClusterLink {
                 self.watch
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .restart(Instant::now());
+                    .restart();
             }
             Ok(Err(error)) => tracing::warn!(
                 backend,
@@ -135,47 +136,52 @@ impl ClusterLink {
     }
 }
 
-/// How long calls may only time out before the connection is replaced:
-/// three response timeouts, and never less than [`LEAST_STALL`].
+/// How long calls may only time out, from the first of those timeouts,
+/// before the connection is replaced: two response timeouts, and never
+/// less than [`LEAST_STALL`].
 fn stall_limit(response_timeout: Duration) -> Duration {
-    (response_timeout * 3).max(LEAST_STALL)
+    (response_timeout * 2).max(LEAST_STALL)
 }
 
-/// When a connection last answered, and whether it is stalled.
+/// Whether a connection's calls have only timed out, and since when.
 #[derive(Debug)]
 struct Watch {
-    answered: Instant,
+    /// When the first of the timeouts since the last answer came (none
+    /// since then: `None`).
+    timing_out_since: Option<Instant>,
     limit: Duration,
 }
 
 impl Watch {
-    fn new(now: Instant, limit: Duration) -> Self {
+    fn new(limit: Duration) -> Self {
         Self {
-            answered: now,
+            timing_out_since: None,
             limit,
         }
     }
 
     /// Notes a call that ended at `now`: answered, or timed out. Returns
-    /// how long the connection has answered nothing when a timeout ends a
-    /// stall (the limit passed since the last answer); then the next stall
-    /// is counted from now, so one stall asks for one replacement.
+    /// how long the calls have only timed out when a timeout ends a stall
+    /// (the limit passed since the first of them); then the next stall is
+    /// counted from now, so one stall asks for one replacement. A store
+    /// that sent nothing for a while is not stalled: only timeouts count.
     fn note(&mut self, now: Instant, timed_out: bool) -> Option<Duration> {
         if !timed_out {
-            self.answered = now;
+            self.timing_out_since = None;
             return None;
         }
-        let silent_for = now.saturating_duration_since(self.answered);
-        if silent_for < self.limit {
+        let since = *self.timing_out_since.get_or_insert(now);
+        let timing_out_for = now.saturating_duration_since(since);
+        if timing_out_for < self.limit {
             return None;
         }
-        self.answered = now;
-        Some(silent_for)
+        self.timing_out_since = Some(now);
+        Some(timing_out_for)
     }
 
-    /// A new connection: counted as answered at `now`.
-    fn restart(&mut self, now: Instant) {
-        self.answered = now;
+    /// A new connection: nothing timed out on it yet.
+    fn restart(&mut self) {
+        self.timing_out_since = None;
     }
 }
 
@@ -184,44 +190,62 @@ mod tests {
     use super::*;
     use crate::fake_cluster::FakeCluster;
 
-    const LIMIT: Duration = Duration::from_secs(6);
+    const LIMIT: Duration = Duration::from_secs(4);
+
+    fn at(start: Instant, s: u64) -> Instant {
+        start + Duration::from_secs(s)
+    }
 
     #[test]
-    fn timeouts_after_an_answer_within_the_limit_are_no_stall() {
+    fn an_answer_ends_a_run_of_timeouts() {
         let start = Instant::now();
-        let mut watch = Watch::new(start, LIMIT);
-        assert_eq!(watch.note(start + Duration::from_secs(5), true), None);
-        // An answer resets the count: later timeouts count from it.
-        assert_eq!(watch.note(start + Duration::from_secs(5), false), None);
-        assert_eq!(watch.note(start + Duration::from_secs(10), true), None);
+        let mut watch = Watch::new(LIMIT);
+        assert_eq!(watch.note(at(start, 1), true), None);
+        assert_eq!(watch.note(at(start, 4), true), None);
+        assert_eq!(watch.note(at(start, 4), false), None);
+        // Counted afresh from the next timeout.
+        assert_eq!(watch.note(at(start, 6), true), None);
+        assert_eq!(watch.note(at(start, 9), true), None);
     }
 
     #[test]
     fn only_timeouts_for_the_limit_are_a_stall_asked_for_once() {
         let start = Instant::now();
-        let mut watch = Watch::new(start, LIMIT);
-        assert_eq!(watch.note(start + Duration::from_secs(2), true), None);
+        let mut watch = Watch::new(LIMIT);
+        assert_eq!(watch.note(at(start, 2), true), None);
+        assert_eq!(watch.note(at(start, 4), true), None);
         assert_eq!(
-            watch.note(start + Duration::from_secs(6), true),
+            watch.note(at(start, 6), true),
             Some(LIMIT),
-            "six seconds without an answer, ending in a timeout"
+            "four seconds of nothing but timeouts"
         );
         // The calls that time out right after do not ask again...
-        assert_eq!(watch.note(start + Duration::from_secs(7), true), None);
-        // ...until another whole limit passed without an answer.
-        assert_eq!(
-            watch.note(start + Duration::from_secs(12), true),
-            Some(LIMIT)
-        );
+        assert_eq!(watch.note(at(start, 7), true), None);
+        // ...until another whole limit passed.
+        assert_eq!(watch.note(at(start, 10), true), Some(LIMIT));
+    }
+
+    #[test]
+    fn a_store_that_sent_nothing_for_long_is_not_stalled_by_one_timeout() {
+        let start = Instant::now();
+        let mut watch = Watch::new(LIMIT);
+        assert_eq!(watch.note(at(start, 1), false), None);
+        assert_eq!(watch.note(at(start, 3_600), true), None);
     }
 
     #[test]
     fn errors_that_are_not_timeouts_never_ask_for_a_new_connection() {
         let start = Instant::now();
-        let mut watch = Watch::new(start, LIMIT);
+        let mut watch = Watch::new(LIMIT);
         for s in 1..60 {
-            assert_eq!(watch.note(start + Duration::from_secs(s), false), None);
+            assert_eq!(watch.note(at(start, s), false), None);
         }
+    }
+
+    #[test]
+    fn the_limit_is_two_response_timeouts_and_at_least_four_seconds() {
+        assert_eq!(stall_limit(Duration::from_secs(3)), Duration::from_secs(6));
+        assert_eq!(stall_limit(Duration::from_millis(300)), LEAST_STALL);
     }
 
     /// A GET through `link`, noted as the store notes its calls.
@@ -273,11 +297,5 @@ mod tests {
             hung_at.elapsed()
         );
         assert!(timeouts >= 2, "the calls timed out first ({timeouts})");
-    }
-
-    #[test]
-    fn the_limit_is_three_response_timeouts_and_at_least_five_seconds() {
-        assert_eq!(stall_limit(Duration::from_secs(2)), Duration::from_secs(6));
-        assert_eq!(stall_limit(Duration::from_millis(300)), LEAST_STALL);
     }
 }
