@@ -43,7 +43,7 @@ pub(crate) struct ClusterLink {
     client: ClusterClient,
     /// How long building one may take.
     connect_bound: Duration,
-    /// Whether calls are answered, and when one last was.
+    /// Whether the calls only time out, and since when.
     watch: Mutex<Watch>,
     /// One replacement at a time.
     replacing: tokio::sync::Mutex<()>,
@@ -123,14 +123,17 @@ impl ClusterLink {
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .restart();
             }
+            // Only the kind of failure: the client's own text may carry
+            // what the URL held.
             Ok(Err(error)) => tracing::warn!(
                 backend,
-                "could not connect to the Redis Cluster anew (the next stalled call tries again): {error}"
+                kind = error.category(),
+                "could not connect to the Redis Cluster anew (the next stall tries again)"
             ),
             Err(_) => tracing::warn!(
                 backend,
                 bound = ?self.connect_bound,
-                "could not connect to the Redis Cluster anew within its bound (the next stalled call tries again)"
+                "could not connect to the Redis Cluster anew within its bound (the next stall tries again)"
             ),
         }
     }
