@@ -62,7 +62,6 @@ impl ClusterLink {
         connect_bound: Duration,
         response_timeout: Duration,
     ) -> Self {
-        let now = Instant::now();
         Self {
             conn: Mutex::new(conn),
             client,
@@ -70,7 +69,7 @@ impl ClusterLink {
             watch: Mutex::new(Watch::new(stall_limit(response_timeout))),
             replacing: tokio::sync::Mutex::new(()),
             replaced: AtomicU64::new(0),
-            since: now,
+            since: Instant::now(),
         }
     }
 

@@ -759,11 +759,8 @@ impl Link {
                     }
                 }
                 Err(error) => {
-                    for &i in indices.iter().skip(1) {
-                        answers[i] = Some(Err(error.for_another_call()));
-                    }
-                    if let Some(&first) = indices.first() {
-                        answers[first] = Some(Err(error));
+                    for (&i, error) in indices.iter().zip(error.for_each_of(indices.len())) {
+                        answers[i] = Some(Err(error));
                     }
                 }
             }

@@ -228,8 +228,16 @@ impl Error {
         matches!(self, Error::Unavailable { source: Some(e), .. } if e.is_timeout())
     }
 
+    /// This error as the answer of each of `calls` calls that failed
+    /// together: the first gets it, the others a copy.
+    pub(crate) fn for_each_of(self, calls: usize) -> Vec<Self> {
+        let mut errors: Vec<Self> = (1..calls).map(|_| self.for_another_call()).collect();
+        errors.insert(0, self);
+        errors
+    }
+
     /// The same error, for another call of the round trip that failed.
-    pub(crate) fn for_another_call(&self) -> Self {
+    fn for_another_call(&self) -> Self {
         match self {
             Error::Unavailable {
                 during,

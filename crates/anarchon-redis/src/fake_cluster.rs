@@ -37,17 +37,11 @@ impl FakeCluster {
             .iter()
             .map(|l| l.local_addr().unwrap().port())
             .collect();
-        let share = 16_384 / n;
         let mut slots = format!("*{n}\r\n");
         for (i, port) in (0..n).zip(&ports) {
-            let end = if i + 1 == n {
-                16_383
-            } else {
-                (i + 1) * share - 1
-            };
+            let (first, last) = share(i, n);
             slots.push_str(&format!(
-                "*3\r\n:{}\r\n:{end}\r\n*2\r\n$9\r\n127.0.0.1\r\n:{port}\r\n",
-                i * share
+                "*3\r\n:{first}\r\n:{last}\r\n*2\r\n$9\r\n127.0.0.1\r\n:{port}\r\n"
             ));
         }
         let slots: Arc<str> = slots.into();
@@ -83,16 +77,9 @@ impl FakeCluster {
 
     /// The first slot node `i` owns, and its last.
     pub(crate) fn slots_of(&self, i: usize) -> (u16, u16) {
-        let n = u16::try_from(self.nodes.len()).unwrap();
-        let i = u16::try_from(i).unwrap();
-        let share = 16_384 / n;
-        (
-            i * share,
-            if i + 1 == n {
-                16_383
-            } else {
-                (i + 1) * share - 1
-            },
+        share(
+            u16::try_from(i).unwrap(),
+            u16::try_from(self.nodes.len()).unwrap(),
         )
     }
 
@@ -102,6 +89,18 @@ impl FakeCluster {
         node.silent_below
             .store(node.opened.load(Ordering::SeqCst), Ordering::SeqCst);
     }
+}
+
+/// The first and last slot of node `i` of `n`: equal shares, the last
+/// node taking what the division leaves.
+fn share(i: u16, n: u16) -> (u16, u16) {
+    let size = 16_384 / n;
+    let last = if i + 1 == n {
+        16_383
+    } else {
+        (i + 1) * size - 1
+    };
+    (i * size, last)
 }
 
 /// Serves one connection: reads commands (`*n`, then `$len` and the

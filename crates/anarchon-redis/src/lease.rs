@@ -420,13 +420,11 @@ impl RedisLeaseStore {
             .flat_map(|(reply, chunk)| match reply {
                 Ok(reply) => unbatch_claims(reply, chunk.len()),
                 // A cluster node's calls failed: its claims answer the error.
-                Err(error) => {
-                    let mut answers: Vec<_> = (1..chunk.len())
-                        .map(|_| Err(error.for_another_call()))
-                        .collect();
-                    answers.insert(0, Err(error));
-                    answers
-                }
+                Err(error) => error
+                    .for_each_of(chunk.len())
+                    .into_iter()
+                    .map(Err)
+                    .collect(),
             })
             .collect())
     }
