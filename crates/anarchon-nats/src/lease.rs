@@ -174,10 +174,27 @@ pub struct NatsLeaseStore {
     /// What the bucket was made from: to make it again when a server
     /// restart deleted an in-memory bucket.
     leases: NatsLeaseOptions,
+    /// Whether reads use JetStream's direct get: only when the bucket has
+    /// one replica and allows it (see [`NatsLeaseStore::read`]).
+    direct_reads: bool,
     /// Hand-overs heard, from this handle and (through the subscription)
     /// from every other handle on the bucket.
     hand_overs: Arc<HandOvers>,
     _listener: Listener,
+}
+
+/// Whether a bucket of this configuration is read with direct get.
+///
+/// Direct get answers from any server that holds the stream, without the
+/// JSON and base64 wrapping of the leader's message API, so it costs the
+/// server and the client much less for a large job document. With one
+/// replica the one server that answers is the leader, so a read never
+/// misses a write that was acknowledged; with more, a follower that lags
+/// could answer, and a heartbeat could then think its run was lost. So a
+/// replicated bucket is read from its leader. A bucket made without
+/// `allow_direct` (by hand) has no server answering direct gets at all.
+fn reads_directly(config: &async_nats::jetstream::stream::Config) -> bool {
+    config.allow_direct && config.num_replicas <= 1
 }
 
 /// The core NATS subject on which a bucket's hand-overs are announced.
@@ -218,6 +235,7 @@ impl NatsLeaseStore {
             |config| leases.verify(config),
         )
         .await?;
+        let direct_reads = reads_directly(&stream.cached_info().config);
         let mut news = client
             .subscribe(hand_over_subject(leases.bucket()))
             .await
@@ -246,6 +264,7 @@ impl NatsLeaseStore {
             timeout,
             counters: Counters::default(),
             leases,
+            direct_reads,
             hand_overs,
             _listener: listener,
         })
@@ -369,6 +388,22 @@ mod tests {
         assert!(!is_wrong_last_sequence(&PublishError::new(
             PublishErrorKind::Other
         )));
+    }
+
+    #[test]
+    fn only_a_one_replica_bucket_that_allows_it_is_read_directly() {
+        let config = NatsLeaseOptions::new().stream_config();
+        assert!(reads_directly(&config), "the bucket we make, one replica");
+        let replicated = async_nats::jetstream::stream::Config {
+            num_replicas: 3,
+            ..config.clone()
+        };
+        assert!(!reads_directly(&replicated), "a follower could lag");
+        let by_hand = async_nats::jetstream::stream::Config {
+            allow_direct: false,
+            ..config
+        };
+        assert!(!reads_directly(&by_hand), "nobody answers a direct get");
     }
 
     #[test]

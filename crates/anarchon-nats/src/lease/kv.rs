@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use anarchon_core::{JobName, RecordState, RunKey, Slot, StoreError};
 use async_nats::HeaderMap;
+use async_nats::StatusCode;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::stream::{DirectGetErrorKind, LastRawMessageErrorKind};
 use futures::TryStreamExt;
 
 use super::clock::server_millis;
@@ -103,7 +104,8 @@ impl NatsLeaseStore {
         Ok(())
     }
 
-    /// The latest message of `key`, from the stream's leader.
+    /// The latest message of `key`: by direct get on a one-replica bucket,
+    /// from the stream's leader otherwise (see `reads_directly`).
     pub(super) async fn read(&self, key: &str) -> Result<Option<Entry>, StoreError> {
         match self.read_once(key).await {
             Err(Gone::Yes(_)) if self.may_recreate() => {
@@ -117,42 +119,64 @@ impl NatsLeaseStore {
     async fn read_once(&self, key: &str) -> Result<Option<Entry>, Gone> {
         Counters::add(&self.counters.requests, 1);
         let subject = self.subject(key);
-        let answer = tokio::time::timeout(
-            self.timeout,
-            self.stream.get_last_raw_message_by_subject(&subject),
-        )
-        .await;
-        let message = match answer {
-            Err(_) => {
-                return Err(Gone::Not(self.unavailable(format!(
-                    "reading {key} took longer than {:?}",
-                    self.timeout
-                ))));
-            }
-            Ok(Err(e)) if e.kind() == LastRawMessageErrorKind::NoMessageFound => return Ok(None),
-            Ok(Err(e)) => {
-                let gone = matches!(e.kind(), LastRawMessageErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND);
-                let error = self
-                    .unavailable(format!("reading {key} failed: {e}"))
-                    .with_source(e);
-                return Err(if gone {
-                    Gone::Yes(error)
-                } else {
-                    Gone::Not(error)
-                });
-            }
-            Ok(Ok(message)) => message,
+        let late = || {
+            Gone::Not(
+                self.unavailable(format!("reading {key} took longer than {:?}", self.timeout)),
+            )
         };
-        let written_at = server_millis(message.time).ok_or_else(|| {
+        let failed = |gone: bool, e: Box<dyn std::error::Error + Send + Sync>| {
+            let error = self
+                .unavailable(format!("reading {key} failed: {e}"))
+                .with_source(e);
+            if gone {
+                Gone::Yes(error)
+            } else {
+                Gone::Not(error)
+            }
+        };
+        let (sequence, time, headers, payload) = if self.direct_reads {
+            let answer = tokio::time::timeout(
+                self.timeout,
+                self.stream.direct_get_last_for_subject(subject),
+            )
+            .await;
+            match answer {
+                Err(_) => return Err(late()),
+                Ok(Err(e)) if e.kind() == DirectGetErrorKind::NotFound => return Ok(None),
+                Ok(Err(e)) => {
+                    // Nobody answers a direct get for a stream that is gone.
+                    let gone = matches!(e.kind(), DirectGetErrorKind::ErrorResponse(status, _) if status == StatusCode::NO_RESPONDERS);
+                    return Err(failed(gone, Box::new(e)));
+                }
+                Ok(Ok(m)) => (m.sequence, m.time, m.headers, m.payload),
+            }
+        } else {
+            let answer = tokio::time::timeout(
+                self.timeout,
+                self.stream.get_last_raw_message_by_subject(&subject),
+            )
+            .await;
+            match answer {
+                Err(_) => return Err(late()),
+                Ok(Err(e)) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {
+                    return Ok(None);
+                }
+                Ok(Err(e)) => {
+                    let gone = matches!(e.kind(), LastRawMessageErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND);
+                    return Err(failed(gone, Box::new(e)));
+                }
+                Ok(Ok(m)) => (m.sequence, m.time, m.headers, m.payload),
+            }
+        };
+        let written_at = server_millis(time).ok_or_else(|| {
             Gone::Not(self.protocol(format!("{key} has a timestamp before 1970 or after 2262")))
         })?;
-        let removed = message
-            .headers
+        let removed = headers
             .get(KV_OPERATION)
             .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
         Ok(Some(Entry {
-            revision: message.sequence,
-            payload: message.payload.to_vec(),
+            revision: sequence,
+            payload: payload.to_vec(),
             written_at,
             removed,
         }))
