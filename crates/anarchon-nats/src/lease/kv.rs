@@ -134,7 +134,7 @@ impl NatsLeaseStore {
                 Gone::Not(error)
             }
         };
-        let (sequence, time, headers, payload) = if self.direct_reads {
+        let message = if self.direct_reads {
             let answer = tokio::time::timeout(
                 self.timeout,
                 self.stream.direct_get_last_for_subject(subject),
@@ -148,7 +148,7 @@ impl NatsLeaseStore {
                     let gone = matches!(e.kind(), DirectGetErrorKind::ErrorResponse(status, _) if status == StatusCode::NO_RESPONDERS);
                     return Err(failed(gone, Box::new(e)));
                 }
-                Ok(Ok(m)) => (m.sequence, m.time, m.headers, m.payload),
+                Ok(Ok(message)) => message,
             }
         } else {
             let answer = tokio::time::timeout(
@@ -165,18 +165,19 @@ impl NatsLeaseStore {
                     let gone = matches!(e.kind(), LastRawMessageErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND);
                     return Err(failed(gone, Box::new(e)));
                 }
-                Ok(Ok(m)) => (m.sequence, m.time, m.headers, m.payload),
+                Ok(Ok(message)) => message,
             }
         };
-        let written_at = server_millis(time).ok_or_else(|| {
+        let written_at = server_millis(message.time).ok_or_else(|| {
             Gone::Not(self.protocol(format!("{key} has a timestamp before 1970 or after 2262")))
         })?;
-        let removed = headers
+        let removed = message
+            .headers
             .get(KV_OPERATION)
             .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
         Ok(Some(Entry {
-            revision: sequence,
-            payload: payload.to_vec(),
+            revision: message.sequence,
+            payload: message.payload.to_vec(),
             written_at,
             removed,
         }))
