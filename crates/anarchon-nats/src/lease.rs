@@ -6,6 +6,7 @@ mod batch;
 mod clock;
 mod gc;
 mod kv;
+mod live;
 mod options;
 mod pauses;
 mod records;

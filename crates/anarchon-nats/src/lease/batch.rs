@@ -107,7 +107,7 @@ impl NatsLeaseStore {
                 depth += 1;
             }
             let doc = &read.doc;
-            let in_doc = |slot: i64| doc.live.contains_key(&slot) || doc.ended.contains_key(&slot);
+            let in_doc = |slot: i64| doc.live.contains(slot) || doc.ended.contains_key(&slot);
             // Run keys matter only for slots the document once had.
             let mut to_read: Vec<&RunKey> = Vec::new();
             for (_, claim) in claims {

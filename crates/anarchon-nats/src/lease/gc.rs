@@ -138,9 +138,10 @@ impl NatsLeaseStore {
                     keep.push((*slot, record));
                 }
             }
-            for (slot, live) in &read.doc.live {
+            for entry in read.doc.live.iter() {
+                let (slot, live) = entry.map_err(|m| self.protocol(format!("{key}: {m}")))?;
                 if slot.saturating_abs() < cutoff && live.live_until(lease_cutoff) < lease_cutoff {
-                    dropped.push(*slot);
+                    dropped.push(slot);
                 }
             }
             let puts = join_all(keep.iter().map(|(slot, rec)| self.put_run(job, *slot, rec))).await;
@@ -151,7 +152,8 @@ impl NatsLeaseStore {
             }
             for slot in &dropped {
                 next.ended.remove(slot);
-                next.live.remove(slot);
+                // Parsed above: no error left to meet.
+                let _ = next.live.remove(*slot);
             }
             if next == read.doc {
                 return Ok((cutoff, dropped));

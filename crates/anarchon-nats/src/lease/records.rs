@@ -28,6 +28,7 @@ use anarchon_core::{
 use serde::{Deserialize, Serialize};
 
 use super::attempts::{self, Failure};
+use super::live::LiveRuns;
 
 /// A time on the server's clock, or one relative to the revision that holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,7 +60,7 @@ impl Stamp {
         }
     }
 
-    fn fix(&mut self, written_at: i64) {
+    pub(crate) fn fix(&mut self, written_at: i64) {
         *self = Stamp::At(self.resolve(written_at));
     }
 
@@ -86,9 +87,9 @@ pub(crate) struct JobDoc {
     /// its run key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) high: Option<i64>,
-    /// Running runs by slot.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub(crate) live: BTreeMap<i64, LiveRun>,
+    /// Running runs by slot, each parsed only when asked for.
+    #[serde(default, skip_serializing_if = "LiveRuns::is_empty")]
+    pub(crate) live: LiveRuns,
     /// Runs that ended (succeeded, failed, interrupted, skipped, paused)
     /// and whose record is not yet under its own run key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -293,23 +294,7 @@ impl JobDoc {
     pub(crate) fn decode(bytes: &[u8], written_at: i64) -> Result<Self, String> {
         let mut doc: JobDoc = serde_json::from_slice(bytes)
             .map_err(|e| format!("a job document is not valid JSON: {e}"))?;
-        for live in doc.live.values_mut() {
-            // Empty: given back before its handler started.
-            if !live.token.is_empty() && Token::parse(&live.token).is_none() {
-                return Err(format!(
-                    "a live run holds the token {:?}, which is not a UUID",
-                    live.token
-                ));
-            }
-            if live.attempt == 0 {
-                return Err("a live run has attempt 0".into());
-            }
-            live.started.fix(written_at);
-            live.lease_until.fix(written_at);
-            if let Some(failure) = &mut live.failed {
-                failure.fix(written_at);
-            }
-        }
+        doc.live.resolve(written_at)?;
         for ended in doc.ended.values_mut() {
             ended.record_state()?;
             ended.fix(written_at);
@@ -362,15 +347,20 @@ impl JobDoc {
     /// start). A claim of a live slot writes only when it takes a lapsed
     /// lease over, and one of an ended slot never does.
     pub(crate) fn may_start(&self, slot: i64) -> bool {
-        !self.live.contains_key(&slot) && self.ended.get(&slot).is_none_or(RunDoc::is_waiting)
+        !self.live.contains(slot) && self.ended.get(&slot).is_none_or(RunDoc::is_waiting)
     }
 
     /// Whether a run of the job other than `slot` is live at `now`: holds
     /// a live lease, or failed with its retry not due yet.
-    fn another_run_is_live(&self, slot: i64, now: i64) -> bool {
-        self.live
-            .iter()
-            .any(|(s, live)| *s != slot && live.live_until(now) >= now)
+    /// Every other live run is parsed to tell.
+    fn another_run_is_live(&self, slot: i64, now: i64) -> Result<bool, String> {
+        for entry in self.live.iter() {
+            let (s, live) = entry?;
+            if s != slot && live.live_until(now) >= now {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }
 
@@ -437,7 +427,7 @@ impl JobDoc {
                 retry_at: None,
             }));
         }
-        if let Some(live) = self.live.get(&slot) {
+        if let Some(live) = self.live.get(slot)? {
             let holder = if live.token.is_empty() {
                 None
             } else {
@@ -534,7 +524,7 @@ pub(crate) fn decide(
             };
             // Both overlap facts are in the document.
             let facts = Facts {
-                another_run_live: Some(doc.another_run_is_live(slot, now)),
+                another_run_live: Some(doc.another_run_is_live(slot, now)?),
                 another_waiting: Some(doc.another_is_waiting(slot, now)),
                 ..facts
             };
@@ -554,16 +544,16 @@ pub(crate) fn decide(
         None
     };
     let past_now = now.unwrap_or_default();
-    let mut past = match doc.live.get(&slot) {
+    let mut past = match doc.live.get(slot)? {
         Some(live) => attempts::past(live.earlier.as_deref())?,
         None => PastAttempts::NONE,
     };
     let was_waiting = doc.ended.get(&slot).is_some_and(RunDoc::is_waiting);
     if decision == ClaimDecision::StartReplacing {
         let now_or_zero = now.unwrap_or_default();
-        let others: Vec<i64> = doc.live.keys().filter(|s| **s != slot).copied().collect();
+        let others: Vec<i64> = doc.live.slots().filter(|s| *s != slot).collect();
         for other in others {
-            if let Some(live) = doc.live.remove(&other) {
+            if let Some(live) = doc.live.remove(other)? {
                 let error = live.failed.as_ref().map(|f| f.error.clone());
                 let mut replaced = RunDoc::from_live(&live, FinalState::Replaced, error);
                 replaced.lease_until = Some(Stamp::At(live.lease_until.at_or(now_or_zero)));
@@ -624,7 +614,7 @@ pub(crate) fn decide(
             Effect::Job
         }
         ClaimDecision::TakeOver { attempt } | ClaimDecision::Retry { attempt } => {
-            let Some(live) = doc.live.get_mut(&slot) else {
+            let Some(live) = doc.live.get_mut(slot)? else {
                 return Err("the live run vanished from the document".into());
             };
             if let Some(ended) = decision.ends_attempt(record.as_ref()) {
@@ -640,7 +630,7 @@ pub(crate) fn decide(
             Effect::Job
         }
         ClaimDecision::Interrupt => {
-            let Some(live) = doc.live.remove(&slot) else {
+            let Some(live) = doc.live.remove(slot)? else {
                 return Err("the live run vanished from the document".into());
             };
             let mut ended = RunDoc::from_live(&live, FinalState::Interrupted, None);
@@ -708,7 +698,12 @@ mod tests {
         assert_eq!(effect, Effect::Job);
         // The write is stored 40 ms after the decision's time.
         let mut doc = store(&doc, slot + 40);
-        let live = &doc.live[&slot];
+        let live = doc
+            .live
+            .get(slot)
+            .expect("valid")
+            .expect("live")
+            .into_owned();
         assert_eq!(live.lease_until, Stamp::At(slot + 40 + 300));
         assert_eq!(live.started, Stamp::At(slot + 40));
         // Alive up to and including its end, on the server's clock.
@@ -814,11 +809,12 @@ mod tests {
         let a = Token::generate();
         run(&mut doc, 10, &claim(10, a));
         let mut doc = store(&doc, 10);
-        if let Some(live) = doc.live.get_mut(&10) {
+        if let Some(live) = doc.live.get_mut(10).expect("valid") {
             live.lease_until = Stamp::Written { w: -1 };
         }
         let mut doc = store(&doc, 50);
-        assert_eq!(doc.live[&10].lease_until, Stamp::At(49));
+        let live = doc.live.get(10).expect("valid").expect("live");
+        assert_eq!(live.lease_until, Stamp::At(49));
         let (taken, _) = run(&mut doc, 50, &claim(10, Token::generate()));
         assert!(matches!(taken, ClaimOutcome::Won(w) if w.attempt.get() == 2));
     }
@@ -898,11 +894,31 @@ mod tests {
     fn broken_documents_are_refused() {
         for bad in [
             &b"not json"[..],
-            br#"{"live":{"1":{"token":"x","attempt":1,"fence":1,"instance":"i","started":1,"lease_until":2}}}"#,
+            br#"{"live":{"1":[]]}}"#,
             br#"{"ended":{"1":{"state":"running"}}}"#,
         ] {
             assert!(JobDoc::decode(bad, 0).is_err());
         }
+        // A live run is checked when it is read: a claim of its slot fails,
+        // and a claim of another slot goes on.
+        let mut doc = JobDoc::decode(
+            br#"{"fence":1,"high":1,"live":{"1":{"token":"x","attempt":1,"fence":1,"instance":"i","started":1,"lease_until":2}}}"#,
+            0,
+        )
+        .expect("the document parses; its entries are read when asked for");
+        let err = decide(
+            &mut doc,
+            Outside::NoneOrMissed,
+            Some(1),
+            Some(Paused::NONE),
+            &claim(1, Token::generate()),
+        )
+        .expect_err("a broken live run");
+        assert!(err.contains("not a UUID"), "{err}");
+        assert!(matches!(
+            run(&mut doc, 2, &claim(2, Token::generate())).0,
+            ClaimOutcome::Won(_)
+        ));
         assert!(RunDoc::decode(br#"{"state":"bogus"}"#, 0).is_err());
         let missed = RunDoc::decode(br#"{"state":"missed","finished":{"w":0}}"#, 77).expect("ok");
         assert_eq!(missed.finished, Some(Stamp::At(77)));

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 
 use super::attempts::Failure;
-use super::records::{self, JobDoc, Outside, RunDoc, Stamp};
+use super::records::{JobDoc, Outside, RunDoc, Stamp};
 use super::{Counters, LEASE_BACKEND, MAX_ROUNDS, NatsLeaseStore, PARALLEL};
 
 impl NatsLeaseStore {
@@ -32,7 +32,8 @@ impl NatsLeaseStore {
         for _ in 0..MAX_ROUNDS {
             let read = self.read_job(&run.job).await?;
             self.round_trips(1);
-            if !read.doc.live.get(&slot).is_some_and(|l| l.held_by(token)) {
+            let held = read.doc.live.get(slot).map_err(|m| self.protocol(m))?;
+            if !held.is_some_and(|l| l.held_by(token)) {
                 return Ok(Renewal::Fenced);
             }
             let mut next = read.doc;
@@ -70,7 +71,7 @@ impl LeaseStore for NatsLeaseStore {
         self.round_trips(1);
         let (sequence, read) = (tick?, read?);
         let slot = run.slot.as_millis();
-        let in_doc = read.doc.live.contains_key(&slot) || read.doc.ended.contains_key(&slot);
+        let in_doc = read.doc.live.contains(slot) || read.doc.ended.contains_key(&slot);
         let (now, outside) = if in_doc {
             (self.clock_after(sequence).await?, None)
         } else {
@@ -79,7 +80,8 @@ impl LeaseStore for NatsLeaseStore {
         };
         self.round_trips(1);
         let now = read.written_at.map_or(now, |w| w.max(now));
-        let state = if let Some(live) = read.doc.live.get(&slot) {
+        let live = read.doc.live.get(slot).map_err(|m| self.protocol(m))?;
+        let state = if let Some(live) = live {
             let attempt = anarchon_core::Attempt::new(live.attempt)
                 .ok_or_else(|| self.protocol("a live run has attempt 0"))?;
             match &live.failed {
@@ -127,7 +129,7 @@ impl LeaseStore for NatsLeaseStore {
         lease: Duration,
     ) -> Result<Renewal, StoreError> {
         self.change_live(run, token, |doc, slot| {
-            if let Some(live) = doc.live.get_mut(&slot) {
+            if let Ok(Some(live)) = doc.live.get_mut(slot) {
                 live.lease_until = Stamp::after_write(lease);
             }
         })
@@ -163,7 +165,7 @@ impl LeaseStore for NatsLeaseStore {
         let changed = self
             .change_live(run, token, |doc, slot| match retry_at.flatten() {
                 Some(due) => {
-                    if let Some(live) = doc.live.get_mut(&slot) {
+                    if let Ok(Some(live)) = doc.live.get_mut(slot) {
                         live.failed = Some(Failure {
                             finished: Stamp::NOW,
                             error: error.clone().unwrap_or_default(),
@@ -172,7 +174,7 @@ impl LeaseStore for NatsLeaseStore {
                     }
                 }
                 None => {
-                    if let Some(live) = doc.live.remove(&slot) {
+                    if let Ok(Some(live)) = doc.live.remove(slot) {
                         doc.ended
                             .insert(slot, RunDoc::from_live(&live, state, error.clone()));
                     }
@@ -186,7 +188,7 @@ impl LeaseStore for NatsLeaseStore {
         // it was recorded (its answer was lost), and gets the same answer.
         let slot = run.slot.as_millis();
         let read = self.read_job(&run.job).await?;
-        if let Some(live) = read.doc.live.get(&slot) {
+        if let Some(live) = read.doc.live.get(slot).map_err(|m| self.protocol(m))? {
             let retrying = live.failed.is_some() && Token::parse(&live.token) == Some(token);
             return Ok(if retrying && state == FinalState::Failed {
                 Renewal::Renewed
@@ -208,7 +210,7 @@ impl LeaseStore for NatsLeaseStore {
     async fn release(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         let answer = self
             .change_live(run, token, |doc, slot| {
-                if let Some(live) = doc.live.get_mut(&slot) {
+                if let Ok(Some(live)) = doc.live.get_mut(slot) {
                     // Alive means `lease end >= now`: 1 ms before the write's
                     // own timestamp has run out for every later reader.
                     live.lease_until = Stamp::Written { w: -1 };
@@ -221,7 +223,7 @@ impl LeaseStore for NatsLeaseStore {
     async fn give_back(&self, run: &RunKey, token: Token) -> Result<Renewal, StoreError> {
         let answer = self
             .change_live(run, token, |doc, slot| {
-                if let Some(live) = doc.live.get_mut(&slot) {
+                if let Ok(Some(live)) = doc.live.get_mut(slot) {
                     live.lease_until = Stamp::Written { w: -1 };
                     live.token.clear();
                 }
@@ -245,7 +247,7 @@ impl LeaseStore for NatsLeaseStore {
         let keys = self.list(&format!("run.{job}.*")).await?;
         self.round_trips(2);
         enum Source<'a> {
-            Live(&'a records::LiveRun),
+            Live,
             Ended(&'a RunDoc),
             Key,
         }
@@ -268,8 +270,8 @@ impl LeaseStore for NatsLeaseStore {
         for (slot, record) in &read.doc.ended {
             all.insert(Slot::from_millis(*slot), Source::Ended(record));
         }
-        for (slot, live) in &read.doc.live {
-            all.insert(Slot::from_millis(*slot), Source::Live(live));
+        for slot in read.doc.live.slots() {
+            all.insert(Slot::from_millis(slot), Source::Live);
         }
         let newest: Vec<(Slot, Source<'_>)> = all.into_iter().rev().take(limit).collect();
         let to_fetch: Vec<RunKey> = newest
@@ -297,7 +299,11 @@ impl LeaseStore for NatsLeaseStore {
         for (slot, source) in &newest {
             let run = RunKey::new(job.clone(), *slot);
             let record = match source {
-                Source::Live(live) => live.to_record(run),
+                Source::Live => match read.doc.live.get(slot.as_millis()) {
+                    Ok(Some(live)) => live.to_record(run),
+                    Ok(None) => continue,
+                    Err(m) => Err(m),
+                },
                 Source::Ended(record) => record.to_record(run),
                 Source::Key => match fetched.remove(slot).transpose()?.flatten() {
                     Some(record) => record.to_record(run),
