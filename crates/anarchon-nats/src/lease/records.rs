@@ -891,6 +891,31 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_writes_the_other_live_runs_back_as_it_read_them() {
+        let (a, b) = (Token::generate(), Token::generate());
+        // Field order and spacing no printer of ours produces: a parse and
+        // print would change them.
+        let other = format!(
+            r#"{{"lease_until":900000, "fence":1,"token":"{a}","attempt":1,"instance":"i","started":5}}"#
+        );
+        let read = format!(r#"{{"fence":1,"high":1000,"live":{{"1000":{other}}}}}"#);
+        let mut doc = JobDoc::decode(read.as_bytes(), 10).expect("decodes");
+        let (won, effect) = run(&mut doc, 2_000, &claim(2_000, b));
+        assert!(matches!(won, ClaimOutcome::Won(w) if w.fence == Some(Fence::new(2))));
+        assert_eq!(effect, Effect::Job);
+        let written = String::from_utf8(doc.encode()).expect("UTF-8");
+        assert!(written.contains(&format!(r#""1000":{other}"#)), "{written}");
+        // And the next reader reads both runs.
+        let next = store(&doc, 2_010);
+        assert_eq!(next.live.slots().collect::<Vec<_>>(), [1_000, 2_000]);
+        let theirs = next.live.get(1_000).expect("valid").expect("live");
+        assert_eq!(theirs.lease_until, Stamp::At(900_000));
+        assert!(theirs.held_by(a));
+        let ours = next.live.get(2_000).expect("valid").expect("live");
+        assert_eq!(ours.lease_until, Stamp::At(2_010 + 300));
+    }
+
+    #[test]
     fn broken_documents_are_refused() {
         for bad in [
             &b"not json"[..],
