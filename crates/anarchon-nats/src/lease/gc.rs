@@ -145,17 +145,20 @@ impl NatsLeaseStore {
                 }
             }
             let puts = join_all(keep.iter().map(|(slot, rec)| self.put_run(job, *slot, rec))).await;
+            // Every slot moved or dropped was in the document as read, so
+            // the document changed exactly when there is one.
+            let mut changed = !dropped.is_empty();
             for ((slot, _), put) in keep.iter().zip(puts) {
                 if put.is_ok() {
                     next.ended.remove(slot);
+                    changed = true;
                 }
             }
             for slot in &dropped {
                 next.ended.remove(slot);
-                // Parsed above: no error left to meet.
-                let _ = next.live.remove(*slot);
+                next.live.discard(*slot);
             }
-            if next == read.doc {
+            if !changed {
                 return Ok((cutoff, dropped));
             }
             if self

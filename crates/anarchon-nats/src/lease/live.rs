@@ -157,6 +157,11 @@ impl LiveRuns {
         self.0.remove(&slot).map(Live::into_run).transpose()
     }
 
+    /// Drops the live run of `slot` without reading it; whether there was one.
+    pub(crate) fn discard(&mut self, slot: i64) -> bool {
+        self.0.remove(&slot).is_some()
+    }
+
     /// Every live run, in slot order, each parsed as it is reached.
     pub(crate) fn iter(&self) -> impl Iterator<Item = Result<(i64, Cow<'_, LiveRun>), String>> {
         self.0
