@@ -145,18 +145,16 @@ impl NatsLeaseStore {
                 }
             }
             let puts = join_all(keep.iter().map(|(slot, rec)| self.put_run(job, *slot, rec))).await;
-            // Every slot moved or dropped was in the document as read, so
-            // the document changed exactly when there is one.
-            let mut changed = !dropped.is_empty();
+            // The document changed when something left it.
+            let mut changed = false;
             for ((slot, _), put) in keep.iter().zip(puts) {
                 if put.is_ok() {
-                    next.ended.remove(slot);
-                    changed = true;
+                    changed |= next.ended.remove(slot).is_some();
                 }
             }
             for slot in &dropped {
-                next.ended.remove(slot);
-                next.live.discard(*slot);
+                changed |= next.ended.remove(slot).is_some();
+                changed |= next.live.discard(*slot);
             }
             if !changed {
                 return Ok((cutoff, dropped));
