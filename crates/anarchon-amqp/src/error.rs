@@ -265,6 +265,25 @@ pub(crate) fn breaks_connection(e: &lapin::Error) -> bool {
 /// durable queue 'q' in vhost '/' is down or inaccessible".
 const QUEUE_HOME_DOWN: &str = "is down or inaccessible";
 
+/// Whether the broker refused `e`'s request because it lists the durable
+/// queue but cannot reach the process behind it ("home node … is down or
+/// inaccessible").
+///
+/// A RabbitMQ 3.x broker also answers this, for a moment, to a declaration
+/// that races another connection's first declaration of the same queue: it
+/// looks the queue up in its in-memory table and then in its table of
+/// durable queues, outside a transaction, and between the two reads the
+/// other declaration's commit can show in the second table only.
+pub(crate) fn is_queue_home_down(e: &lapin::Error) -> bool {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => {
+            matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+                && amqp.get_message().as_str().contains(QUEUE_HOME_DOWN)
+        }
+        _ => false,
+    }
+}
+
 pub(crate) fn classify(e: &lapin::Error) -> Class {
     use lapin::ErrorKind as K;
     match e.kind() {
@@ -277,13 +296,12 @@ pub(crate) fn classify(e: &lapin::Error) -> Class {
         K::ProtocolError(amqp) => match amqp.kind() {
             // A durable queue whose process has gone while the broker
             // still lists it (seen on a broker deleting thousands of
-            // expired gate queues): the broker recovers it or drops it in
-            // a moment, so the same claim may go through then. A claim
-            // refused so was not taken: its declaration failed before any
-            // publish.
-            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND)
-                if amqp.get_message().as_str().contains(QUEUE_HOME_DOWN) =>
-            {
+            // expired gate queues, and for a moment while another
+            // connection declares the queue for the first time): the broker
+            // recovers it or drops it in a moment, so the same claim may go
+            // through then. A claim refused so was not taken: its
+            // declaration failed before any publish.
+            AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) if is_queue_home_down(e) => {
                 Class::Unavailable
             }
             AMQPErrorKind::Soft(
@@ -347,10 +365,12 @@ mod tests {
             "NOT_FOUND - home node 'rabbit@localhost' of durable queue 'cron.sync.slot.1' in vhost '/' is down or inaccessible",
         );
         assert_eq!(classify(&down), Class::Unavailable);
+        assert!(is_queue_home_down(&down));
         let missing = refused(
             AMQPSoftError::NOTFOUND,
             "NOT_FOUND - no queue 'cron.sync.slot.1' in vhost '/'",
         );
         assert_eq!(classify(&missing), Class::Invalid);
+        assert!(!is_queue_home_down(&missing));
     }
 }

@@ -18,7 +18,7 @@ use lapin::{BasicProperties, Channel, Confirmation};
 use tokio::time::{Instant, timeout_at};
 
 use crate::BACKEND;
-use crate::error::{Error, amqp_kind, broker_message};
+use crate::error::{Error, amqp_kind, broker_message, is_queue_home_down};
 use crate::names::{gate_queue_name, winner_mark_name};
 use crate::options::AmqpOptions;
 use crate::session::{Lease, Pool};
@@ -29,6 +29,12 @@ const MARK_GRACE: Duration = Duration::from_secs(2);
 /// Past this many entries, the list of tokens in doubt drops the ones older
 /// than the slot TTL.
 const DOUBT_PRUNE_AT: usize = 1024;
+/// The first pause before a claim refused with "home node … is down or
+/// inaccessible" is sent again; each further pause doubles, up to
+/// [`HOME_DOWN_MAX_PAUSE`], until the claim's time limit.
+const HOME_DOWN_FIRST_PAUSE: Duration = Duration::from_millis(10);
+/// The longest pause between two such attempts.
+const HOME_DOWN_MAX_PAUSE: Duration = Duration::from_millis(200);
 
 /// A claim-only store on RabbitMQ.
 ///
@@ -43,7 +49,15 @@ const DOUBT_PRUNE_AT: usize = 1024;
 ///   its own claim sent again: `Won`; otherwise `Lost` (or `Unknown` if this
 ///   store once sent the token without learning the outcome);
 /// * **no answer** (connection dropped, time limit): `Unknown`, which the
-///   scheduler treats as lost and logs.
+///   scheduler treats as lost and logs;
+/// * **declaration refused** with "home node … is down or inaccessible":
+///   nothing was stored, so the claim is sent again on a new channel, after
+///   a pause that doubles from 10 ms to 200 ms, until the time limit, and
+///   then fails with a temporary error. A RabbitMQ 3.x broker gives that
+///   answer, for a moment, to a declaration racing another connection's
+///   first declaration of the same queue (so a fleet meets it now and then
+///   on a fresh gate), and for longer to a queue it is recovering or
+///   deleting.
 ///
 /// The declaration and the claim leave together and are answered together,
 /// so every claim costs two round trips: that one, then the winner's mark
@@ -328,35 +342,59 @@ impl ClaimStore for AmqpStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let deadline = Instant::now() + self.timeout;
         let gate = gate_queue_name(&self.prefix, &req.run);
-        let lease = self.pool.lease(deadline, self.timeout).await?;
+        let mut lease = self.pool.lease(deadline, self.timeout).await?;
         let was_in_doubt = self.doubt(req.token);
+        let mut pause = HOME_DOWN_FIRST_PAUSE;
 
-        // One round trip: the gate's declaration and the claim leave
-        // together on one channel. The broker handles a channel's frames in
-        // order, so the claim reaches the queue the declaration made (and is
-        // dropped with the channel if the declaration was refused).
-        let channel = lease.channel();
-        let declaring =
-            channel.queue_declare(gate.as_str().into(), durable(), self.gate_arguments.clone());
-        let publishing = self.publish_claim(channel, &gate, req);
-        let sent = timeout_at(deadline, async { tokio::join!(declaring, publishing) }).await;
-        let (declared, published) = match sent {
-            Ok(answers) => answers,
-            Err(_) => {
-                lease.hung();
-                tracing::warn!(run = %req.run, queue = %gate, after = ?self.timeout, "no answer to a claim in time: the broker may or may not have taken it");
-                return Ok(ClaimOutcome::Unknown);
-            }
-        };
-        if let Err(e) = declared {
+        let published = loop {
+            // One round trip: the gate's declaration and the claim leave
+            // together on one channel. The broker handles a channel's
+            // frames in order, so the claim reaches the queue the
+            // declaration made (and is dropped with the channel if the
+            // declaration was refused).
+            let channel = lease.channel();
+            let declaring =
+                channel.queue_declare(gate.as_str().into(), durable(), self.gate_arguments.clone());
+            let publishing = self.publish_claim(channel, &gate, req);
+            let sent = timeout_at(deadline, async { tokio::join!(declaring, publishing) }).await;
+            let (declared, published) = match sent {
+                Ok(answers) => answers,
+                Err(_) => {
+                    lease.hung();
+                    tracing::warn!(run = %req.run, queue = %gate, after = ?self.timeout, "no answer to a claim in time: the broker may or may not have taken it");
+                    return Ok(ClaimOutcome::Unknown);
+                }
+            };
+            let Err(e) = declared else {
+                break published;
+            };
             // The broker closes the channel on a refused declaration and
             // drops what followed on it: the claim was not stored.
             lease.fail(&e);
-            if !was_in_doubt {
-                self.settle(req.token);
+            // A gate whose home is "down" is, on a healthy broker, one that
+            // another instance is declaring at this moment (see
+            // `is_queue_home_down`): send the claim again, on a new
+            // channel, until the time limit.
+            let retry_at = Instant::now() + pause;
+            if !is_queue_home_down(&e) || retry_at >= deadline {
+                if !was_in_doubt {
+                    self.settle(req.token);
+                }
+                return Err(self.declare_error(&gate, e).into());
             }
-            return Err(self.declare_error(&gate, e).into());
-        }
+            tracing::debug!(run = %req.run, queue = %gate, error = %e, ?pause, "the broker says the gate's home is down; sending the claim again");
+            tokio::time::sleep_until(retry_at).await;
+            pause = (pause * 2).min(HOME_DOWN_MAX_PAUSE);
+            lease = match self.pool.lease(deadline, self.timeout).await {
+                Ok(lease) => lease,
+                Err(e) => {
+                    if !was_in_doubt {
+                        self.settle(req.token);
+                    }
+                    return Err(e.into());
+                }
+            };
+        };
 
         let confirmation = match published {
             Ok(confirmation) => confirmation,

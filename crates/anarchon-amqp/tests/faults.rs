@@ -2,7 +2,9 @@
 //! between the stores and the broker, and — in the `..._broker_restart`
 //! tests — the broker itself is restarted (`rabbitmqctl stop_app` /
 //! `start_app`, or `ANARCHON_AMQP_STOP` / `ANARCHON_AMQP_START`), with a
-//! guard that starts it again if the test fails half-way. Run alone, under
+//! guard that starts it again if the test fails half-way; one test edits
+//! the local broker's queue table with `rabbitmqctl eval` to make it call
+//! a gate's home down. Run alone, under
 //! the lock the project's machines use for the shared broker:
 //! `flock /tmp/anarchon-rabbitmq.lock cargo test -p anarchon-amqp --test faults -- --test-threads=1`
 //! (`cargo xtask test-all` runs them one at a time, after the suites).
@@ -366,4 +368,151 @@ async fn claims_retried_across_a_broker_restart_never_win_a_run_twice() {
     assert!(a.connections_opened() >= 2, "a reconnected by itself");
     assert!(b.connections_opened() >= 2, "b reconnected by itself");
     drop(guard);
+}
+
+/// Runs `expression` on the local broker's node with `rabbitmqctl eval`
+/// and returns what it printed; fails the test with what went wrong.
+fn broker_eval(expression: &str) -> String {
+    if std::env::var(Service::Amqp.env_var()).is_ok_and(|u| !u.trim().is_empty()) {
+        panic!(
+            "this test edits the local broker's queue table with `rabbitmqctl eval`, which cannot reach the broker named by {}: unset it to run the test against the local broker",
+            Service::Amqp.env_var()
+        );
+    }
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["eval", expression])
+        .output()
+        .expect("rabbitmqctl runs (it comes with the rabbitmq-server package)");
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "rabbitmqctl eval failed ({}): {printed}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    printed
+}
+
+/// The name of the broker process that holds a hidden queue's record.
+const HIDER: &str = "anarchon_hidden_gate";
+
+/// Hides the durable queue `queue` (vhost `/`) from the broker's table of
+/// live queues while leaving it in its table of durable queues: the state
+/// in which RabbitMQ answers a declaration with "home node … is down or
+/// inaccessible". A RabbitMQ 3.x broker shows a declaration that state for
+/// a moment when another connection is declaring the queue for the first
+/// time. The record comes back on [`GateHidden::restore`], on drop, or
+/// after 30 s, whichever is first.
+struct GateHidden;
+
+impl GateHidden {
+    fn hide(queue: &str) -> Self {
+        let printed = broker_eval(&format!(
+            r#"QN = rabbit_misc:r(<<"/">>, queue, <<"{queue}">>),
+               [Q] = mnesia:dirty_read(rabbit_queue, QN),
+               ok = mnesia:dirty_delete(rabbit_queue, QN),
+               Keeper = spawn(fun () ->
+                   receive restore -> ok after 30000 -> ok end,
+                   ok = mnesia:dirty_write(rabbit_queue, Q)
+               end),
+               true = register({HIDER}, Keeper),
+               hidden."#
+        ));
+        assert!(
+            printed.contains("hidden"),
+            "the queue was not hidden: {printed}"
+        );
+        GateHidden
+    }
+
+    /// Puts the record back and waits until the broker lists the queue again.
+    fn restore(self) {
+        broker_eval(&format!(
+            "case whereis({HIDER}) of undefined -> ok; Keeper -> Ref = monitor(process, Keeper), Keeper ! restore, receive {{'DOWN', Ref, _, _, _}} -> ok end end."
+        ));
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for GateHidden {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .args([
+                "eval",
+                &format!(
+                    "case whereis({HIDER}) of undefined -> ok; Keeper -> Keeper ! restore end."
+                ),
+            ])
+            .output();
+    }
+}
+
+/// While the broker calls a gate's home down (see [`GateHidden`]), a claim
+/// keeps sending itself again until its time limit rather than failing at
+/// once: one with a short limit ends in a temporary error that names the
+/// queue, one still waiting when the broker recovers is answered as usual
+/// (`Lost`, the gate being taken), and the run keeps its one winner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waits_out_a_gate_whose_home_the_broker_calls_down() {
+    let prefix = anarchon_testkit::servers::unique_prefix("t");
+    let open = |timeout: Duration| {
+        let prefix = prefix.clone();
+        async move { connect(options().await.with_prefix(prefix).with_timeout(timeout)).await }
+    };
+    let winner = open(Duration::from_secs(10)).await;
+    let impatient = open(Duration::from_millis(500)).await;
+    let patient = Arc::new(open(Duration::from_secs(20)).await);
+
+    let slot = (now_ms() / 1000 + 3600) * 1000;
+    let first = slot_request("homedown", slot, "winner");
+    assert!(matches!(
+        winner.claim(&first).await.expect("the first claim"),
+        ClaimOutcome::Won(_)
+    ));
+    let gate = winner.gate_queue(&first.run);
+    let hidden = tokio::task::spawn_blocking({
+        let gate = gate.clone();
+        move || GateHidden::hide(&gate)
+    })
+    .await
+    .unwrap();
+
+    let refused = impatient
+        .claim(&slot_request("homedown", slot, "impatient"))
+        .await
+        .expect_err("no claim goes through while the broker calls the gate's home down");
+    assert!(refused.is_temporary(), "{refused}");
+    assert!(
+        refused.message().contains("down or inaccessible") && refused.message().contains(&gate),
+        "the error says what the broker said, and of which queue: {refused}"
+    );
+
+    let late = slot_request("homedown", slot, "patient");
+    let waiting = tokio::spawn({
+        let patient = patient.clone();
+        async move { patient.claim(&late).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a claim refused so keeps trying until its time limit: {:?}",
+        waiting.await
+    );
+    tokio::task::spawn_blocking(move || hidden.restore())
+        .await
+        .unwrap();
+    assert_eq!(
+        waiting
+            .await
+            .unwrap()
+            .expect("the claim goes through once the broker recovers"),
+        ClaimOutcome::Lost
+    );
+    assert!(
+        matches!(
+            winner.claim(&first).await.expect("the winner's retry"),
+            ClaimOutcome::Won(_)
+        ),
+        "the winner's own claim, sent again, is still the winner"
+    );
 }
