@@ -195,6 +195,14 @@ impl AmqpStore {
             .remove(&token);
     }
 
+    /// A claim of `token` was refused before it was stored: the token is no
+    /// longer in doubt, unless an earlier claim of it already was.
+    fn not_stored(&self, token: Token, was_in_doubt: bool) {
+        if !was_in_doubt {
+            self.settle(token);
+        }
+    }
+
     fn declare_error(&self, queue: &str, e: lapin::Error) -> Error {
         match amqp_kind(&e) {
             Some(AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED)) => Error::QueueMismatch {
@@ -377,9 +385,7 @@ impl ClaimStore for AmqpStore {
             // channel, until the time limit.
             let retry_at = Instant::now() + pause;
             if !is_queue_home_down(&e) || retry_at >= deadline {
-                if !was_in_doubt {
-                    self.settle(req.token);
-                }
+                self.not_stored(req.token, was_in_doubt);
                 return Err(self.declare_error(&gate, e).into());
             }
             tracing::debug!(run = %req.run, queue = %gate, error = %e, ?pause, "the broker says the gate's home is down; sending the claim again");
@@ -388,9 +394,7 @@ impl ClaimStore for AmqpStore {
             lease = match self.pool.lease(deadline, self.timeout).await {
                 Ok(lease) => lease,
                 Err(e) => {
-                    if !was_in_doubt {
-                        self.settle(req.token);
-                    }
+                    self.not_stored(req.token, was_in_doubt);
                     return Err(e.into());
                 }
             };
@@ -400,9 +404,7 @@ impl ClaimStore for AmqpStore {
             Ok(confirmation) => confirmation,
             Err(PublishFailure::NotSent(e)) => {
                 lease.fail(&e);
-                if !was_in_doubt {
-                    self.settle(req.token);
-                }
+                self.not_stored(req.token, was_in_doubt);
                 return Err(self.pool.amqp_error("publishing a claim", e).into());
             }
             Err(PublishFailure::NoAnswer(e))
@@ -413,9 +415,7 @@ impl ClaimStore for AmqpStore {
             {
                 // Refused before it was routed: nothing was stored.
                 lease.fail(&e);
-                if !was_in_doubt {
-                    self.settle(req.token);
-                }
+                self.not_stored(req.token, was_in_doubt);
                 return Err(Error::AccessRefused {
                     resource: "the default exchange (amq.default)".into(),
                     message: broker_message(&e),
@@ -477,9 +477,7 @@ impl ClaimStore for AmqpStore {
             }
             Confirmation::Ack(Some(_)) | Confirmation::Nack(Some(_)) => {
                 lease.release();
-                if !was_in_doubt {
-                    self.settle(req.token);
-                }
+                self.not_stored(req.token, was_in_doubt);
                 Err(StoreError::unavailable(
                     BACKEND,
                     format!(
