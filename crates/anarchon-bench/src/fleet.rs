@@ -254,6 +254,7 @@ struct Worker {
 /// The fleet of `s` on `backend`, measured.
 pub(crate) async fn measure(backend: &str, s: &FleetSettings) -> Result<FleetFigures> {
     let mut target = make_target(backend, None).await?;
+    target.check_room(s.jobs, s.secs)?;
     let isolated = target.isolate().await;
     let measured = match isolated {
         Ok(()) => {

@@ -40,6 +40,14 @@ pub(crate) trait Target: Send + Sync {
     }
     /// Removes what the measurement left in the store.
     async fn cleanup(&self) {}
+    /// Refuses, before it starts, a measurement that fires `jobs` jobs
+    /// every second for `secs` seconds when what it would keep on the
+    /// server is more than the server can hold without harm. Every store
+    /// but RabbitMQ has room.
+    fn check_room(&self, jobs: usize, secs: u64) -> Result<()> {
+        let _ = (jobs, secs);
+        Ok(())
+    }
     /// This measurement's own place on the server (a key prefix, a table,
     /// a file), so that another process can open the same one with
     /// [`make_target`](crate::make_target).
@@ -815,11 +823,80 @@ impl Target for Redis {
 /// RabbitMQ: store calls counted by the client.
 pub(crate) struct Amqp(Spot);
 
+/// How long the measured RabbitMQ stores remember a run (their slot TTL).
+const AMQP_SLOT_TTL: Duration = Duration::from_secs(120);
+
 impl Amqp {
     /// A queue prefix of its own, or the one named `namespace`.
     pub(crate) fn new(url: String, namespace: Option<&str>) -> Self {
         Self(Spot::new(url, namespace))
     }
+
+    /// The open-files limit (soft) of the broker at the store's address
+    /// when it runs on this machine, as (pid, limit); `None` when the
+    /// address is not a loopback one or no broker process is found.
+    fn local_broker_open_files(&self) -> Option<(u32, u64)> {
+        let uri: lapin::uri::AMQPUri = self.0.url.parse().ok()?;
+        let host = uri
+            .authority
+            .host
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let loopback = host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if !loopback {
+            return None;
+        }
+        let pids = crate::fleet::process_cpu("beam.smp", |_| true)?;
+        pids.keys().find_map(|&pid| {
+            let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+            Some((pid, open_files_soft_limit(&limits)?))
+        })
+    }
+}
+
+/// The soft "Max open files" of a `/proc/<pid>/limits` text.
+fn open_files_soft_limit(limits: &str) -> Option<u64> {
+    limits
+        .lines()
+        .find_map(|line| line.strip_prefix("Max open files"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The RabbitMQ queues a measurement keeps alive when it fires `jobs` jobs
+/// every second for `secs` seconds: a gate and a mark for every run, none
+/// expiring before the slot TTL.
+fn amqp_queues_kept(jobs: usize, secs: u64) -> u64 {
+    jobs as u64 * secs.min(AMQP_SLOT_TTL.as_secs()) * 2
+}
+
+/// Whether a broker that may open `limit` files has room for `queues`
+/// queues, and if not, why not and what to do.
+///
+/// The rule is one queue per file, no more: twice on this project's
+/// machines a RabbitMQ 3.10 broker with the default 1,024 open files met
+/// `emfile` while thousands of gates were being created (1,000 jobs a
+/// second for 30 s on 2026-12-03; a fleet of 8 × 200 jobs for 20 s, 8,000
+/// queues, on 2026-12-07). The queues that crashed then stayed in its table
+/// of durable queues, without expiry, and the next restart hung recovering
+/// them until its data directory was emptied. The racing-claims measurement
+/// (4,000 queues, made at once and then idle) never did, and is not checked.
+fn amqp_room(queues: u64, pid: u32, limit: u64) -> Result<()> {
+    if queues <= limit {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "refused: this measurement keeps about {queues} RabbitMQ queues alive (a gate and a mark per run), \
+         and the broker on this machine (pid {pid}) may open only {limit} files; past that limit a RabbitMQ 3.x \
+         broker crashes queues that it cannot recover when it restarts (docs/backends/brokers.md). \
+         Raise the broker's open-files limit above {queues} (systemd LimitNOFILE, or `ulimit -n` before \
+         rabbitmq-server), or measure fewer runs (a fleet: --fleet-jobs, --fleet-secs)"
+    )
 }
 
 #[async_trait]
@@ -830,9 +907,22 @@ impl Target for Amqp {
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let options = anarchon_amqp::AmqpOptions::new(&self.0.url)
             .with_prefix(&self.0.name)
-            .with_slot_ttl(Duration::from_secs(120));
+            .with_slot_ttl(AMQP_SLOT_TTL);
         let store = anarchon_amqp::AmqpStore::connect(options).await?;
         Ok(self.0.count(Arc::new(store)))
+    }
+    fn check_room(&self, jobs: usize, secs: u64) -> Result<()> {
+        let queues = amqp_queues_kept(jobs, secs);
+        match self.local_broker_open_files() {
+            Some((pid, limit)) => amqp_room(queues, pid, limit),
+            None => {
+                eprintln!(
+                    "  (the broker is not on this machine, so its open-files limit is not checked: \
+                     it must exceed the {queues} queues this measurement keeps, see docs/backends/brokers.md)"
+                );
+                Ok(())
+            }
+        }
     }
     async fn round_trips(&self) -> Result<u64> {
         self.0.calls()
@@ -1266,6 +1356,41 @@ mod tests {
             with_database("postgres://h:5432", "f"),
             "postgres://h:5432/f"
         );
+    }
+
+    #[test]
+    fn reads_the_soft_open_files_limit_of_a_process() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max cpu time              unlimited            unlimited            seconds   \n\
+                      Max open files            1024                 20000                files     \n\
+                      Max locked memory         8388608              8388608              bytes     \n";
+        assert_eq!(open_files_soft_limit(limits), Some(1024));
+        assert_eq!(
+            open_files_soft_limit("Max cpu time unlimited unlimited seconds"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_broker_without_a_file_per_queue_is_refused_and_told_how_to_fix_it() {
+        // The fleet that broke this machine's broker: 8 × 200 jobs for 20 s.
+        let fleet = amqp_queues_kept(200, 20);
+        assert_eq!(fleet, 8_000);
+        let refusal = amqp_room(fleet, 4242, 1024).unwrap_err().to_string();
+        for needed in [
+            "8000 RabbitMQ queues",
+            "pid 4242",
+            "only 1024 files",
+            "LimitNOFILE",
+        ] {
+            assert!(
+                refusal.contains(needed),
+                "{needed:?} missing from: {refusal}"
+            );
+        }
+        assert!(amqp_room(fleet, 4242, 20_000).is_ok());
+        // Runs older than the slot TTL have expired: a long run keeps no more.
+        assert_eq!(amqp_queues_kept(1000, 3600), amqp_queues_kept(1000, 120));
     }
 
     /// The run of `fleet-{job}` at the whole second `second` s from now
