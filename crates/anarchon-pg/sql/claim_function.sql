@@ -55,6 +55,10 @@ DECLARE
     v_step  text;
     v_slow  boolean[] := array_fill(false, ARRAY[n]);
     v_any_slow boolean := false;
+    -- Whether every claim that took the job's lock only read (see the end).
+    v_window_kept boolean := true;
+    v_read_only boolean;
+    v_all_read_only boolean := true;
 BEGIN
     IF coalesce(array_length(p_slot, 1), 0) <> n
         OR coalesce(array_length(p_token, 1), 0) <> n
@@ -133,6 +137,7 @@ BEGIN
         IF r_outcome IS NULL THEN
             v_slow[v_run.i] := true;
             v_any_slow := true;
+            v_window_kept := v_window_kept AND v_run.window_kept;
         ELSE
             RETURN NEXT;
         END IF;
@@ -169,6 +174,8 @@ BEGIN
         r_fence := NULL;
         r_lease_until := NULL;
         r_earlier := NULL;
+        -- Set by the branches below that answer without writing.
+        v_read_only := false;
 
         SELECT t.state, t.attempt, t.token, t.fence, t.lease_until, t.retry_at,
                t.finished_at, t.instance, t.error, t.earlier
@@ -209,8 +216,10 @@ BEGIN
                     r_outcome := 'paused';
                 ELSIF v_run.state = 'paused' THEN
                     r_outcome := 'paused';
+                    v_read_only := true;
                 ELSE
                     r_outcome := 'late';
+                    v_read_only := true;
                 END IF;
             ELSIF v_now::numeric - abs(v_slot::numeric) > p_max_late[i] THEN
                 -- (A manual run's slot is its request time negated: it is
@@ -228,6 +237,7 @@ BEGIN
                     r_outcome := 'recorded-missed';
                 ELSE
                     r_outcome := 'late';
+                    v_read_only := true;
                 END IF;
             ELSE
                 -- The overlap rule decides (v_step). With `buffer-one`, one
@@ -354,6 +364,7 @@ BEGIN
                 -- Not due yet: the run counts as going on until then.
                 r_outcome := 'running';
                 r_lease_until := v_run.retry_at;
+                v_read_only := true;
             ELSE
                 -- Due: the next attempt, under a new fence, and the failed
                 -- attempt joins the past ones.
@@ -385,16 +396,19 @@ BEGIN
             -- Finished: succeeded, failed (with no retry pending),
             -- interrupted, skipped, paused or replaced.
             r_outcome := v_run.state;
+            v_read_only := true;
         ELSIF v_run.token = p_token[i] THEN
             -- Our own claim, sent again.
             r_outcome := 'won';
             r_attempt := coalesce(v_run.attempt, 1);
             r_fence := v_run.fence;
             r_earlier := v_run.earlier::text;
+            v_read_only := true;
         ELSIF coalesce(v_run.lease_until, v_now) >= v_now THEN
             -- Someone else's live lease.
             r_outcome := 'running';
             r_lease_until := coalesce(v_run.lease_until, v_now);
+            v_read_only := true;
         ELSIF v_run.token IS NULL OR coalesce(v_run.attempt, 1) < p_max_attempts[i] THEN
             -- The lease ran out and attempts are left: take the run over.
             -- A run given back before its handler started (no holder)
@@ -430,7 +444,23 @@ BEGIN
             r_outcome := 'recorded-interrupted';
         END IF;
 
+        v_all_read_only := v_all_read_only AND v_read_only;
         RETURN NEXT;
     END LOOP;
+
+    -- 3. A transaction that changed nothing commits without waiting for its
+    -- commit record to reach the disk. Such are the claims that lose a race
+    -- for a fresh slot after reading it before the winner committed: each
+    -- took the job's lock behind the winner only to read the winner's run,
+    -- and rewrote the job's row with the late window it already held. The
+    -- row locks are released only after the commit, so these flushes were
+    -- paid one after the other by every instance of the race. Lost in a
+    -- crash, such a transaction loses nothing: the answers it gave were read
+    -- from rows that other transactions committed with a flush (every
+    -- transaction that writes keeps the server's setting). Any claim that
+    -- wrote, or recorded a longer late window, keeps the setting too.
+    IF v_all_read_only AND v_window_kept THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
 END
 $claim$;

@@ -24,7 +24,7 @@ use crate::options::TableName;
 use crate::sql::sql;
 
 /// The schema version this crate needs and migrates to.
-pub const SCHEMA_VERSION: u32 = 12;
+pub const SCHEMA_VERSION: u32 = 13;
 
 struct Migration {
     version: u32,
@@ -93,6 +93,11 @@ const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 12,
         description: "claim function reads the rows of a whole batch in one query before any lock",
+        tables: None,
+    },
+    Migration {
+        version: 13,
+        description: "claim function commits a claim that changed nothing without waiting for the flush",
         tables: None,
     },
 ];

@@ -1,13 +1,15 @@
 //! PostgreSQL-specific checks beyond the shared suites: racing instances
 //! under `Overlap::Skip`, migrations (concurrent, from an older schema,
 //! from a newer one), refused input, unreachable and lying servers, query
-//! plans, batch lock order, and connections dropped under a running store.
+//! plans, batch lock order, connections dropped under a running store, and
+//! which claims commit without waiting for the flush.
 //!
 //! One module per topic; the helpers they share are here.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod commits;
 mod dropped_connections;
 mod migrations;
 mod query_plans;
