@@ -84,6 +84,9 @@ struct Figures {
     server_commands_per_claim: Option<f64>,
     lease_store: bool,
     baseline: Option<(String, f64)>,
+    /// The store's own best at this backend's claim work, where the
+    /// baseline's single write is less than that ([`Target::same_work`]).
+    same_work: Option<(String, f64)>,
     batch_jobs: usize,
     batch_round_trips: u64,
     batch_ms: f64,
@@ -206,6 +209,7 @@ async fn throughput(target: &dyn Target, s: &Settings, f: &mut Figures) -> Resul
         .count();
     f.round_trips_per_claim = after.saturating_sub(before) as f64 / claims as f64;
     f.baseline = target.baseline(s.racers, claims).await?;
+    f.same_work = target.same_work(s.racers, s.slots).await?;
     Ok(())
 }
 
@@ -620,6 +624,13 @@ fn table(all: &[Figures], s: &Settings) -> String {
         "\nrt/claim: round trips per claim; cmd/claim: commands the server ran for the client per claim; takeover: ms from the lease end to the backup's handler start (p50, max)"
     );
     let _ = writeln!(t, "\ntargets:");
+    // MemoryStore's lateness is the scheduler's own on this machine: shown
+    // beside a store's lateness that misses its target.
+    let floor = all
+        .iter()
+        .find(|f| f.backend == "memory")
+        .map(|f| f.lateness_p99_ms)
+        .filter(|p99| p99.is_finite());
     for f in all {
         let mut line = format!("  {:<16}", f.backend);
         let mut target = |name: &str, met: Option<bool>| verdict(&mut line, name, met);
@@ -666,6 +677,22 @@ fn table(all: &[Figures], s: &Settings) -> String {
             Some(f.idle_round_trips_per_min < 0.5),
         );
         let _ = writeln!(t, "{line} | double wins: {}", f.double_wins);
+        if let Some((what, rate)) = &f.same_work {
+            let _ = writeln!(
+                t,
+                "{:<18} the store's own best at this claim's work ({what}): {rate:.0}/s; claims reach {:.2} of it",
+                "",
+                f.claims_per_sec / rate
+            );
+        }
+        if let Some(floor) = floor.filter(|_| f.backend != "memory" && f.lateness_p99_ms > lateness)
+        {
+            let _ = writeln!(
+                t,
+                "{:<18} lateness p99 of the scheduler alone (memory, this run): {floor:.1} ms",
+                ""
+            );
+        }
         let _ = writeln!(t, "{:<18} round trips counted by {}", "", f.counted_by);
     }
     t
@@ -746,9 +773,15 @@ fn json(
             }
             None => "null".into(),
         };
+        let same_work = match &f.same_work {
+            Some((what, rate)) => {
+                format!("{{\"what\": {what:?}, \"claims_per_sec\": {}}}", num(*rate))
+            }
+            None => "null".into(),
+        };
         let _ = writeln!(
             out,
-            "    {{\"backend\": {:?}, \"round_trips_counted_by\": {:?}, \"claims_per_sec\": {}, \"claim_p50_ms\": {}, \"claim_p99_ms\": {}, \"double_wins\": {}, \"round_trips_per_claim\": {}, \"server_commands_per_claim\": {}, \"lease_store\": {}, \"baseline\": {}, \"batch\": {{\"jobs\": {}, \"round_trips\": {}, \"ms\": {}}}, \"lateness_ms\": {{\"runs\": {}, \"p50\": {}, \"p99\": {}, \"max\": {}}}, \"takeover_after_lease_end_ms\": {{\"trials\": {}, \"lease_ms\": {}, \"heartbeat_ms\": {}, \"p50\": {}, \"max\": {}, \"max_after_the_runner_was_cut_off\": {}}}, \"idle\": {{\"rss_mib\": {}, \"cpu_percent\": {}, \"round_trips_per_min\": {}}}}}{}",
+            "    {{\"backend\": {:?}, \"round_trips_counted_by\": {:?}, \"claims_per_sec\": {}, \"claim_p50_ms\": {}, \"claim_p99_ms\": {}, \"double_wins\": {}, \"round_trips_per_claim\": {}, \"server_commands_per_claim\": {}, \"lease_store\": {}, \"baseline\": {}, \"same_work\": {}, \"batch\": {{\"jobs\": {}, \"round_trips\": {}, \"ms\": {}}}, \"lateness_ms\": {{\"runs\": {}, \"p50\": {}, \"p99\": {}, \"max\": {}}}, \"takeover_after_lease_end_ms\": {{\"trials\": {}, \"lease_ms\": {}, \"heartbeat_ms\": {}, \"p50\": {}, \"max\": {}, \"max_after_the_runner_was_cut_off\": {}}}, \"idle\": {{\"rss_mib\": {}, \"cpu_percent\": {}, \"round_trips_per_min\": {}}}}}{}",
             f.backend,
             f.counted_by,
             num(f.claims_per_sec),
@@ -760,6 +793,7 @@ fn json(
                 .map_or_else(|| "null".to_owned(), num),
             f.lease_store,
             baseline,
+            same_work,
             f.batch_jobs,
             f.batch_round_trips,
             num(f.batch_ms),
@@ -1027,5 +1061,54 @@ mod tests {
         let none: serde_json::Value =
             serde_json::from_str(&json(&[], &s, None, &[])).expect("valid JSON");
         assert_eq!(none["failed"], serde_json::json!([]));
+    }
+
+    fn figures(backend: &str, claims_per_sec: f64, late_p99: f64) -> Figures {
+        Figures {
+            backend: backend.to_owned(),
+            claims_per_sec,
+            lateness_p99_ms: late_p99,
+            ..Figures::default()
+        }
+    }
+
+    /// A strategy's own ceiling is printed beside its ratio and written
+    /// to the results; the scheduler's own lateness (MemoryStore's) is
+    /// printed beside a store that misses the lateness target, and only
+    /// there.
+    #[test]
+    fn targets_show_the_ceiling_and_the_floor_beside_a_miss() {
+        let s = Settings::new(true);
+        let mut script = figures("redis-script", 3000.0, 4.2);
+        script.baseline = Some(("EVALSHA of SET NX".into(), 60_000.0));
+        script.same_work = Some(("a bare script".into(), 4000.0));
+        let all = [
+            figures("memory", 1e6, 4.1),
+            script,
+            figures("nats", 15_000.0, 6.0),
+            figures("postgres", 4000.0, 4.9),
+        ];
+        let printed = table(&all, &s);
+        assert!(
+            printed.contains(
+                "own best at this claim's work (a bare script): 4000/s; claims reach 0.75 of it"
+            ),
+            "{printed}"
+        );
+        let floors: Vec<&str> = printed
+            .lines()
+            .filter(|l| l.contains("scheduler alone (memory, this run): 4.1 ms"))
+            .collect();
+        assert_eq!(floors.len(), 1, "{printed}");
+        let nats_at = printed.find("  nats ").expect("nats has a targets line");
+        let floor_at = printed.find(floors[0]).expect("printed");
+        assert!(
+            floor_at > nats_at,
+            "the floor follows nats' line: {printed}"
+        );
+        let read: serde_json::Value =
+            serde_json::from_str(&json(&all, &s, None, &[])).expect("valid JSON");
+        assert_eq!(read["backends"][1]["same_work"]["claims_per_sec"], 4000.0);
+        assert_eq!(read["backends"][0]["same_work"], serde_json::Value::Null);
     }
 }

@@ -38,6 +38,16 @@ pub(crate) trait Target: Send + Sync {
         let _ = (concurrency, ops);
         Ok(None)
     }
+    /// The store's own best at the work a claim of this backend must do,
+    /// where that is more than the baseline's single write (Redis
+    /// `script`: scan the job's claims, then append): `concurrency`
+    /// connections race the same `slots` slots, each in slot order, with
+    /// nothing of anarchon around the work; (what was measured, claims per
+    /// second). It shows what the strategy itself allows beside the ratio.
+    async fn same_work(&self, concurrency: usize, slots: usize) -> Result<Option<(String, f64)>> {
+        let _ = (concurrency, slots);
+        Ok(None)
+    }
     /// Removes what the measurement left in the store.
     async fn cleanup(&self) {}
     /// Refuses, before it starts, a measurement that fires `jobs` jobs
@@ -802,6 +812,48 @@ impl Target for Redis {
         let rate = (per * concurrency) as f64 / start.elapsed().as_secs_f64();
         Ok(Some(("EVALSHA of SET NX".into(), rate)))
     }
+    async fn same_work(&self, concurrency: usize, slots: usize) -> Result<Option<(String, f64)>> {
+        if !matches!(self.strategy, RedisStrategy::Script) {
+            return Ok(None);
+        }
+        let mut conns = Vec::new();
+        for _ in 0..concurrency {
+            conns.push(self.admin().await?);
+        }
+        let script = deadpool_redis::redis::Script::new(SCRIPT_SAME_WORK);
+        let key = format!("{}:same-work", self.spot.name);
+        let start = Instant::now();
+        let racers = conns.into_iter().enumerate().map(|(c, mut conn)| {
+            let (script, key) = (script.clone(), key.clone());
+            async move {
+                let mut won = 0;
+                for slot in 0..slots {
+                    let token = format!("{c}-{slot}");
+                    let holder: String = script
+                        .key(&key)
+                        .arg(slot)
+                        .arg(&token)
+                        .invoke_async(&mut conn)
+                        .await?;
+                    won += usize::from(holder == token);
+                }
+                Ok::<_, deadpool_redis::redis::RedisError>(won)
+            }
+        });
+        let mut won = 0;
+        for r in join_all(racers).await {
+            won += r?;
+        }
+        let rate = (slots * concurrency) as f64 / start.elapsed().as_secs_f64();
+        anyhow::ensure!(
+            won == slots,
+            "the bare scan-and-append script won {won} of {slots} slots; each must have exactly one winner"
+        );
+        Ok(Some((
+            "a bare script: scan the claims, then XADD".into(),
+            rate,
+        )))
+    }
     async fn cleanup(&self) {
         if let Ok(mut conn) = self.admin().await {
             let pattern = format!("*{}*", self.spot.name);
@@ -819,6 +871,10 @@ impl Target for Redis {
         }
     }
 }
+
+/// The Redis `script` strategy's claim reduced to its scan and append
+/// ([`Target::same_work`]).
+const SCRIPT_SAME_WORK: &str = include_str!("../lua/script_same_work.lua");
 
 /// RabbitMQ: store calls counted by the client.
 pub(crate) struct Amqp(Spot);
