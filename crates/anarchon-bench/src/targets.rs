@@ -1210,6 +1210,102 @@ impl Target for NatsKv {
         }
         Ok(Some(("KV create".into(), rate)))
     }
+    /// The server's own rate at the work of the lease store's layout: a
+    /// job's claims decide on one document that holds every live run, so
+    /// `concurrency` connections race the same `slots` slots of one key,
+    /// each reading the document (direct get), losing if the slot is in
+    /// it, else appending an entry as long as one live run of the race's
+    /// own document and swapping on the revision read, reading again
+    /// after a lost swap. No clock write, no pause reads, no JSON: the
+    /// ceiling of this layout, whatever the client does.
+    async fn same_work(&self, concurrency: usize, slots: usize) -> Result<Option<(String, f64)>> {
+        let client = async_nats::connect(&self.0.url).await?;
+        let js = async_nats::jetstream::new(client);
+        let race = js.get_stream(format!("KV_{}", self.0.name)).await?;
+        let document = race
+            .direct_get_last_for_subject(format!("$KV.{}.job.bench-race", self.0.name))
+            .await
+            .context("reading the racing job's document")?;
+        let entry = (document.payload.len() / slots.max(1)).max(16);
+        let bucket = format!("{}_same_work", self.0.name);
+        let connection = anarchon_nats::NatsOptions::new(&self.0.url);
+        let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&bucket);
+        drop(anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?);
+        let stream_name = format!("KV_{bucket}");
+        let subject = format!("$KV.{bucket}.job.same-work");
+        let mut racers = Vec::new();
+        for _ in 0..concurrency {
+            let js = async_nats::jetstream::new(async_nats::connect(&self.0.url).await?);
+            let stream = js.get_stream(&stream_name).await?;
+            racers.push((js, stream));
+        }
+        let start = Instant::now();
+        let racing = racers.iter().enumerate().map(|(r, (js, stream))| {
+            let subject = subject.clone();
+            async move {
+                let mut won = 0;
+                for slot in 0..slots {
+                    let tag = format!("|{slot:08}:");
+                    loop {
+                        let (mut doc, revision) =
+                            match stream.direct_get_last_for_subject(&subject).await {
+                                Ok(m) => (m.payload.to_vec(), m.sequence),
+                                Err(e)
+                                    if e.kind()
+                                        == async_nats::jetstream::stream::DirectGetErrorKind::NotFound =>
+                                {
+                                    (Vec::new(), 0)
+                                }
+                                Err(e) => return Err(anyhow::Error::new(e)),
+                            };
+                        let t = tag.as_bytes();
+                        if doc.windows(t.len()).any(|w| w[0] == b'|' && w == t) {
+                            break;
+                        }
+                        doc.extend_from_slice(t);
+                        doc.extend(std::iter::repeat_n(
+                            b'a' + (r % 26) as u8,
+                            entry.saturating_sub(t.len()),
+                        ));
+                        let mut headers = async_nats::HeaderMap::new();
+                        headers.insert(
+                            "Nats-Expected-Last-Subject-Sequence",
+                            revision.to_string().as_str(),
+                        );
+                        let swapped = async {
+                            js.publish_with_headers(subject.clone(), headers, doc.into())
+                                .await?
+                                .await
+                        }
+                        .await;
+                        match swapped {
+                            Ok(_) => {
+                                won += 1;
+                                break;
+                            }
+                            Err(e) if anarchon_nats::is_wrong_last_sequence(&e) => {}
+                            Err(e) => return Err(anyhow::Error::new(e)),
+                        }
+                    }
+                }
+                Ok(won)
+            }
+        });
+        let mut won = 0;
+        for r in join_all(racing).await {
+            won += r?;
+        }
+        let rate = (slots * concurrency) as f64 / start.elapsed().as_secs_f64();
+        let _ = js.delete_stream(&stream_name).await;
+        anyhow::ensure!(
+            won == slots,
+            "the bare document race won {won} of {slots} slots; each must have exactly one winner"
+        );
+        Ok(Some((
+            format!("read, append a {entry}-byte entry, swap one document"),
+            rate,
+        )))
+    }
     fn namespace(&self) -> String {
         self.0.name.clone()
     }
