@@ -4,7 +4,9 @@
 //!
 //! For each backend, on this machine, in one run: claim throughput and
 //! latency with 8 racing instances, round trips per claim (counted by the
-//! store where it can), the store's own speed as a baseline, a batch of
+//! store where it can), the store's own speed as a baseline (and, where
+//! a claim's design makes it do more than that one write, as on Redis
+//! `script` and NATS KV, the store's own best at that work), a batch of
 //! 1,000 due jobs, firing precision, takeover time and the footprint of an
 //! idle instance. Then the fleet ([`fleet`]): K processes of this binary
 //! (8 by default), each a scheduler with M per-second jobs (200), for D
