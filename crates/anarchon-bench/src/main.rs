@@ -143,9 +143,13 @@ fn lease_claim(job: &JobName, slot: Slot, who: &InstanceId) -> LeaseClaim {
     }
 }
 
+/// The job every racer of the throughput measurement claims. A store's
+/// same-work measurement may read what the race left under it.
+pub(crate) const RACE_JOB: &str = "bench-race";
+
 /// 1–3: racing claims, round trips per claim, the store's own speed.
 async fn throughput(target: &dyn Target, s: &Settings, f: &mut Figures) -> Result<()> {
-    let job = JobName::new("bench-race")?;
+    let job = JobName::new(RACE_JOB)?;
     let base = now_slot_base();
     let slots: Vec<Slot> = (0..s.slots as i64)
         .map(|i| Slot::from_millis(base + i * 1000))

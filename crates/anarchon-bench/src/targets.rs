@@ -14,6 +14,7 @@ use anyhow::{Context, Result};
 use async_trait::async_trait;
 use futures::future::join_all;
 
+use crate::RACE_JOB;
 use crate::fleet::ServerLoad;
 
 /// One backend to measure.
@@ -1145,102 +1146,62 @@ impl NatsKv {
     pub(crate) fn new(url: String, namespace: Option<&str>) -> Self {
         Self(Spot::new(url, namespace))
     }
-}
 
-#[async_trait]
-impl Target for NatsKv {
-    fn name(&self) -> &'static str {
-        "nats-kv"
-    }
-    async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
-        let connection = anarchon_nats::NatsOptions::new(&self.0.url);
-        let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&self.0.name);
-        let store = anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?;
-        Ok(self.0.count(Arc::new(store)))
-    }
-    async fn round_trips(&self) -> Result<u64> {
-        self.0.calls()
-    }
-    fn counted_by(&self) -> &'static str {
-        "the client, as store calls (a claim is a read, a clock write and a compare-and-swap: about 3 round trips)"
-    }
-    /// The server's own rate at the heart of a claim without anarchon:
-    /// `concurrency` connections race to create the same key of a KV
-    /// bucket for every run; one create per key succeeds. A claim also
-    /// reads the server's clock and the job's record, so this is the
-    /// ceiling a claim can approach.
-    async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>> {
-        let bucket = format!("{}_baseline", self.0.name);
-        // The lease store makes its bucket the way it makes its own (a
-        // stream config the older servers accept); the racers only open it.
+    /// Makes the bucket `<namespace>_<suffix>` the way the lease store
+    /// makes its own (a stream config the older servers accept), and opens
+    /// `racers` connections of their own to the server; (bucket, one
+    /// JetStream context per racer). If a connection fails the bucket is
+    /// removed again.
+    async fn bucket_beside(
+        &self,
+        suffix: &str,
+        racers: usize,
+    ) -> Result<(String, Vec<async_nats::jetstream::Context>)> {
+        let bucket = format!("{}_{suffix}", self.0.name);
         let connection = anarchon_nats::NatsOptions::new(&self.0.url);
         let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&bucket);
         drop(anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?);
-        let mut stores = Vec::new();
-        for _ in 0..concurrency {
-            let js = async_nats::jetstream::new(async_nats::connect(&self.0.url).await?);
-            let kv = js.get_key_value(&bucket).await?;
-            stores.push((js, kv));
-        }
-        let runs = ops / concurrency;
-        let start = Instant::now();
-        let racing = stores.iter().map(|(_, kv)| async move {
-            let mut won = 0;
-            for run in 0..runs {
-                // Losing the race is the expected answer for all but one.
-                if kv
-                    .create(format!("run{run}"), "claimed".into())
-                    .await
-                    .is_ok()
-                {
-                    won += 1;
+        let mut contexts = Vec::with_capacity(racers);
+        for _ in 0..racers {
+            match async_nats::connect(&self.0.url).await {
+                Ok(client) => contexts.push(async_nats::jetstream::new(client)),
+                Err(e) => {
+                    self.drop_bucket(&bucket).await;
+                    return Err(e.into());
                 }
             }
-            won
-        });
-        let won: usize = join_all(racing).await.into_iter().sum();
-        let rate = (runs * concurrency) as f64 / start.elapsed().as_secs_f64();
-        if let Some((js, _)) = stores.first() {
-            let _ = js.delete_stream(format!("KV_{bucket}")).await;
         }
-        if won != runs {
-            anyhow::bail!(
-                "the KV baseline created {won} of {runs} keys: the server refused some creates for another reason than the race"
-            );
-        }
-        Ok(Some(("KV create".into(), rate)))
+        Ok((bucket, contexts))
     }
-    /// The server's own rate at the work of the lease store's layout: a
-    /// job's claims decide on one document that holds every live run, so
-    /// `concurrency` connections race the same `slots` slots of one key,
-    /// each reading the document (direct get), losing if the slot is in
-    /// it, else appending an entry as long as one live run of the race's
-    /// own document and swapping on the revision read, reading again
-    /// after a lost swap. No clock write, no pause reads, no JSON: the
-    /// ceiling of this layout, whatever the client does.
-    async fn same_work(&self, concurrency: usize, slots: usize) -> Result<Option<(String, f64)>> {
-        let client = async_nats::connect(&self.0.url).await?;
-        let js = async_nats::jetstream::new(client);
-        let race = js.get_stream(format!("KV_{}", self.0.name)).await?;
-        let document = race
-            .direct_get_last_for_subject(format!("$KV.{}.job.bench-race", self.0.name))
-            .await
-            .context("reading the racing job's document")?;
-        let entry = (document.payload.len() / slots.max(1)).max(16);
-        let bucket = format!("{}_same_work", self.0.name);
-        let connection = anarchon_nats::NatsOptions::new(&self.0.url);
-        let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&bucket);
-        drop(anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?);
+
+    /// Removes a bucket [`Self::bucket_beside`] made, whatever the
+    /// measurement's outcome.
+    async fn drop_bucket(&self, bucket: &str) {
+        if let Ok(client) = async_nats::connect(&self.0.url).await {
+            let _ = async_nats::jetstream::new(client)
+                .delete_stream(format!("KV_{bucket}"))
+                .await;
+        }
+    }
+
+    /// The race of [`Target::same_work`] on `bucket`: every racer claims
+    /// `slots` slots of one document with `entry`-byte entries; (slots
+    /// won in all, time taken).
+    async fn race_one_document(
+        &self,
+        bucket: &str,
+        racers: &[async_nats::jetstream::Context],
+        slots: usize,
+        entry: usize,
+    ) -> Result<(usize, Duration)> {
         let stream_name = format!("KV_{bucket}");
         let subject = format!("$KV.{bucket}.job.same-work");
-        let mut racers = Vec::new();
-        for _ in 0..concurrency {
-            let js = async_nats::jetstream::new(async_nats::connect(&self.0.url).await?);
-            let stream = js.get_stream(&stream_name).await?;
-            racers.push((js, stream));
+        let mut streams = Vec::with_capacity(racers.len());
+        for js in racers {
+            streams.push(js.get_stream(&stream_name).await?);
         }
         let start = Instant::now();
-        let racing = racers.iter().enumerate().map(|(r, (js, stream))| {
+        let racing = racers.iter().zip(&streams).enumerate().map(|(r, (js, stream))| {
             let subject = subject.clone();
             async move {
                 let mut won = 0;
@@ -1295,12 +1256,96 @@ impl Target for NatsKv {
         for r in join_all(racing).await {
             won += r?;
         }
-        let rate = (slots * concurrency) as f64 / start.elapsed().as_secs_f64();
-        let _ = js.delete_stream(&stream_name).await;
+        Ok((won, start.elapsed()))
+    }
+}
+
+#[async_trait]
+impl Target for NatsKv {
+    fn name(&self) -> &'static str {
+        "nats-kv"
+    }
+    async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
+        let connection = anarchon_nats::NatsOptions::new(&self.0.url);
+        let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&self.0.name);
+        let store = anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?;
+        Ok(self.0.count(Arc::new(store)))
+    }
+    async fn round_trips(&self) -> Result<u64> {
+        self.0.calls()
+    }
+    fn counted_by(&self) -> &'static str {
+        "the client, as store calls (a claim is a read, a clock write and a compare-and-swap: about 3 round trips)"
+    }
+    /// The server's own rate at the heart of a claim without anarchon:
+    /// `concurrency` connections race to create the same key of a KV
+    /// bucket for every run; one create per key succeeds. A claim also
+    /// reads the server's clock and the job's record, so this is the
+    /// ceiling a claim can approach.
+    async fn baseline(&self, concurrency: usize, ops: usize) -> Result<Option<(String, f64)>> {
+        let (bucket, racers) = self.bucket_beside("baseline", concurrency).await?;
+        let runs = ops / concurrency;
+        let raced = async {
+            let mut stores = Vec::new();
+            for js in &racers {
+                stores.push(js.get_key_value(&bucket).await?);
+            }
+            let start = Instant::now();
+            let racing = stores.iter().map(|kv| async move {
+                let mut won = 0;
+                for run in 0..runs {
+                    // Losing the race is the expected answer for all but one.
+                    if kv
+                        .create(format!("run{run}"), "claimed".into())
+                        .await
+                        .is_ok()
+                    {
+                        won += 1;
+                    }
+                }
+                won
+            });
+            let won: usize = join_all(racing).await.into_iter().sum();
+            anyhow::Ok((won, start.elapsed()))
+        }
+        .await;
+        self.drop_bucket(&bucket).await;
+        let (won, took) = raced?;
+        if won != runs {
+            anyhow::bail!(
+                "the KV baseline created {won} of {runs} keys: the server refused some creates for another reason than the race"
+            );
+        }
+        let rate = (runs * concurrency) as f64 / took.as_secs_f64();
+        Ok(Some(("KV create".into(), rate)))
+    }
+    /// The server's own rate at the work of the lease store's layout: a
+    /// job's claims decide on one document that holds every live run, so
+    /// `concurrency` connections race the same `slots` slots of one key,
+    /// each reading the document (direct get), losing if the slot is in
+    /// it, else appending an entry as long as one live run of the race's
+    /// own document and swapping on the revision read, reading again
+    /// after a lost swap. No clock write, no pause reads, no JSON: the
+    /// ceiling of this layout, whatever the client does.
+    async fn same_work(&self, concurrency: usize, slots: usize) -> Result<Option<(String, f64)>> {
+        let client = async_nats::connect(&self.0.url).await?;
+        let race = async_nats::jetstream::new(client)
+            .get_stream(format!("KV_{}", self.0.name))
+            .await?;
+        let document = race
+            .direct_get_last_for_subject(format!("$KV.{}.job.{RACE_JOB}", self.0.name))
+            .await
+            .context("reading the racing job's document")?;
+        let entry = (document.payload.len() / slots.max(1)).max(16);
+        let (bucket, racers) = self.bucket_beside("same_work", concurrency).await?;
+        let raced = self.race_one_document(&bucket, &racers, slots, entry).await;
+        self.drop_bucket(&bucket).await;
+        let (won, took) = raced?;
         anyhow::ensure!(
             won == slots,
             "the bare document race won {won} of {slots} slots; each must have exactly one winner"
         );
+        let rate = (slots * concurrency) as f64 / took.as_secs_f64();
         Ok(Some((
             format!("read, append a {entry}-byte entry, swap one document"),
             rate,
