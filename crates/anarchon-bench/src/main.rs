@@ -775,21 +775,29 @@ fn json(
     for (i, f) in all.iter().enumerate() {
         let baseline = match &f.baseline {
             Some((what, rate)) => {
-                format!("{{\"what\": {what:?}, \"ops_per_sec\": {}}}", num(*rate))
+                format!(
+                    "{{\"what\": {}, \"ops_per_sec\": {}}}",
+                    json_string(what),
+                    num(*rate)
+                )
             }
             None => "null".into(),
         };
         let same_work = match &f.same_work {
             Some((what, rate)) => {
-                format!("{{\"what\": {what:?}, \"claims_per_sec\": {}}}", num(*rate))
+                format!(
+                    "{{\"what\": {}, \"claims_per_sec\": {}}}",
+                    json_string(what),
+                    num(*rate)
+                )
             }
             None => "null".into(),
         };
         let _ = writeln!(
             out,
-            "    {{\"backend\": {:?}, \"round_trips_counted_by\": {:?}, \"claims_per_sec\": {}, \"claim_p50_ms\": {}, \"claim_p99_ms\": {}, \"double_wins\": {}, \"round_trips_per_claim\": {}, \"server_commands_per_claim\": {}, \"lease_store\": {}, \"baseline\": {}, \"same_work\": {}, \"batch\": {{\"jobs\": {}, \"round_trips\": {}, \"ms\": {}}}, \"lateness_ms\": {{\"runs\": {}, \"p50\": {}, \"p99\": {}, \"max\": {}}}, \"takeover_after_lease_end_ms\": {{\"trials\": {}, \"lease_ms\": {}, \"heartbeat_ms\": {}, \"p50\": {}, \"max\": {}, \"max_after_the_runner_was_cut_off\": {}}}, \"idle\": {{\"rss_mib\": {}, \"cpu_percent\": {}, \"round_trips_per_min\": {}}}}}{}",
-            f.backend,
-            f.counted_by,
+            "    {{\"backend\": {}, \"round_trips_counted_by\": {}, \"claims_per_sec\": {}, \"claim_p50_ms\": {}, \"claim_p99_ms\": {}, \"double_wins\": {}, \"round_trips_per_claim\": {}, \"server_commands_per_claim\": {}, \"lease_store\": {}, \"baseline\": {}, \"same_work\": {}, \"batch\": {{\"jobs\": {}, \"round_trips\": {}, \"ms\": {}}}, \"lateness_ms\": {{\"runs\": {}, \"p50\": {}, \"p99\": {}, \"max\": {}}}, \"takeover_after_lease_end_ms\": {{\"trials\": {}, \"lease_ms\": {}, \"heartbeat_ms\": {}, \"p50\": {}, \"max\": {}, \"max_after_the_runner_was_cut_off\": {}}}, \"idle\": {{\"rss_mib\": {}, \"cpu_percent\": {}, \"round_trips_per_min\": {}}}}}{}",
+            json_string(&f.backend),
+            json_string(&f.counted_by),
             num(f.claims_per_sec),
             num(f.claim_p50_ms),
             num(f.claim_p99_ms),
@@ -1081,12 +1089,14 @@ mod tests {
     /// A strategy's own ceiling is printed beside its ratio and written
     /// to the results; the scheduler's own lateness (MemoryStore's) is
     /// printed beside a store that misses the lateness target, and only
-    /// there.
+    /// there. What each measured reaches the results file as written,
+    /// whatever characters it holds.
     #[test]
     fn targets_show_the_ceiling_and_the_floor_beside_a_miss() {
         let s = Settings::new(true);
         let mut script = figures("redis-script", 3000.0, 4.2);
-        script.baseline = Some(("EVALSHA of SET NX".into(), 60_000.0));
+        let baseline_what = "EVALSHA of \"SET NX\"\t\u{1b}";
+        script.baseline = Some((baseline_what.into(), 60_000.0));
         script.same_work = Some(("a bare script".into(), 4000.0));
         let all = [
             figures("memory", 1e6, 4.1),
@@ -1116,5 +1126,6 @@ mod tests {
             serde_json::from_str(&json(&all, &s, None, &[])).expect("valid JSON");
         assert_eq!(read["backends"][1]["same_work"]["claims_per_sec"], 4000.0);
         assert_eq!(read["backends"][0]["same_work"], serde_json::Value::Null);
+        assert_eq!(read["backends"][1]["baseline"]["what"], baseline_what);
     }
 }
