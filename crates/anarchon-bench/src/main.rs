@@ -645,9 +645,13 @@ fn table(all: &[Figures], s: &Settings) -> String {
             "one round trip per claim",
             one_rt_required.then_some(f.round_trips_per_claim <= 1.05),
         );
+        let batch_rt = batch_round_trips_target(&f.backend);
         target(
-            "batch in one round trip",
-            f.lease_store.then_some(f.batch_round_trips <= 1),
+            &format!(
+                "batch in {batch_rt} round trip{}",
+                if batch_rt == 1 { "" } else { "s" }
+            ),
+            f.lease_store.then_some(f.batch_round_trips <= batch_rt),
         );
         target(
             "claims/s >= half the store's own",
@@ -712,6 +716,15 @@ fn own_claim_rate(backend: &str) -> Option<u32> {
         "nats-kv" => Some(3_000),
         _ => None,
     }
+}
+
+/// The round trips a batch of fresh claims may take on a lease store,
+/// however many jobs it holds. NATS KV learns the server's time by a
+/// write of its own while it reads the documents, reads that time back
+/// with the pauses, then swaps the documents: three waits by design, the
+/// same for one job or a thousand.
+fn batch_round_trips_target(backend: &str) -> u64 {
+    if backend == "nats-kv" { 3 } else { 1 }
 }
 
 /// The lateness p99 a backend must fire 1,000 jobs a second within.
@@ -1084,6 +1097,39 @@ mod tests {
             lateness_p99_ms: late_p99,
             ..Figures::default()
         }
+    }
+
+    /// A lease store's batch is judged against the round trips its
+    /// design takes for any number of jobs: one, or NATS KV's three.
+    #[test]
+    fn a_batch_is_judged_by_the_round_trips_of_its_store() {
+        let s = Settings::new(true);
+        let batch = |backend: &str, round_trips: u64| Figures {
+            lease_store: true,
+            batch_round_trips: round_trips,
+            ..figures(backend, 1000.0, 4.0)
+        };
+        let printed = table(
+            &[
+                batch("postgres", 1),
+                batch("sqlite", 2),
+                batch("nats-kv", 3),
+                batch("redis-lease", 4),
+            ],
+            &s,
+        );
+        let verdict_of = |backend: &str| {
+            printed
+                .lines()
+                .find(|l| l.starts_with(&format!("  {backend} ")))
+                .and_then(|l| l.split(" | ").find(|v| v.starts_with("batch in ")))
+                .map(str::to_owned)
+                .unwrap_or_else(|| panic!("no batch verdict for {backend}: {printed}"))
+        };
+        assert_eq!(verdict_of("postgres"), "batch in 1 round trip: met");
+        assert_eq!(verdict_of("sqlite"), "batch in 1 round trip: NOT MET");
+        assert_eq!(verdict_of("nats-kv"), "batch in 3 round trips: met");
+        assert_eq!(verdict_of("redis-lease"), "batch in 1 round trip: NOT MET");
     }
 
     /// A strategy's own ceiling is printed beside its ratio and written

@@ -1114,7 +1114,7 @@ impl Target for Nats {
         self.0.calls()
     }
     fn counted_by(&self) -> &'static str {
-        "the client (a publish and its acknowledgement per claim)"
+        "the client, as store calls (a claim is a publish and its acknowledgement; a loser also reads the stored claim back: 2 round trips)"
     }
     fn namespace(&self) -> String {
         self.0.name.clone()
@@ -1137,14 +1137,24 @@ impl Target for Nats {
     }
 }
 
-/// NATS JetStream KV lease store: store calls counted by the client (a
-/// claim is a read, a clock write and a compare-and-swap).
-pub(crate) struct NatsKv(Spot);
+/// NATS JetStream KV lease store: round trips counted by the store
+/// itself ([`anarchon_nats::LeaseStats`]), since one of its calls is
+/// several waits for the server (a claim writes the clock while it reads
+/// the job's document, reads the clock, then swaps the document).
+pub(crate) struct NatsKv {
+    spot: Spot,
+    /// Every instance handed out, to sum their own counts; an instance
+    /// the measurement dropped no longer counts.
+    stores: std::sync::Mutex<Vec<std::sync::Weak<anarchon_nats::NatsLeaseStore>>>,
+}
 
 impl NatsKv {
     /// A bucket of its own, or the one named `namespace`.
     pub(crate) fn new(url: String, namespace: Option<&str>) -> Self {
-        Self(Spot::new(url, namespace))
+        Self {
+            spot: Spot::new(url, namespace),
+            stores: std::sync::Mutex::default(),
+        }
     }
 
     /// Makes the bucket `<namespace>_<suffix>` the way the lease store
@@ -1157,13 +1167,13 @@ impl NatsKv {
         suffix: &str,
         racers: usize,
     ) -> Result<(String, Vec<async_nats::jetstream::Context>)> {
-        let bucket = format!("{}_{suffix}", self.0.name);
-        let connection = anarchon_nats::NatsOptions::new(&self.0.url);
+        let bucket = format!("{}_{suffix}", self.spot.name);
+        let connection = anarchon_nats::NatsOptions::new(&self.spot.url);
         let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&bucket);
         drop(anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?);
         let mut contexts = Vec::with_capacity(racers);
         for _ in 0..racers {
-            match async_nats::connect(&self.0.url).await {
+            match async_nats::connect(&self.spot.url).await {
                 Ok(client) => contexts.push(async_nats::jetstream::new(client)),
                 Err(e) => {
                     self.drop_bucket(&bucket).await;
@@ -1177,7 +1187,7 @@ impl NatsKv {
     /// Removes a bucket [`Self::bucket_beside`] made, whatever the
     /// measurement's outcome.
     async fn drop_bucket(&self, bucket: &str) {
-        if let Ok(client) = async_nats::connect(&self.0.url).await {
+        if let Ok(client) = async_nats::connect(&self.spot.url).await {
             let _ = async_nats::jetstream::new(client)
                 .delete_stream(format!("KV_{bucket}"))
                 .await;
@@ -1266,16 +1276,25 @@ impl Target for NatsKv {
         "nats-kv"
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
-        let connection = anarchon_nats::NatsOptions::new(&self.0.url);
-        let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&self.0.name);
-        let store = anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?;
-        Ok(self.0.count(Arc::new(store)))
+        let connection = anarchon_nats::NatsOptions::new(&self.spot.url);
+        let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&self.spot.name);
+        let store = Arc::new(anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?);
+        let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        stores.retain(|s| s.strong_count() > 0);
+        stores.push(Arc::downgrade(&store));
+        drop(stores);
+        Ok(self.spot.count(store))
     }
     async fn round_trips(&self) -> Result<u64> {
-        self.0.calls()
+        let stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(stores
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|s| s.stats().round_trips)
+            .sum())
     }
     fn counted_by(&self) -> &'static str {
-        "the client, as store calls (a claim is a read, a clock write and a compare-and-swap: about 3 round trips)"
+        "the store (LeaseStats::round_trips: requests sent together count once; a claim that starts a run is 3, one that finds a live lease 2)"
     }
     /// The server's own rate at the heart of a claim without anarchon:
     /// `concurrency` connections race to create the same key of a KV
@@ -1328,12 +1347,12 @@ impl Target for NatsKv {
     /// after a lost swap. No clock write, no pause reads, no JSON: the
     /// ceiling of this layout, whatever the client does.
     async fn same_work(&self, concurrency: usize, slots: usize) -> Result<Option<(String, f64)>> {
-        let client = async_nats::connect(&self.0.url).await?;
+        let client = async_nats::connect(&self.spot.url).await?;
         let race = async_nats::jetstream::new(client)
-            .get_stream(format!("KV_{}", self.0.name))
+            .get_stream(format!("KV_{}", self.spot.name))
             .await?;
         let document = race
-            .direct_get_last_for_subject(format!("$KV.{}.job.{RACE_JOB}", self.0.name))
+            .direct_get_last_for_subject(format!("$KV.{}.job.{RACE_JOB}", self.spot.name))
             .await
             .context("reading the racing job's document")?;
         let entry = (document.payload.len() / slots.max(1)).max(16);
@@ -1352,18 +1371,18 @@ impl Target for NatsKv {
         )))
     }
     fn namespace(&self) -> String {
-        self.0.name.clone()
+        self.spot.name.clone()
     }
     fn tally(&self) -> TallySnapshot {
-        self.0.tally.snapshot()
+        self.spot.tally.snapshot()
     }
     async fn server_load(&self) -> Result<ServerLoad> {
-        Ok(nats_server_load(&self.0.url))
+        Ok(nats_server_load(&self.spot.url))
     }
     async fn cleanup(&self) {
-        if let Ok(client) = async_nats::connect(&self.0.url).await {
+        if let Ok(client) = async_nats::connect(&self.spot.url).await {
             let _ = async_nats::jetstream::new(client)
-                .delete_stream(format!("KV_{}", self.0.name))
+                .delete_stream(format!("KV_{}", self.spot.name))
                 .await;
         }
     }
