@@ -334,8 +334,10 @@ pub(crate) async fn run_won(
                 span.in_scope(|| {
                     tracing::info!("outcome recorded (by a try whose reply was lost)")
                 });
-                if let RunOutcome::Failed { retry: None, .. } = &outcome {
-                    failed(&inner);
+                match &outcome {
+                    RunOutcome::Succeeded => Metrics::succeeded(&run.job, inner.clock.now()),
+                    RunOutcome::Failed { retry: None, .. } => failed(&inner),
+                    RunOutcome::Failed { retry: Some(_), .. } => {}
                 }
             }
             Ok(Renewal::Fenced) => {
