@@ -96,7 +96,7 @@ pub enum Error {
 
     /// The schema is older than this crate needs and migrations are off.
     #[error(
-        "the schema of table {table:?} is at version {found}, but this anarchon-pg needs version {latest} and migrations are turned off; open a store once with `PgOptions::migrate(true)` (the default) to migrate it"
+        "the schema of table {table:?} is at version {found}, but this anarchon-pg needs version {latest} and migrations are turned off; open a store once with `PgOptions::with_migrate(true)` (the default; in a store URL, without `migrate=false`) to migrate it"
     )]
     SchemaOutdated {
         /// The table.
