@@ -1184,8 +1184,8 @@ impl NatsKv {
         Ok((bucket, contexts))
     }
 
-    /// Removes a bucket [`Self::bucket_beside`] made, whatever the
-    /// measurement's outcome.
+    /// Removes the bucket `bucket` (one [`Self::bucket_beside`] made, or
+    /// the measurement's own), whatever the measurement's outcome.
     async fn drop_bucket(&self, bucket: &str) {
         if let Ok(client) = async_nats::connect(&self.spot.url).await {
             let _ = async_nats::jetstream::new(client)
@@ -1380,11 +1380,7 @@ impl Target for NatsKv {
         Ok(nats_server_load(&self.spot.url))
     }
     async fn cleanup(&self) {
-        if let Ok(client) = async_nats::connect(&self.spot.url).await {
-            let _ = async_nats::jetstream::new(client)
-                .delete_stream(format!("KV_{}", self.spot.name))
-                .await;
-        }
+        self.drop_bucket(&self.spot.name).await;
     }
 }
 
