@@ -8,34 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anarchon_core::scheduler::metrics::names;
-use anarchon_core::{Clock, InstanceId, MemoryStore, RunContext, Schedule, Scheduler, Timestamp};
-use anarchon_testkit::TestClock;
-use metrics::{SharedString, Unit};
-use metrics_util::CompositeKey;
+use anarchon_core::{InstanceId, MemoryStore, RunContext, Schedule, Scheduler};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-/// The metrics of one snapshot.
-struct Taken(Vec<(CompositeKey, Option<Unit>, Option<SharedString>, DebugValue)>);
-
-/// The value of the metric `name` whose labels are exactly `labels`.
-fn value<'a>(
-    snapshotter: &'a Taken,
-    name: &str,
-    labels: &[(&str, &str)],
-) -> Option<&'a DebugValue> {
-    snapshotter
-        .0
-        .iter()
-        .find(|(key, _, _, _)| {
-            let key = key.key();
-            let mut have: Vec<(&str, &str)> = key.labels().map(|l| (l.key(), l.value())).collect();
-            let mut want = labels.to_vec();
-            have.sort();
-            want.sort();
-            key.name() == name && have == want
-        })
-        .map(|(_, _, _, value)| value)
-}
+mod common;
+use common::{Taken, half_past, value};
 
 fn counter(snapshotter: &Taken, name: &str, labels: &[(&str, &str)]) -> u64 {
     match value(snapshotter, name, labels) {
@@ -63,9 +40,7 @@ async fn runs_are_counted_by_job_and_outcome_through_the_facade() {
     let snapshotter = recorder.snapshotter();
     recorder.install().unwrap();
 
-    let now = anarchon_core::SystemClock.now().as_millis();
-    let start = now - now.rem_euclid(3_600_000) + 1_800_000;
-    let clock = TestClock::starting_at(Timestamp::from_millis(start));
+    let (clock, start) = half_past();
     let store = Arc::new(MemoryStore::with_clock(clock.clone()));
     let mut schedulers = Vec::new();
     for name in ["a", "b"] {

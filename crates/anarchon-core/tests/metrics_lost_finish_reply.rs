@@ -11,14 +11,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use anarchon_core::layer::LeaseLayer;
-
 use anarchon_core::scheduler::metrics::names;
 use anarchon_core::{
-    Clock, FinalState, InstanceId, JobName, LeaseStore, MemoryStore, RecordState, Renewal,
-    RunContext, RunKey, RunOutcome, Schedule, Scheduler, StoreError, Timestamp, Token,
+    FinalState, InstanceId, JobName, LeaseStore, MemoryStore, RecordState, Renewal, RunContext,
+    RunKey, RunOutcome, Schedule, Scheduler, StoreError, Token,
 };
-use anarchon_testkit::TestClock;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+mod common;
+use common::{Taken, half_past, value};
 
 /// A memory store whose first finish records the outcome but loses its
 /// reply, and which answers every later finish `Fenced`.
@@ -62,9 +63,7 @@ async fn a_success_recorded_by_a_finish_whose_reply_was_lost_sets_the_last_succe
     let snapshotter = recorder.snapshotter();
     recorder.install().unwrap();
 
-    let now = anarchon_core::SystemClock.now().as_millis();
-    let start = now - now.rem_euclid(3_600_000) + 1_800_000;
-    let clock = TestClock::starting_at(Timestamp::from_millis(start));
+    let (clock, start) = half_past();
     let store = Arc::new(FinishOnceThenFenced {
         inner: MemoryStore::with_clock(clock.clone()),
         finishes: AtomicU32::new(0),
@@ -100,16 +99,9 @@ async fn a_success_recorded_by_a_finish_whose_reply_was_lost_sets_the_last_succe
     );
     assert_eq!(counted.fenced, 0, "nobody fenced the runner: {counted:?}");
 
-    let taken = snapshotter.snapshot().into_vec();
-    let gauge = taken.iter().find(|(key, _, _, _)| {
-        let key = key.key();
-        key.name() == names::LAST_SUCCESS
-            && key
-                .labels()
-                .any(|l| l.key() == "job" && l.value() == "short")
-    });
-    match gauge {
-        Some((_, _, _, DebugValue::Gauge(at))) => {
+    let taken = Taken(snapshotter.snapshot().into_vec());
+    match value(&taken, names::LAST_SUCCESS, &[("job", "short")]) {
+        Some(DebugValue::Gauge(at)) => {
             let slot = start as f64 / 1000.0;
             assert!(
                 at.into_inner() >= slot && at.into_inner() < slot + 5.0,
