@@ -318,12 +318,107 @@ async fn a_fenced_runner_is_cancelled() {
         seen.lock().unwrap().as_ref().unwrap().reason,
         Some(CancelReason::Fenced)
     );
-    assert_eq!(scheduler.metrics().fenced, 1);
+    // The attempt is counted once, as fenced: the cancelled handler's
+    // own `Ok` is not a success of this instance.
+    let counted = scheduler.metrics();
+    assert_eq!(counted.fenced, 1, "{counted:?}");
+    assert_eq!(
+        (counted.succeeded, counted.failed, counted.handed_over),
+        (0, 0, 0),
+        "a fenced attempt counted a second time: {counted:?}"
+    );
     scheduler.shutdown().await;
     // The thief's attempt is what the history shows; the fenced runner wrote nothing.
     let history = store.history(&run.job, 1).await.unwrap();
     assert_eq!(history[0].instance.as_ref().unwrap().as_str(), "thief");
     assert_eq!(history[0].state, RecordState::Running);
+}
+
+/// Another instance takes the run over in the instant between the
+/// runner's last heartbeat and its finish: the store answers the finish
+/// `Fenced`, and the attempt is counted once, as fenced, not also as the
+/// success its handler returned.
+///
+/// Failed before the fix: `succeeded` and `fenced` were both 1.
+#[tokio::test(start_paused = true)]
+async fn a_finish_answered_fenced_counts_the_attempt_once_as_fenced() {
+    let (clock, store) = setup();
+    let mut b = instance(store.clone(), clock.clone(), "runner")
+        .lease(Duration::from_secs(3))
+        .heartbeat(Duration::from_secs(1));
+    let thief_store = store.clone();
+    b.job("stolen", every(60))
+        .unwrap()
+        .run(move |ctx: RunContext| {
+            let store = thief_store.clone();
+            async move {
+                // The run changes hands as the handler returns (releasing
+                // is the test's shortcut to a lapsed lease).
+                let run = anarchon_core::RunKey::new(ctx.job().clone(), ctx.slot());
+                store.release(&run, ctx.token()).await.unwrap();
+                let mut thief = anarchon_testkit::lease::lease_claim(
+                    run,
+                    anarchon_core::Token::generate(),
+                    "thief",
+                );
+                thief.claim.max_late = Duration::from_secs(3600);
+                assert!(matches!(
+                    store.claim_lease(&thief).await.unwrap(),
+                    anarchon_core::ClaimOutcome::Won(_)
+                ));
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+    let runner = b.start().unwrap();
+    // The clock starts on a slot: one run, before the next slot.
+    sleep(30.0).await;
+    let counted = runner.metrics();
+    assert_eq!(counted.wins, 1, "{counted:?}");
+    assert_eq!(counted.fenced, 1, "the finish was fenced: {counted:?}");
+    assert_eq!(
+        (counted.succeeded, counted.failed),
+        (0, 0),
+        "the store did not take this success: {counted:?}"
+    );
+    runner.shutdown().await;
+    let history = history_of(&store, "stolen", 1).await;
+    assert_eq!(history[0].instance.as_ref().unwrap().as_str(), "thief");
+}
+
+/// A runner whose heartbeats fail for a whole lease cancels its handler;
+/// the handler fails, and the runner hands the run over. That attempt is
+/// counted once, as handed over.
+///
+/// Failed before the fix: `fenced` and `handed_over` were both 1.
+#[tokio::test(start_paused = true)]
+async fn a_run_handed_over_after_losing_contact_is_counted_once() {
+    let (clock, store) = setup();
+    let faulty = Faulty::new(store.clone());
+    let mut b = instance(faulty.clone(), clock.clone(), "runner")
+        .lease(Duration::from_secs(3))
+        .heartbeat(Duration::from_secs(1));
+    b.job("cut-off", every(60))
+        .unwrap()
+        .run(|ctx: RunContext| async move {
+            ctx.cancelled().await;
+            Err::<(), _>("stopped before the work was done".to_owned())
+        })
+        .unwrap();
+    faulty.set_heartbeats_down(true);
+    let runner = b.start().unwrap();
+    // The clock starts on a slot; a whole lease without a renewal ends
+    // that run well before the next slot.
+    sleep(30.0).await;
+    let counted = runner.metrics();
+    assert_eq!(counted.wins, 1, "{counted:?}");
+    assert_eq!(counted.handed_over, 1, "{counted:?}");
+    assert_eq!(
+        (counted.fenced, counted.failed, counted.succeeded),
+        (0, 0, 0),
+        "the handed-over attempt counted a second time: {counted:?}"
+    );
+    runner.shutdown().await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -751,11 +846,13 @@ async fn a_run_that_succeeded_after_losing_contact_is_recorded_not_released() {
     let first = start("first", faulty.clone(), false);
     // Past the first slot (30 minutes in) and the handler's 5 s.
     sleep(1800.0 + 10.0).await;
+    // The runner gave the run up, but the store took its success: that
+    // is the attempt's one outcome.
+    let counted = first.metrics();
     assert_eq!(
-        first.metrics().fenced,
-        1,
-        "the runner gave the run up: {:?}",
-        first.metrics()
+        (counted.succeeded, counted.fenced, counted.handed_over),
+        (1, 0, 0),
+        "{counted:?}"
     );
     let later = start("later", store.clone(), true);
     sleep(10.0).await;

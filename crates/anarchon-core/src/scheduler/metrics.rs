@@ -24,13 +24,15 @@ pub mod names {
     /// claims — `won`, `lost` (another instance holds or held the run),
     /// `late`, `skipped`, `paused`, `unknown` (no answer).
     pub const CLAIMS: &str = "anarchon_claims_total";
-    /// Counter, labels `job`, `outcome`: the runs this instance ran, by how
-    /// they ended here — `succeeded`, `failed`, `fenced` (replaced or taken
-    /// over by another instance), `handed_over` (released at shutdown or
-    /// after losing contact) — and the runs this instance recorded as
-    /// ended without running them: `missed` (too late) and `interrupted`
-    /// (the runner's lease ran out with no attempts left). Each run is
-    /// counted by one instance, so a sum over the fleet counts each once.
+    /// Counter, labels `job`, `outcome`: each attempt this instance held,
+    /// once, by how it ended here — `succeeded`, `failed` (the handler's
+    /// outcome, taken by the store), `fenced` (another instance holds the
+    /// run now: replaced or taken over; the cancelled handler's result is
+    /// not counted too), `handed_over` (given back or released for a
+    /// backup) — and the runs this instance recorded as ended without
+    /// running them: `missed` (too late) and `interrupted` (the runner's
+    /// lease ran out with no attempts left). Each attempt is counted by
+    /// one instance, so a sum over the fleet counts each once.
     pub const RUNS: &str = "anarchon_runs_total";
     /// Counter, label `job`: wins that took over a run whose runner lost
     /// its lease.
@@ -109,18 +111,20 @@ counters! {
     late,
     /// Slots skipped because another run of the job was live.
     skipped,
-    /// Runs whose lease was lost: fenced by the store, or self-fenced after
-    /// losing contact.
+    /// Runs lost to another instance: fenced by the store (the handler's
+    /// result is then not counted as well), or given up after losing
+    /// contact and not handed over.
     fenced,
     /// Store calls that failed after their retries.
     store_errors,
-    /// Runs whose handler succeeded (counting those whose handler completed
-    /// after this instance lost contact with the store; runs given up
-    /// before their handler completed are handed over, not counted).
+    /// Runs whose handler succeeded, unless fenced (counting those whose
+    /// handler completed after this instance lost contact with the store
+    /// and whose success the store then took).
     succeeded,
-    /// Runs whose handler failed, panicked or timed out (same exception).
+    /// Runs whose handler failed, panicked or timed out, unless fenced.
     failed,
-    /// Runs handed over (lease released) at shutdown.
+    /// Runs given back or released for a backup: at shutdown, before a
+    /// handler started without lease left, or after losing contact.
     handed_over,
 }
 

@@ -197,7 +197,8 @@ pub(crate) async fn run_won(
                 let left = lease_clock.left(Instant::now());
                 let renewal = renew(store.as_ref(), &run, token, &mut lease_clock, &span, left).await;
                 if let Some(reason) = holding.after(renewal) {
-                    inner.metrics.count(&run.job, Event::Fenced);
+                    // Counted once the handler returns: the run's one
+                    // outcome here depends on what the store says then.
                     if holding == Holding::Fenced {
                         span.in_scope(|| tracing::warn!("fenced: another instance holds this run now; cancelling the handler"));
                     } else {
@@ -256,6 +257,23 @@ pub(crate) async fn run_won(
         },
     };
     span.in_scope(|| tracing::info!(?outcome, "handler finished"));
+    // Each attempt this instance ran is counted once, by how it ended here:
+    // the handler's outcome only where the store took it (or, on a
+    // claim-only store or when the store cannot be reached, where nothing
+    // else is known).
+    let ran = |inner: &Inner| {
+        let event = match &outcome {
+            RunOutcome::Succeeded => Event::Succeeded,
+            RunOutcome::Failed { .. } => Event::Failed,
+        };
+        inner.metrics.count(&run.job, event);
+    };
+    if holding == Holding::Fenced {
+        // Another instance holds the run: nothing of this attempt is
+        // recorded.
+        inner.metrics.count(&run.job, Event::Fenced);
+        return;
+    }
     if let (Some(store), Holding::LostContact, false) =
         (&lease_store, holding, outcome == RunOutcome::Succeeded)
     {
@@ -265,14 +283,15 @@ pub(crate) async fn run_won(
         // handler that did complete is recorded below: `finish` only takes
         // if no backup has taken the run over meanwhile.
         span.in_scope(|| tracing::warn!("the run was given up after losing contact; handing it over instead of recording {outcome:?}"));
-        if let Ok(Renewal::Renewed) = store.release(&run, token).await {
-            inner.metrics.count(&run.job, Event::HandedOver);
-        }
+        // One try: the store was out of reach for a whole lease already.
+        let event = match store.release(&run, token).await {
+            Ok(Renewal::Renewed) => Event::HandedOver,
+            // Taken over already, or still out of reach (the lease runs
+            // out): the run is lost to this instance either way.
+            Ok(Renewal::Fenced) | Err(_) => Event::Fenced,
+        };
+        inner.metrics.count(&run.job, event);
         return;
-    }
-    match &outcome {
-        RunOutcome::Succeeded => inner.metrics.count(&run.job, Event::Succeeded),
-        RunOutcome::Failed { .. } => inner.metrics.count(&run.job, Event::Failed),
     }
     // The failure as an alert, once the store has it and no retry is
     // pending.
@@ -286,13 +305,14 @@ pub(crate) async fn run_won(
     };
     if lease_store.is_none() {
         // A claim-only store keeps no outcome: the handler's is the news.
+        ran(&inner);
         if outcome == RunOutcome::Succeeded {
             Metrics::succeeded(&run.job, inner.clock.now());
         } else {
             failed(&inner);
         }
     }
-    if let (Some(store), false) = (&lease_store, holding == Holding::Fenced) {
+    if let Some(store) = &lease_store {
         let tries = std::sync::atomic::AtomicU32::new(0);
         let answer = with_retries("finish", || {
             tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -307,6 +327,7 @@ pub(crate) async fn run_won(
                     retry: Some(plan), ..
                 } = &outcome =>
             {
+                ran(&inner);
                 let retried = watch_for_retry(&inner, job, run.clone(), plan.after)
                     .instrument(span.clone())
                     .await;
@@ -314,10 +335,14 @@ pub(crate) async fn run_won(
                     failed(&inner);
                 }
             }
-            Ok(Renewal::Renewed) if outcome == RunOutcome::Succeeded => {
-                Metrics::succeeded(&run.job, inner.clock.now());
+            Ok(Renewal::Renewed) => {
+                ran(&inner);
+                if outcome == RunOutcome::Succeeded {
+                    Metrics::succeeded(&run.job, inner.clock.now());
+                } else {
+                    failed(&inner);
+                }
             }
-            Ok(Renewal::Renewed) => failed(&inner),
             // A try whose reply was lost may have recorded the outcome: the
             // retry then finds the run finished, by this very attempt.
             Ok(Renewal::Fenced)
@@ -334,6 +359,7 @@ pub(crate) async fn run_won(
                 span.in_scope(|| {
                     tracing::info!("outcome recorded (by a try whose reply was lost)")
                 });
+                ran(&inner);
                 match &outcome {
                     RunOutcome::Succeeded => Metrics::succeeded(&run.job, inner.clock.now()),
                     RunOutcome::Failed { retry: None, .. } => failed(&inner),
@@ -345,6 +371,8 @@ pub(crate) async fn run_won(
                 span.in_scope(|| tracing::warn!("finished after another instance took the run over; the outcome was not recorded"));
             }
             Err(error) => {
+                // The handler's outcome is all this instance knows.
+                ran(&inner);
                 inner.metrics.count(&run.job, Event::StoreError);
                 span.in_scope(|| tracing::error!(%error, "could not record the outcome; the lease will run out and a backup may run the slot again"));
             }
@@ -497,7 +525,6 @@ async fn renew_before_start(
             Renew::Held | Renew::Failed | Renew::Expired => {}
         }
     }
-    inner.metrics.count(&run.job, Event::Fenced);
     span.in_scope(|| {
         tracing::error!(
             "no lease left before the handler started; not starting it, handing the run over"
@@ -536,6 +563,9 @@ pub(crate) enum Started {
     No,
 }
 
+/// Releases (or gives back) the run for a backup, and counts the attempt:
+/// handed over when the store took it, fenced when another instance holds
+/// the run already or the store cannot be reached (its lease runs out).
 async fn hand_over(
     inner: &Inner,
     store: &dyn LeaseStore,
@@ -552,8 +582,9 @@ async fn hand_over(
             inner.metrics.count(&run.job, Event::HandedOver);
             tracing::info!(job = %run.job, slot = %run.slot, ?started, "run handed over for a backup to take over");
         }
-        Ok(Renewal::Fenced) => {}
+        Ok(Renewal::Fenced) => inner.metrics.count(&run.job, Event::Fenced),
         Err(error) => {
+            inner.metrics.count(&run.job, Event::Fenced);
             tracing::warn!(%error, job = %run.job, slot = %run.slot, "could not hand the run over; a backup takes over when its lease runs out");
         }
     }
