@@ -11,10 +11,10 @@ use anarchon_core::{
     Token, Win,
 };
 use async_trait::async_trait;
-use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use lapin::options::{BasicPublishOptions, ExchangeDeclareOptions, QueueDeclareOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::{BasicProperties, Channel, Confirmation, ExchangeKind};
 use tokio::time::{Instant, timeout_at};
 
 use crate::BACKEND;
@@ -499,6 +499,39 @@ impl ClaimStore for AmqpStore {
         BackendInfo {
             name: BACKEND,
             memory: Memory::Window(self.slot_ttl),
+        }
+    }
+
+    /// A passive declaration of the broker's own `amq.direct` exchange on
+    /// a pooled channel (reconnecting first if the connection broke): one
+    /// round trip that needs no permission and changes nothing.
+    async fn ping(&self) -> Result<(), StoreError> {
+        const DOING: &str = "asking the broker for its amq.direct exchange";
+        let deadline = Instant::now() + self.timeout;
+        let lease = self.pool.lease(deadline, self.timeout).await?;
+        let passive = ExchangeDeclareOptions {
+            passive: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        let asked = lease.channel().exchange_declare(
+            "amq.direct".into(),
+            ExchangeKind::Direct,
+            passive,
+            FieldTable::default(),
+        );
+        match timeout_at(deadline, asked).await {
+            Ok(Ok(())) => {
+                lease.release();
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                lease.fail(&e);
+                Err(self.pool.amqp_error(DOING, e).into())
+            }
+            Err(_) => {
+                lease.hung();
+                Err(self.pool.timeout_error(DOING, self.timeout).into())
+            }
         }
     }
 

@@ -73,6 +73,13 @@ impl ClaimStore for ClaimOnlyStandIn {
         self.info
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        Err(StoreError::invalid(
+            self.info.name,
+            "a stand-in for checking options asks nothing",
+        ))
+    }
+
     fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
         None
     }

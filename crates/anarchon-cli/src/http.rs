@@ -13,7 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anarchon::{Control, JobName, LeaseStore, RecordState, RunRecord, Schedule, Timestamp};
+use anarchon::{
+    ClaimStore, Control, JobName, LeaseStore, RecordState, RunRecord, Schedule, Timestamp,
+};
 use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
@@ -40,6 +42,9 @@ const BUCKETS: &[f64] = &[
 /// What the routes read.
 struct Shared {
     metrics: PrometheusHandle,
+    /// What `/healthz` asks, whatever kind of store it is.
+    claims: Arc<dyn ClaimStore>,
+    /// Where the status routes read; `None` on a claim-only store.
     store: Option<Arc<dyn LeaseStore>>,
     jobs: Vec<(JobName, Schedule)>,
     backend: &'static str,
@@ -73,6 +78,7 @@ impl Server {
 pub(crate) async fn serve(
     addr: SocketAddr,
     metrics: PrometheusHandle,
+    claims: Arc<dyn ClaimStore>,
     store: Option<Arc<dyn LeaseStore>>,
     crontab: &Crontab,
     backend: &'static str,
@@ -84,6 +90,7 @@ pub(crate) async fn serve(
     }
     let shared = Arc::new(Shared {
         metrics,
+        claims,
         store,
         jobs,
         backend,
@@ -133,20 +140,11 @@ async fn metrics_text(State(shared): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-/// 200 when the store answers a read within [`HEALTH_TIMEOUT`]; 503 with
-/// the reason (the store's error, which never holds a password) when not.
+/// 200 when the store answers [`ClaimStore::ping`] within
+/// [`HEALTH_TIMEOUT`]; 503 with the reason (the store's error, which never
+/// holds a password) when not.
 async fn healthz(State(shared): State<Arc<Shared>>) -> Response {
-    let Some(store) = &shared.store else {
-        return (
-            StatusCode::OK,
-            format!(
-                "ok: {} is a claim-only store, which has nothing to read between claims\n",
-                shared.backend
-            ),
-        )
-            .into_response();
-    };
-    match tokio::time::timeout(HEALTH_TIMEOUT, store.pauses()).await {
+    match tokio::time::timeout(HEALTH_TIMEOUT, shared.claims.ping()).await {
         Ok(Ok(_)) => (StatusCode::OK, "ok\n").into_response(),
         Ok(Err(error)) => (
             StatusCode::SERVICE_UNAVAILABLE,

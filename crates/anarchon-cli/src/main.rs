@@ -428,6 +428,7 @@ async fn run(path: &Path, store: Option<String>) -> anyhow::Result<()> {
                     http::serve(
                         addr,
                         recorder,
+                        opened.claim_store(),
                         opened.lease_store(),
                         &crontab,
                         parsed.backend(),

@@ -2,7 +2,8 @@
 //! as the Prometheus text format and counts the runs just made,
 //! `/healthz` answers, `/api/status` is what `anarchon status --json` says,
 //! `/api/history` is `history --json`, and the page lists each job with a
-//! cell per slot. A non-loopback address is refused unless allowed.
+//! cell per slot. On a claim-only store `/healthz` asks the store too and
+//! follows a cut line. A non-loopback address is refused unless allowed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -13,6 +14,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
+use anarchon_testkit::FaultProxy;
+use anarchon_testkit::servers::{Service, unique_prefix};
+use common::servers::{RedisKeys, server, with_params};
 use common::{Fleet, crontab_head, run_in, wait_for};
 use nix::sys::signal::Signal;
 
@@ -220,6 +224,99 @@ fn serves_what_the_store_says(d: &Path, store: &str) {
         get(addr, "/healthz").is_none(),
         "the server stops with the daemon"
     );
+}
+
+/// `url` with `proxy`'s address in place of the server's `host[:port]`.
+fn via(url: &str, proxy: &FaultProxy) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let user = authority
+        .rsplit_once('@')
+        .map_or(String::new(), |(user, _)| format!("{user}@"));
+    format!("{scheme}://{user}{}{tail}", proxy.address())
+}
+
+/// On a claim-only store (Redis `stream-id`) `/healthz` asks the store
+/// too: 200 while the line to Redis is up, 503 naming the store while a
+/// proxy cuts it and refuses new connections, 200 again once it is back.
+/// Before, a claim-only store was reported healthy without being asked.
+#[test]
+fn healthz_on_a_claim_only_store_asks_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // The proxy's tasks run on this runtime's thread while the test waits.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = server(Service::Redis);
+    let (_, authority) = redis.split_once("://").unwrap();
+    let upstream = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host)
+        .split(['/', '?'])
+        .next()
+        .unwrap()
+        .to_owned();
+    let proxy = runtime.block_on(FaultProxy::start(upstream)).unwrap();
+    let prefix = unique_prefix("clihealth");
+    let _keys = RedisKeys::under(&redis, &prefix);
+    let store = with_params(
+        &via(&redis, &proxy),
+        &format!("strategy=stream-id&prefix={prefix}"),
+    );
+    let addr = free_port();
+    let config = d.join("anarchon.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "store = \"{store}\"\n\n[http]\nlisten = \"{addr}\"\n\n[[job]]\nname = \"idle\"\nschedule = \"0 0 1 1 *\"\ncommand = \"true\"\n"
+        ),
+    )
+    .unwrap();
+    let mut fleet = Fleet::default();
+    fleet.start(&config, d);
+    let (code, body) = wait_for(
+        Duration::from_secs(20),
+        "the daemon's /healthz",
+        || get(addr, "/healthz"),
+        || fleet.logs(),
+    );
+    assert_eq!(code, 200, "{body}\n{}", fleet.logs());
+
+    proxy.cut();
+    let (code, body) = wait_for(
+        Duration::from_secs(20),
+        "/healthz to report the cut line",
+        || get(addr, "/healthz").filter(|(code, _)| *code != 200),
+        || fleet.logs(),
+    );
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("does not answer") || body.contains("did not answer"),
+        "{body}"
+    );
+    assert!(!body.contains("://"), "no store URL in the answer: {body}");
+
+    proxy.restore();
+    wait_for(
+        Duration::from_secs(20),
+        "/healthz to recover with the line",
+        || get(addr, "/healthz").filter(|(code, _)| *code == 200),
+        || fleet.logs(),
+    );
+
+    fleet.daemons[0].signal(Signal::SIGTERM);
+    assert_eq!(
+        fleet.daemons[0].wait(Duration::from_secs(15)),
+        Some(0),
+        "{}",
+        fleet.logs()
+    );
+    drop(proxy);
+    runtime.shutdown_background();
 }
 
 #[test]

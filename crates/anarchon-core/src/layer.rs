@@ -125,6 +125,15 @@ pub trait ClaimLayer: Send + Sync + 'static {
         self.inner().info()
     }
 
+    /// [`ClaimStore::ping`]; forwards by default.
+    ///
+    /// # Errors
+    ///
+    /// The inner store's, unless overridden.
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner().ping().await
+    }
+
     /// [`ClaimStore::as_lease_store`]: whether the wrapper is a lease store.
     /// No default, as for every store. A wrapper that is only a
     /// `ClaimLayer` is not a lease store and answers `None`, even when the
@@ -159,6 +168,15 @@ pub trait LeaseLayer: Send + Sync + 'static {
     /// [`ClaimStore::info`]; forwards by default.
     fn info(&self) -> BackendInfo {
         self.inner().info()
+    }
+
+    /// [`ClaimStore::ping`]; forwards by default.
+    ///
+    /// # Errors
+    ///
+    /// The inner store's, unless overridden.
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner().ping().await
     }
 
     /// [`LeaseStore::claim_lease`]; forwards by default.
@@ -339,6 +357,10 @@ impl<L: LeaseLayer> ClaimLayer for L {
         LeaseLayer::info(self)
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        LeaseLayer::ping(self).await
+    }
+
     fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
         Some(self)
     }
@@ -352,6 +374,10 @@ impl<L: ClaimLayer> ClaimStore for L {
 
     fn info(&self) -> BackendInfo {
         ClaimLayer::info(self)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        ClaimLayer::ping(self).await
     }
 
     fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
@@ -486,6 +512,11 @@ mod tests {
                 name: "probe",
                 memory: Memory::Forever,
             }
+        }
+
+        async fn ping(&self) -> Result<(), StoreError> {
+            self.saw("ping");
+            Ok(())
         }
 
         fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
@@ -659,6 +690,7 @@ mod tests {
         let lease = LeaseClaim::from_plain(&plain());
         store.claim(&plain()).await.unwrap();
         store.info();
+        store.ping().await.unwrap();
         store.claim_lease(&lease).await.unwrap();
         let answers = store.claim_many(&[lease.clone(), lease]).await.unwrap();
         assert_eq!(answers.len(), 2);
@@ -689,9 +721,10 @@ mod tests {
         let _news = store.announcements();
     }
 
-    const EVERY_CALL: [&str; 19] = [
+    const EVERY_CALL: [&str; 20] = [
         "claim",
         "info",
+        "ping",
         "claim_lease",
         "claim_many",
         "peek",
@@ -756,7 +789,8 @@ mod tests {
         let dynamic: Arc<dyn ClaimStore> = Arc::new(ClaimsOnly(probe.clone()));
         dynamic.claim(&plain()).await.unwrap();
         assert_eq!(dynamic.info().name, "probe");
-        assert_eq!(probe.calls(), ["claim", "info"]);
+        dynamic.ping().await.unwrap();
+        assert_eq!(probe.calls(), ["claim", "info", "ping"]);
         assert!(dynamic.as_lease_store().is_none());
     }
 }

@@ -523,6 +523,20 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// The backend's name and memory.
     fn info(&self) -> BackendInfo;
 
+    /// Asks the store one cheap question that needs its server to answer,
+    /// and writes nothing: what a health probe calls. `Ok` means the
+    /// server answered just now, not that the next claim will succeed.
+    ///
+    /// No default: a store that cannot reach its server must not look
+    /// healthy. Lease stores made with [`claims_through_leases!`] read
+    /// the pauses ([`LeaseStore::pauses`]).
+    ///
+    /// # Errors
+    ///
+    /// A [`StoreError`] saying why the store did not answer (never a
+    /// password).
+    async fn ping(&self) -> Result<(), StoreError>;
+
     /// This store as a lease store, if it is one.
     ///
     /// Claim-only stores return `None`; a lease store returns `Some(self)`.
@@ -821,6 +835,10 @@ macro_rules! claims_through_leases {
                     name: $name,
                     memory: $crate::Memory::UntilCollected,
                 }
+            }
+
+            async fn ping(&self) -> ::std::result::Result<(), $crate::StoreError> {
+                $crate::LeaseStore::pauses(self).await.map(drop)
             }
 
             fn as_lease_store(

@@ -890,6 +890,10 @@ impl ClaimStore for Unanswering {
         }
     }
 
+    async fn ping(&self) -> Result<(), anarchon_core::StoreError> {
+        std::future::pending().await
+    }
+
     fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
         None
     }

@@ -18,7 +18,9 @@ use async_nats::jetstream::stream::{
 use async_trait::async_trait;
 
 use crate::BACKEND;
-use crate::connection::{Connected, NoResponderPatience, StreamRole, connect, ensure_stream};
+use crate::connection::{
+    Connected, NoResponderPatience, StreamRole, check_jetstream, connect, ensure_stream,
+};
 use crate::error::Error;
 use crate::options::{
     NatsOptions, Storage, StreamOptions, read_store_url, validate_prefix, validate_replicas,
@@ -646,6 +648,15 @@ impl ClaimStore for NatsClaimStore {
             name: BACKEND,
             memory: Memory::Window(self.window),
         }
+    }
+
+    /// Asks JetStream for the account's usage (`$JS.API.INFO`): the
+    /// server and its JetStream answer. The stream itself may be missing
+    /// (an in-memory stream after a restart): the next claim makes it.
+    async fn ping(&self) -> Result<(), StoreError> {
+        check_jetstream(&self.jetstream, &self.url, self.timeout)
+            .await
+            .map_err(StoreError::from)
     }
 
     fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {

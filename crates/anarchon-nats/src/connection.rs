@@ -132,7 +132,11 @@ pub(crate) async fn connect(
 /// Asks `$JS.API.INFO` and reads only whether the answer is an error: the
 /// typed `Context::query_account` of async-nats 0.51 cannot read the answer
 /// of NATS 2.9 servers (it requires fields added in 2.10).
-async fn check_jetstream(jetstream: &Context, url: &str, limit: Duration) -> Result<(), Error> {
+pub(crate) async fn check_jetstream(
+    jetstream: &Context,
+    url: &str,
+    limit: Duration,
+) -> Result<(), Error> {
     let timeout = || Error::Timeout {
         url: url.to_owned(),
         doing: "asking for the JetStream account",

@@ -1146,6 +1146,16 @@ macro_rules! claim_only_store {
                 }
             }
 
+            /// One `INFO server` (on a cluster, one per master), which
+            /// also notices a restarted server.
+            async fn ping(&self) -> Result<(), anarchon_core::StoreError> {
+                self.link
+                    .check_server()
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.into_store_error(BACKEND))
+            }
+
             fn as_lease_store(
                 self: std::sync::Arc<Self>,
             ) -> Option<std::sync::Arc<dyn anarchon_core::LeaseStore>> {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anarchon_core::{
     ClaimOutcome, ClaimStore, InstanceId, LeaseStore, RunKey, Schedule, Scheduler, Slot, Token,
 };
+use tokio::time::Instant;
 
 use crate::claim::{claim_request, future_slot, job};
 use crate::factory::{Proxyable, StoreFactory};
@@ -130,12 +131,62 @@ pub async fn lost_reply_through_a_proxy<F: Proxyable>(direct: &F, resolution: Re
     lost_reply_resolves_to_one_winner(&through, direct, &proxy, resolution).await;
 }
 
+/// How long [`ping_follows_the_line`] gives a ping to answer, up or down.
+const PING_WAIT: Duration = Duration::from_secs(20);
+
+/// An instance of `direct` whose connection goes through a proxy of its
+/// own answers [`ClaimStore::ping`] while the line is up; fails it (an
+/// error, within [`PING_WAIT`], not a hang and not `Ok`) while the proxy
+/// cuts the line and refuses new connections; and answers again once the
+/// line is back (retrying for a while: a client may reconnect in the
+/// background). What a health probe relies on.
+///
+/// # Panics
+///
+/// When any of that does not hold.
+pub async fn ping_follows_the_line<F: Proxyable>(direct: &F) {
+    let proxy = FaultProxy::start(direct.upstream())
+        .await
+        .expect("a local port for the proxy");
+    let store = direct.through_proxy(&proxy).instance().await;
+    let name = store.info().name;
+    tokio::time::timeout(PING_WAIT, store.ping())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: a ping over a working line did not answer"))
+        .unwrap_or_else(|e| panic!("{name}: a ping over a working line failed: {e}"));
+
+    proxy.cut();
+    let down = tokio::time::timeout(PING_WAIT, store.ping())
+        .await
+        .unwrap_or_else(|_| panic!("{name}: a ping while the line is cut hung"));
+    let error = down.expect_err("a ping while the line is cut must fail");
+    assert!(
+        error.is_temporary(),
+        "{name}: an unreachable server is a temporary error: {error}"
+    );
+
+    proxy.restore();
+    let deadline = Instant::now() + PING_WAIT;
+    loop {
+        match tokio::time::timeout(PING_WAIT, store.ping()).await {
+            Ok(Ok(())) => break,
+            Ok(Err(e)) if Instant::now() < deadline => {
+                tracing::debug!(%e, "{name}: not answering yet after the line came back");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(Err(e)) => panic!("{name}: still failing after the line came back: {e}"),
+            Err(_) => panic!("{name}: a ping after the line came back hung"),
+        }
+    }
+}
+
 /// The fault checks as tests, for a backend whose factory is
 /// [`Proxyable`]:
 ///
 /// * `claim_suite_through_a_slow_proxy`: the whole claim suite, every
 ///   instance behind [`behind_a_slow_proxy`](crate::factory::behind_a_slow_proxy);
 /// * `lost_reply_resolves_to_one_winner`: [`lost_reply_through_a_proxy`];
+/// * `ping_follows_the_line`: [`ping_follows_the_line`];
 /// * for lease stores (`leases:`), also
 ///   `random_faults_never_give_a_run_two_runners` for 15 s.
 ///
@@ -158,6 +209,12 @@ macro_rules! fault_suite {
         async fn lost_reply_resolves_to_one_winner() {
             let factory = $factory;
             $crate::faults::lost_reply_through_a_proxy(&factory, $resolution).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn ping_follows_the_line() {
+            let factory = $factory;
+            $crate::faults::ping_follows_the_line(&factory).await;
         }
     };
     (leases: $factory:expr, $resolution:expr) => {

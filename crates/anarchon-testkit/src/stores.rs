@@ -66,6 +66,11 @@ impl ClaimStore for ClaimOnlyStore {
         }
     }
 
+    /// Always answers: the store is this process's memory.
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
         None
     }
@@ -243,6 +248,11 @@ impl<S: LeaseStore + ?Sized> LeaseLayer for Faulty<S> {
 
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         self.claim_call(self.inner.claim(req)).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.ping().await
     }
 
     async fn claim_lease(&self, req: &LeaseClaim) -> Result<ClaimOutcome, StoreError> {

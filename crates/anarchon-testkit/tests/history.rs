@@ -270,6 +270,9 @@ impl ClaimStore for Yes {
             memory: Memory::Forever,
         }
     }
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
     fn as_lease_store(self: Arc<Self>) -> Option<Arc<dyn LeaseStore>> {
         Some(self)
     }
