@@ -45,25 +45,33 @@ impl ServerControl {
     /// variable (`ANARCHON_PG_URL`, …) and no stop and start commands are
     /// given: the default commands restart the local server, not that one,
     /// and a "restart" test would pass without restarting anything.
+    ///
+    /// The address watched for the server to stop and answer again is
+    /// `ANARCHON_<SERVICE>_ADDRESS`, else the `host:port` of that URL (the
+    /// service's usual port when it names none), else the local default.
+    /// A URL without a host (a PostgreSQL socket) needs `_ADDRESS`.
     pub fn for_service(service: Service) -> Self {
-        let (name, stop, start, address) = match service {
+        let (name, stop, start, address, port) = match service {
             Service::Postgres => (
                 "PG",
                 "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main stop -m fast",
                 "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
                 "127.0.0.1:5432",
+                5432,
             ),
             Service::Redis => (
                 "REDIS",
                 "redis-cli -p 6379 shutdown nosave",
                 "redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save '' --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log",
                 "127.0.0.1:6379",
+                6379,
             ),
             Service::Amqp => (
                 "AMQP",
                 "rabbitmqctl stop_app",
                 "rabbitmqctl start_app",
                 "127.0.0.1:5672",
+                5672,
             ),
             Service::Nats => (
                 "NATS",
@@ -71,6 +79,7 @@ impl ServerControl {
                 "",
                 NATS_START,
                 "127.0.0.1:4222",
+                4222,
             ),
         };
         let given = |what: &str| {
@@ -92,6 +101,18 @@ impl ServerControl {
             );
         }
         let var = |what: &str, default: &str| given(what).unwrap_or_else(|| default.to_owned());
+        let address = match (given("ADDRESS"), &elsewhere) {
+            (Some(address), _) => address,
+            (None, Some(url)) => address_of(url, port).unwrap_or_else(|| {
+                panic!(
+                    "{} names no host:port to watch while the {} server restarts: set \
+                     ANARCHON_{name}_ADDRESS to it",
+                    service.env_var(),
+                    service.name()
+                )
+            }),
+            (None, None) => address.to_owned(),
+        };
         let stop = match given("STOP") {
             Some(command) => Stop::Command(command),
             None if stop.is_empty() => Stop::Listener,
@@ -101,7 +122,7 @@ impl ServerControl {
             service,
             stop,
             start: var("START", start),
-            address: var("ADDRESS", address),
+            address,
         }
     }
 
@@ -181,6 +202,33 @@ impl ServerControl {
         }
         guard
     }
+}
+
+/// The `host:port` a server URL names (`port` when it names none), or
+/// `None` when it names no host (a socket path, say). The user and
+/// password, the path and the query are left out.
+fn address_of(url: &str, port: u16) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    // The first of a list of servers (`nats://a:4222,b:4222`).
+    let host_port = host_port.split(',').next().unwrap_or_default();
+    if host_port.is_empty() {
+        return None;
+    }
+    let has_port = match host_port.rsplit_once(':') {
+        // `[::1]` has colons but no port; `[::1]:6379` has one.
+        Some((host, port)) => {
+            (!host.contains(':') || host.ends_with(']')) && port.parse::<u16>().is_ok()
+        }
+        None => false,
+    };
+    Some(if has_port {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:{port}")
+    })
 }
 
 /// How the project's machines start the test NATS server: one process,
@@ -282,5 +330,39 @@ mod tests {
         let err = listener_pid(&address).expect_err("nothing listens any more");
         assert!(err.contains("nothing listens"), "{err}");
         assert!(listener_pid("localhost:4222").is_err());
+    }
+
+    #[test]
+    fn a_server_url_names_the_address_a_restart_watches() {
+        assert_eq!(
+            address_of("postgres://u:pw@db.test:5433/x?sslmode=require", 5432).as_deref(),
+            Some("db.test:5433")
+        );
+        assert_eq!(
+            address_of("redis://cache.test/0", 6379).as_deref(),
+            Some("cache.test:6379")
+        );
+        assert_eq!(
+            address_of("amqp://guest:guest@10.0.0.7:5673/%2f", 5672).as_deref(),
+            Some("10.0.0.7:5673")
+        );
+        assert_eq!(
+            address_of("nats://tok@n1.test:4223,n2.test:4223", 4222).as_deref(),
+            Some("n1.test:4223")
+        );
+        assert_eq!(
+            address_of("redis://[::1]:6380", 6379).as_deref(),
+            Some("[::1]:6380")
+        );
+        assert_eq!(
+            address_of("redis://[::1]", 6379).as_deref(),
+            Some("[::1]:6379")
+        );
+        // A socket has no address to watch: `_ADDRESS` must say it.
+        assert_eq!(
+            address_of("postgres:///test?host=/var/run/postgresql", 5432),
+            None
+        );
+        assert_eq!(address_of("not a url", 5432), None);
     }
 }
