@@ -14,7 +14,7 @@ pub use crate::options::{
     AmqpOptions, DEFAULT_MAX_CHANNELS, DEFAULT_PREFIX, DEFAULT_SLOT_TTL, DEFAULT_TIMEOUT,
     MAX_SLOT_TTL, MIN_SLOT_TTL,
 };
-pub use crate::store::AmqpStore;
+pub use crate::store::{AmqpStats, AmqpStore};
 
 /// The backend's name in [`BackendInfo`](anarchon_core::BackendInfo), logs
 /// and errors.

@@ -65,6 +65,8 @@ pub(crate) struct Pool {
     current: tokio::sync::Mutex<Option<Arc<Session>>>,
     permits: Arc<Semaphore>,
     connections_opened: AtomicU64,
+    /// Waits for the broker: see [`Pool::waited`].
+    round_trips: AtomicU64,
 }
 
 /// A channel lent to one claim. Give it back with [`Lease::release`] when
@@ -125,6 +127,7 @@ impl Pool {
             current: tokio::sync::Mutex::new(None),
             permits: Arc::new(Semaphore::new(options.max_channels())),
             connections_opened: AtomicU64::new(0),
+            round_trips: AtomicU64::new(0),
         })
     }
 
@@ -136,6 +139,17 @@ impl Pool {
     /// How many connections this pool has opened so far.
     pub(crate) fn connections_opened(&self) -> u64 {
         self.connections_opened.load(Ordering::SeqCst)
+    }
+
+    /// Counts one wait for the broker: requests sent together and awaited
+    /// together are one. Opening a channel counts its own two.
+    pub(crate) fn waited(&self) {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The waits for the broker counted so far.
+    pub(crate) fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
     }
 
     pub(crate) fn timeout_error(&self, doing: &'static str, after: Duration) -> Error {
@@ -203,6 +217,7 @@ impl Pool {
         (deadline, budget): (Instant, Duration),
         step: impl std::future::Future<Output = Result<T, lapin::Error>>,
     ) -> Result<T, Error> {
+        self.waited();
         match timeout_at(deadline, step).await {
             Err(_) => {
                 session.broken.store(true, Ordering::SeqCst);

@@ -125,6 +125,20 @@ pub struct AmqpStore {
     in_doubt: Mutex<HashMap<Token, Instant>>,
 }
 
+/// What an [`AmqpStore`] has asked the broker so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AmqpStats {
+    /// Waits for the broker, requests sent together and awaited together
+    /// counted once: a claim's gate declaration and publish are one, the
+    /// winner's mark or a loser's probe for its own mark another, a new
+    /// channel two (opening it, switching on confirms), a ping one.
+    /// Connecting is not counted (see `connections_opened`).
+    pub round_trips: u64,
+    /// Connections opened: 1, plus one per reconnect.
+    pub connections_opened: u64,
+}
+
 /// How publishing a claim went wrong.
 enum PublishFailure {
     /// The channel was closed before the claim left: nothing was sent.
@@ -175,6 +189,14 @@ impl AmqpStore {
     /// reconnect.
     pub fn connections_opened(&self) -> u64 {
         self.pool.connections_opened()
+    }
+
+    /// What this store has asked the broker so far.
+    pub fn stats(&self) -> AmqpStats {
+        AmqpStats {
+            round_trips: self.pool.round_trips(),
+            connections_opened: self.pool.connections_opened(),
+        }
     }
 
     /// Marks `token` as possibly stored; returns whether it already was.
@@ -257,6 +279,7 @@ impl AmqpStore {
 
     /// Whether `token` left its mark as the winner of `gate`.
     async fn has_mark(&self, channel: &Channel, gate: &str, token: Token) -> lapin::Result<bool> {
+        self.pool.waited();
         let confirmation = channel
             .basic_publish(
                 "".into(),
@@ -283,6 +306,7 @@ impl AmqpStore {
     async fn leave_mark(&self, lease: Lease, gate: &str, token: Token, deadline: Instant) {
         let mark = winner_mark_name(gate, token);
         let deadline = deadline.max(Instant::now() + MARK_GRACE);
+        self.pool.waited();
         match declare(&lease, &mark, &self.mark_arguments, deadline).await {
             Ok(Ok(())) => lease.release(),
             Ok(Err(e)) => {
@@ -361,6 +385,7 @@ impl ClaimStore for AmqpStore {
             // declaration made (and is dropped with the channel if the
             // declaration was refused).
             let channel = lease.channel();
+            self.pool.waited();
             let declaring =
                 channel.queue_declare(gate.as_str().into(), durable(), self.gate_arguments.clone());
             let publishing = self.publish_claim(channel, &gate, req);
@@ -509,6 +534,7 @@ impl ClaimStore for AmqpStore {
         const DOING: &str = "asking the broker for its amq.direct exchange";
         let deadline = Instant::now() + self.timeout;
         let lease = self.pool.lease(deadline, self.timeout).await?;
+        self.pool.waited();
         let passive = ExchangeDeclareOptions {
             passive: true,
             ..ExchangeDeclareOptions::default()

@@ -154,6 +154,35 @@ async fn a_quorum_queue_in_a_gates_place_is_refused_by_name() {
     );
 }
 
+/// `stats()` counts the waits for the broker: two for the first channel
+/// (opened when the store connects), then two for a winner (the gate's
+/// declaration with the claim, the winner's mark), two for a loser (and
+/// its probe for a mark of its own), two for the winner's claim sent
+/// again (found by its mark), one for a ping.
+#[tokio::test]
+async fn a_claim_counts_its_round_trips() {
+    let options = options().await;
+    let a = connect(options.clone()).await;
+    let b = connect(options).await;
+    assert_eq!(
+        a.stats().round_trips,
+        2,
+        "the first channel: open, confirms"
+    );
+    let req = request("counted", 11);
+    let won = a.claim(&req).await.unwrap();
+    assert!(matches!(won, ClaimOutcome::Won(_)), "{won:?}");
+    assert_eq!(a.stats().round_trips, 4, "{:?}", a.stats());
+    let other = request("counted", 11);
+    assert_eq!(b.claim(&other).await.unwrap(), ClaimOutcome::Lost);
+    assert_eq!(b.stats().round_trips, 4, "{:?}", b.stats());
+    assert_eq!(a.claim(&req).await.unwrap(), won);
+    assert_eq!(a.stats().round_trips, 6, "{:?}", a.stats());
+    a.ping().await.unwrap();
+    assert_eq!(a.stats().round_trips, 7, "{:?}", a.stats());
+    assert_eq!(a.stats().connections_opened, 1);
+}
+
 #[tokio::test]
 async fn the_longest_prefix_job_and_slot_make_valid_queue_names() {
     let prefix = {

@@ -878,7 +878,40 @@ impl Target for Redis {
 const SCRIPT_SAME_WORK: &str = include_str!("../lua/script_same_work.lua");
 
 /// RabbitMQ: store calls counted by the client.
-pub(crate) struct Amqp(Spot);
+/// The instances a target handed out, for stores that count their own
+/// round trips: the measurement sums their counts. An instance the
+/// measurement dropped no longer counts.
+struct Handed<S>(std::sync::Mutex<Vec<std::sync::Weak<S>>>);
+
+impl<S> Default for Handed<S> {
+    fn default() -> Self {
+        Self(std::sync::Mutex::default())
+    }
+}
+
+impl<S> Handed<S> {
+    /// Remembers `store`, and forgets the dropped ones.
+    fn add(&self, store: &Arc<S>) {
+        let mut stores = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        stores.retain(|s| s.strong_count() > 0);
+        stores.push(Arc::downgrade(store));
+    }
+
+    /// `count` summed over the instances still alive.
+    fn sum(&self, count: impl Fn(&S) -> u64) -> u64 {
+        let stores = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        stores
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .map(|s| count(&s))
+            .sum()
+    }
+}
+
+pub(crate) struct Amqp {
+    spot: Spot,
+    stores: Handed<anarchon_amqp::AmqpStore>,
+}
 
 /// How long the measured RabbitMQ stores remember a run (their slot TTL).
 const AMQP_SLOT_TTL: Duration = Duration::from_secs(120);
@@ -886,14 +919,17 @@ const AMQP_SLOT_TTL: Duration = Duration::from_secs(120);
 impl Amqp {
     /// A queue prefix of its own, or the one named `namespace`.
     pub(crate) fn new(url: String, namespace: Option<&str>) -> Self {
-        Self(Spot::new(url, namespace))
+        Self {
+            spot: Spot::new(url, namespace),
+            stores: Handed::default(),
+        }
     }
 
     /// The open-files limit (soft) of the broker at the store's address
     /// when it runs on this machine, as (pid, limit); `None` when the
     /// address is not a loopback one or no broker process is found.
     fn local_broker_open_files(&self) -> Option<(u32, u64)> {
-        let uri: lapin::uri::AMQPUri = self.0.url.parse().ok()?;
+        let uri: lapin::uri::AMQPUri = self.spot.url.parse().ok()?;
         let host = uri
             .authority
             .host
@@ -962,11 +998,12 @@ impl Target for Amqp {
         "rabbitmq"
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
-        let options = anarchon_amqp::AmqpOptions::new(&self.0.url)
-            .with_prefix(&self.0.name)
+        let options = anarchon_amqp::AmqpOptions::new(&self.spot.url)
+            .with_prefix(&self.spot.name)
             .with_slot_ttl(AMQP_SLOT_TTL);
-        let store = anarchon_amqp::AmqpStore::connect(options).await?;
-        Ok(self.0.count(Arc::new(store)))
+        let store = Arc::new(anarchon_amqp::AmqpStore::connect(options).await?);
+        self.stores.add(&store);
+        Ok(self.spot.count(store))
     }
     fn check_room(&self, jobs: usize, secs: u64) -> Result<()> {
         let queues = amqp_queues_kept(jobs, secs);
@@ -982,16 +1019,16 @@ impl Target for Amqp {
         }
     }
     async fn round_trips(&self) -> Result<u64> {
-        self.0.calls()
+        Ok(self.stores.sum(|s| s.stats().round_trips))
     }
     fn counted_by(&self) -> &'static str {
-        "the client, as store calls (a claim is a queue declare and a publish sent together, then the winner's mark or a loser's probe for its own)"
+        "the store (AmqpStats::round_trips: a claim's gate declaration and publish, sent together, count once; then the winner's mark or a loser's probe for its own; a new channel 2)"
     }
     fn namespace(&self) -> String {
-        self.0.name.clone()
+        self.spot.name.clone()
     }
     fn tally(&self) -> TallySnapshot {
-        self.0.tally.snapshot()
+        self.spot.tally.snapshot()
     }
     async fn server_load(&self) -> Result<ServerLoad> {
         Ok(ServerLoad {
@@ -1023,7 +1060,7 @@ impl Target for Amqp {
         let mut channels = Vec::new();
         for _ in 0..concurrency {
             let connection =
-                lapin::Connection::connect(&self.0.url, lapin::ConnectionProperties::default())
+                lapin::Connection::connect(&self.spot.url, lapin::ConnectionProperties::default())
                     .await?;
             let channel = connection.create_channel().await?;
             channel
@@ -1035,7 +1072,7 @@ impl Target for Amqp {
         let start = Instant::now();
         let racing = channels.iter().map(|(_, channel)| {
             let arguments = arguments.clone();
-            let prefix = self.0.name.clone();
+            let prefix = self.spot.name.clone();
             async move {
                 for run in 0..runs {
                     let queue = format!("{prefix}.baseline.{run}");
@@ -1077,7 +1114,7 @@ impl Target for Amqp {
             for run in 0..runs {
                 let _ = channel
                     .queue_delete(
-                        format!("{}.baseline.{run}", self.0.name).as_str().into(),
+                        format!("{}.baseline.{run}", self.spot.name).as_str().into(),
                         lapin::options::QueueDeleteOptions::default(),
                     )
                     .await;
@@ -1087,13 +1124,19 @@ impl Target for Amqp {
     }
 }
 
-/// NATS JetStream de-duplication: store calls counted by the client.
-pub(crate) struct Nats(Spot);
+/// NATS JetStream de-duplication: round trips counted by the store.
+pub(crate) struct Nats {
+    spot: Spot,
+    stores: Handed<anarchon_nats::NatsClaimStore>,
+}
 
 impl Nats {
     /// A stream prefix of its own, or the one named `namespace`.
     pub(crate) fn new(url: String, namespace: Option<&str>) -> Self {
-        Self(Spot::new(url, namespace))
+        Self {
+            spot: Spot::new(url, namespace),
+            stores: Handed::default(),
+        }
     }
 }
 
@@ -1103,33 +1146,34 @@ impl Target for Nats {
         "nats"
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
-        let connection = anarchon_nats::NatsOptions::new(&self.0.url);
+        let connection = anarchon_nats::NatsOptions::new(&self.spot.url);
         let claims = anarchon_nats::ClaimOptions::new()
-            .with_prefix(&self.0.name)
+            .with_prefix(&self.spot.name)
             .with_duplicate_window(Duration::from_secs(120));
-        let store = anarchon_nats::NatsClaimStore::connect(&connection, claims).await?;
-        Ok(self.0.count(Arc::new(store)))
+        let store = Arc::new(anarchon_nats::NatsClaimStore::connect(&connection, claims).await?);
+        self.stores.add(&store);
+        Ok(self.spot.count(store))
     }
     async fn round_trips(&self) -> Result<u64> {
-        self.0.calls()
+        Ok(self.stores.sum(|s| s.stats().round_trips))
     }
     fn counted_by(&self) -> &'static str {
-        "the client, as store calls (a claim is a publish and its acknowledgement; a loser also reads the stored claim back: 2 round trips)"
+        "the store (ClaimStats::round_trips: a claim's publish and its acknowledgement count once; a loser also reads the stored claim back: 2)"
     }
     fn namespace(&self) -> String {
-        self.0.name.clone()
+        self.spot.name.clone()
     }
     fn tally(&self) -> TallySnapshot {
-        self.0.tally.snapshot()
+        self.spot.tally.snapshot()
     }
     async fn server_load(&self) -> Result<ServerLoad> {
-        Ok(nats_server_load(&self.0.url))
+        Ok(nats_server_load(&self.spot.url))
     }
     async fn cleanup(&self) {
         let stream = anarchon_nats::ClaimOptions::new()
-            .with_prefix(&self.0.name)
+            .with_prefix(&self.spot.name)
             .stream_name();
-        if let Ok(client) = async_nats::connect(&self.0.url).await {
+        if let Ok(client) = async_nats::connect(&self.spot.url).await {
             let _ = async_nats::jetstream::new(client)
                 .delete_stream(&stream)
                 .await;
@@ -1143,9 +1187,8 @@ impl Target for Nats {
 /// the job's document, reads the clock, then swaps the document).
 pub(crate) struct NatsKv {
     spot: Spot,
-    /// Every instance handed out, to sum their own counts; an instance
-    /// the measurement dropped no longer counts.
-    stores: std::sync::Mutex<Vec<std::sync::Weak<anarchon_nats::NatsLeaseStore>>>,
+    /// Every instance handed out, to sum their own counts.
+    stores: Handed<anarchon_nats::NatsLeaseStore>,
 }
 
 impl NatsKv {
@@ -1153,7 +1196,7 @@ impl NatsKv {
     pub(crate) fn new(url: String, namespace: Option<&str>) -> Self {
         Self {
             spot: Spot::new(url, namespace),
-            stores: std::sync::Mutex::default(),
+            stores: Handed::default(),
         }
     }
 
@@ -1279,19 +1322,11 @@ impl Target for NatsKv {
         let connection = anarchon_nats::NatsOptions::new(&self.spot.url);
         let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&self.spot.name);
         let store = Arc::new(anarchon_nats::NatsLeaseStore::connect(&connection, leases).await?);
-        let mut stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
-        stores.retain(|s| s.strong_count() > 0);
-        stores.push(Arc::downgrade(&store));
-        drop(stores);
+        self.stores.add(&store);
         Ok(self.spot.count(store))
     }
     async fn round_trips(&self) -> Result<u64> {
-        let stores = self.stores.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(stores
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-            .map(|s| s.stats().round_trips)
-            .sum())
+        Ok(self.stores.sum(|s| s.stats().round_trips))
     }
     fn counted_by(&self) -> &'static str {
         "the store (LeaseStats::round_trips: requests sent together count once; a claim that starts a run is 3, one that finds a live lease 2)"

@@ -3,6 +3,7 @@
 use anarchon_core::name::{check_plain, is_name_char};
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anarchon_core::{
@@ -297,6 +298,18 @@ pub struct NatsClaimStore {
     /// What the stream was made from: to make it again when a server
     /// restart deleted an in-memory stream.
     claims: ClaimOptions,
+    /// Waits for the server by claims and pings, for [`Self::stats`].
+    round_trips: AtomicU64,
+}
+
+/// What a [`NatsClaimStore`] handle has asked the server so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimStats {
+    /// Waits for the server by claims and pings: a claim's publish and its
+    /// acknowledgement are one, a losing claim's read of the stored claim
+    /// another. Connecting and making the stream are not counted.
+    pub round_trips: u64,
 }
 
 impl NatsClaimStore {
@@ -337,7 +350,19 @@ impl NatsClaimStore {
             window,
             timeout,
             claims,
+            round_trips: AtomicU64::new(0),
         })
+    }
+
+    /// What this handle has asked the server so far.
+    pub fn stats(&self) -> ClaimStats {
+        ClaimStats {
+            round_trips: self.round_trips.load(Ordering::Relaxed),
+        }
+    }
+
+    fn waited(&self) {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The stream's name.
@@ -444,6 +469,7 @@ impl NatsClaimStore {
             req.token,
             req.instance
         );
+        self.waited();
         let sent = async {
             self.jetstream
                 .publish_with_headers(subject.clone(), headers, payload.into())
@@ -502,6 +528,7 @@ impl NatsClaimStore {
             .map_err(|e| {
                 StoreError::protocol(BACKEND, format!("the stream name was refused: {e}"))
             })?;
+        self.waited();
         let read = tokio::time::timeout(self.timeout, stream.get_raw_message(sequence)).await;
         let message = match read {
             Err(_) => {
@@ -654,6 +681,7 @@ impl ClaimStore for NatsClaimStore {
     /// server and its JetStream answer. The stream itself may be missing
     /// (an in-memory stream after a restart): the next claim makes it.
     async fn ping(&self) -> Result<(), StoreError> {
+        self.waited();
         check_jetstream(&self.jetstream, &self.url, self.timeout)
             .await
             .map_err(StoreError::from)

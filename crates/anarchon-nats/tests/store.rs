@@ -290,6 +290,40 @@ async fn a_foreign_message_holding_the_run_makes_it_lost() {
     assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Lost);
 }
 
+/// `stats()` counts the waits for the server a claim makes: one for a
+/// winner (the publish and its acknowledgement), two for a loser (and the
+/// read of the stored claim), two for the winner's claim sent again (told
+/// `Won` by the same read), one for a ping.
+#[tokio::test]
+async fn a_claim_counts_its_round_trips() {
+    let url = url().await;
+    let claims = claims();
+    let _guard = StreamGuard::new(&url, claims.stream_name());
+    let a = connect(&NatsOptions::new(&url), claims.clone()).await;
+    let b = connect(&NatsOptions::new(&url), claims).await;
+    let req = request("counted", 11);
+    assert_eq!(
+        a.claim(&req).await.unwrap(),
+        ClaimOutcome::Won(anarchon_core::Win::first(None))
+    );
+    assert_eq!(a.stats().round_trips, 1, "a winner publishes once");
+    let other = request("counted", 11);
+    assert_eq!(b.claim(&other).await.unwrap(), ClaimOutcome::Lost);
+    assert_eq!(
+        b.stats().round_trips,
+        2,
+        "a loser also reads the claim back"
+    );
+    assert!(matches!(a.claim(&req).await.unwrap(), ClaimOutcome::Won(_)));
+    assert_eq!(
+        a.stats().round_trips,
+        3,
+        "a retry is a duplicate, read back"
+    );
+    a.ping().await.unwrap();
+    assert_eq!(a.stats().round_trips, 4);
+}
+
 #[tokio::test]
 async fn it_reports_its_memory_and_is_claim_only() {
     let url = url().await;
