@@ -528,8 +528,9 @@ pub trait ClaimStore: Send + Sync + 'static {
     /// server answered just now, not that the next claim will succeed.
     ///
     /// No default: a store that cannot reach its server must not look
-    /// healthy. Lease stores made with [`claims_through_leases!`] read
-    /// the pauses ([`LeaseStore::pauses`]).
+    /// healthy. Lease stores made with
+    /// [`claims_through_leases!`](crate::claims_through_leases) read the
+    /// pauses ([`LeaseStore::pauses`]).
     ///
     /// # Errors
     ///

@@ -136,7 +136,7 @@ const PING_WAIT: Duration = Duration::from_secs(20);
 
 /// An instance of `direct` whose connection goes through a proxy of its
 /// own answers [`ClaimStore::ping`] while the line is up; fails it (an
-/// error, within [`PING_WAIT`], not a hang and not `Ok`) while the proxy
+/// error, within 20 s, not a hang and not `Ok`) while the proxy
 /// cuts the line and refuses new connections; and answers again once the
 /// line is back (retrying for a while: a client may reconnect in the
 /// background). What a health probe relies on.
