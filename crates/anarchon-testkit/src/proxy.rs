@@ -85,6 +85,22 @@ impl FaultProxy {
         self.address
     }
 
+    /// `url` pointed at this proxy: its `host[:port]` replaced by
+    /// [`Self::address`], the user and password, path and query kept.
+    ///
+    /// # Panics
+    ///
+    /// When `url` has no `scheme://`.
+    pub fn url_through(&self, url: &str) -> String {
+        let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let user = authority
+            .rsplit_once('@')
+            .map_or(String::new(), |(user, _)| format!("{user}@"));
+        format!("{scheme}://{user}{}{tail}", self.address)
+    }
+
     /// Delays every chunk, both ways, by `latency`.
     pub fn set_latency(&self, latency: Duration) {
         self.state.latency_ms.store(
@@ -298,6 +314,33 @@ async fn pump(
     }
 }
 
+/// The `host:port` a server URL names (`default_port` when it names
+/// none): what a proxy forwards to, or where a restart watches the
+/// server. `None` when the URL names no host (a socket path, say). The
+/// user and password, the path and the query are left out; of a list of
+/// servers (`nats://a:4222,b:4222`), the first.
+pub fn host_port(url: &str, default_port: u16) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host_port = host_port.split(',').next().unwrap_or_default();
+    if host_port.is_empty() {
+        return None;
+    }
+    let has_port = match host_port.rsplit_once(':') {
+        // `[::1]` has colons but no port; `[::1]:6379` has one.
+        Some((host, port)) => {
+            (!host.contains(':') || host.ends_with(']')) && port.parse::<u16>().is_ok()
+        }
+        None => false,
+    };
+    Some(if has_port {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:{default_port}")
+    })
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,6 +16,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::proxy::host_port;
 use crate::servers::Service;
 
 /// How a server is stopped.
@@ -103,7 +104,7 @@ impl ServerControl {
         let var = |what: &str, default: &str| given(what).unwrap_or_else(|| default.to_owned());
         let address = match (given("ADDRESS"), &elsewhere) {
             (Some(address), _) => address,
-            (None, Some(url)) => address_of(url, port).unwrap_or_else(|| {
+            (None, Some(url)) => host_port(url, port).unwrap_or_else(|| {
                 panic!(
                     "{} names no host:port to watch while the {} server restarts: set \
                      ANARCHON_{name}_ADDRESS to it",
@@ -202,33 +203,6 @@ impl ServerControl {
         }
         guard
     }
-}
-
-/// The `host:port` a server URL names (`port` when it names none), or
-/// `None` when it names no host (a socket path, say). The user and
-/// password, the path and the query are left out.
-fn address_of(url: &str, port: u16) -> Option<String> {
-    let (_, rest) = url.split_once("://")?;
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..end];
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    // The first of a list of servers (`nats://a:4222,b:4222`).
-    let host_port = host_port.split(',').next().unwrap_or_default();
-    if host_port.is_empty() {
-        return None;
-    }
-    let has_port = match host_port.rsplit_once(':') {
-        // `[::1]` has colons but no port; `[::1]:6379` has one.
-        Some((host, port)) => {
-            (!host.contains(':') || host.ends_with(']')) && port.parse::<u16>().is_ok()
-        }
-        None => false,
-    };
-    Some(if has_port {
-        host_port.to_owned()
-    } else {
-        format!("{host_port}:{port}")
-    })
 }
 
 /// How the project's machines start the test NATS server: one process,
@@ -335,34 +309,34 @@ mod tests {
     #[test]
     fn a_server_url_names_the_address_a_restart_watches() {
         assert_eq!(
-            address_of("postgres://u:pw@db.test:5433/x?sslmode=require", 5432).as_deref(),
+            host_port("postgres://u:pw@db.test:5433/x?sslmode=require", 5432).as_deref(),
             Some("db.test:5433")
         );
         assert_eq!(
-            address_of("redis://cache.test/0", 6379).as_deref(),
+            host_port("redis://cache.test/0", 6379).as_deref(),
             Some("cache.test:6379")
         );
         assert_eq!(
-            address_of("amqp://guest:guest@10.0.0.7:5673/%2f", 5672).as_deref(),
+            host_port("amqp://guest:guest@10.0.0.7:5673/%2f", 5672).as_deref(),
             Some("10.0.0.7:5673")
         );
         assert_eq!(
-            address_of("nats://tok@n1.test:4223,n2.test:4223", 4222).as_deref(),
+            host_port("nats://tok@n1.test:4223,n2.test:4223", 4222).as_deref(),
             Some("n1.test:4223")
         );
         assert_eq!(
-            address_of("redis://[::1]:6380", 6379).as_deref(),
+            host_port("redis://[::1]:6380", 6379).as_deref(),
             Some("[::1]:6380")
         );
         assert_eq!(
-            address_of("redis://[::1]", 6379).as_deref(),
+            host_port("redis://[::1]", 6379).as_deref(),
             Some("[::1]:6379")
         );
         // A socket has no address to watch: `_ADDRESS` must say it.
         assert_eq!(
-            address_of("postgres:///test?host=/var/run/postgresql", 5432),
+            host_port("postgres:///test?host=/var/run/postgresql", 5432),
             None
         );
-        assert_eq!(address_of("not a url", 5432), None);
+        assert_eq!(host_port("not a url", 5432), None);
     }
 }

@@ -176,13 +176,7 @@ pub async fn server_version(url: &str) -> (String, Version) {
 
 /// `url` with `proxy`'s address in place of the server's `host[:port]`.
 pub fn via(url: &str, proxy: &FaultProxy) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let user = authority
-        .rsplit_once('@')
-        .map_or(String::new(), |(user, _)| format!("{user}@"));
-    format!("{scheme}://{user}{}{tail}", proxy.address())
+    proxy.url_through(url)
 }
 
 macro_rules! factory {
