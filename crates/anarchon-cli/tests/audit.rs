@@ -12,7 +12,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{Fleet, now_ms, run_in, sqlite_crontab_head, wait_for};
-use nix::sys::signal::Signal;
 
 /// The slots the job ran, from its log.
 fn ran(log: &Path) -> BTreeSet<i64> {
@@ -33,13 +32,7 @@ fn run_for(config: &Path, dir: &Path, log: &Path, slots: usize) {
         || (ran(log).len() >= before + slots).then_some(()),
         || fleet.logs(),
     );
-    fleet.daemons[0].signal(Signal::SIGTERM);
-    assert_eq!(
-        fleet.daemons[0].wait(Duration::from_secs(15)),
-        Some(0),
-        "{}",
-        fleet.logs()
-    );
+    fleet.stop_cleanly(0);
 }
 
 #[test]

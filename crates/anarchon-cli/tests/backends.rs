@@ -274,13 +274,7 @@ fn a_lease_store_records_runs(url: &str, describes: &str) {
         },
         || fleet.logs(),
     );
-    fleet.daemons[0].signal(Signal::SIGTERM);
-    assert_eq!(
-        fleet.daemons[0].wait(Duration::from_secs(15)),
-        Some(0),
-        "{}",
-        fleet.logs()
-    );
+    fleet.stop_cleanly(0);
     let (code, stdout, stderr) = history();
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.starts_with("SLOT (LOCAL)"), "{stdout}");

@@ -15,10 +15,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use anarchon_testkit::FaultProxy;
+use anarchon_testkit::proxy::host_port;
 use anarchon_testkit::servers::{Service, unique_prefix};
 use common::servers::{RedisKeys, server, with_params};
 use common::{Fleet, crontab_head, run_in, wait_for};
-use nix::sys::signal::Signal;
 
 /// A free loopback port, for the daemon to listen on.
 fn free_port() -> SocketAddr {
@@ -213,28 +213,11 @@ fn serves_what_the_store_says(d: &Path, store: &str) {
     assert_eq!(page.matches("data-state=\"failed\"").count(), 1, "{page}");
     assert!(!page.contains("://"), "no store URL on the page: {page}");
 
-    fleet.daemons[0].signal(Signal::SIGTERM);
-    assert_eq!(
-        fleet.daemons[0].wait(Duration::from_secs(15)),
-        Some(0),
-        "{}",
-        fleet.logs()
-    );
+    fleet.stop_cleanly(0);
     assert!(
         get(addr, "/healthz").is_none(),
         "the server stops with the daemon"
     );
-}
-
-/// `url` with `proxy`'s address in place of the server's `host[:port]`.
-fn via(url: &str, proxy: &FaultProxy) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let user = authority
-        .rsplit_once('@')
-        .map_or(String::new(), |(user, _)| format!("{user}@"));
-    format!("{scheme}://{user}{}{tail}", proxy.address())
 }
 
 /// On a claim-only store (Redis `stream-id`) `/healthz` asks the store
@@ -252,19 +235,12 @@ fn healthz_on_a_claim_only_store_asks_the_store() {
         .build()
         .unwrap();
     let redis = server(Service::Redis);
-    let (_, authority) = redis.split_once("://").unwrap();
-    let upstream = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host)
-        .split(['/', '?'])
-        .next()
-        .unwrap()
-        .to_owned();
+    let upstream = host_port(&redis, 6379).expect("the Redis URL names a host");
     let proxy = runtime.block_on(FaultProxy::start(upstream)).unwrap();
     let prefix = unique_prefix("clihealth");
     let _keys = RedisKeys::under(&redis, &prefix);
     let store = with_params(
-        &via(&redis, &proxy),
+        &proxy.url_through(&redis),
         &format!("strategy=stream-id&prefix={prefix}"),
     );
     let addr = free_port();
@@ -308,13 +284,7 @@ fn healthz_on_a_claim_only_store_asks_the_store() {
         || fleet.logs(),
     );
 
-    fleet.daemons[0].signal(Signal::SIGTERM);
-    assert_eq!(
-        fleet.daemons[0].wait(Duration::from_secs(15)),
-        Some(0),
-        "{}",
-        fleet.logs()
-    );
+    fleet.stop_cleanly(0);
     drop(proxy);
     runtime.shutdown_background();
 }

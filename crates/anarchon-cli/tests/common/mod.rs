@@ -96,6 +96,19 @@ impl Fleet {
         n
     }
 
+    /// Sends daemon `i` SIGTERM and asserts that it exits with 0 within
+    /// 15 s (a clean shutdown), showing every daemon's log if not.
+    pub fn stop_cleanly(&mut self, i: usize) {
+        self.daemons[i].signal(Signal::SIGTERM);
+        let code = self.daemons[i].wait(Duration::from_secs(15));
+        assert_eq!(
+            code,
+            Some(0),
+            "daemon {i} did not stop cleanly\n{}",
+            self.logs()
+        );
+    }
+
     /// Every daemon's log tail, for failure messages.
     pub fn logs(&self) -> String {
         self.daemons
