@@ -877,7 +877,6 @@ impl Target for Redis {
 /// ([`Target::same_work`]).
 const SCRIPT_SAME_WORK: &str = include_str!("../lua/script_same_work.lua");
 
-/// RabbitMQ: store calls counted by the client.
 /// The instances a target handed out, for stores that count their own
 /// round trips: the measurement sums their counts. An instance the
 /// measurement dropped no longer counts.
@@ -908,6 +907,7 @@ impl<S> Handed<S> {
     }
 }
 
+/// RabbitMQ: round trips counted by the store.
 pub(crate) struct Amqp {
     spot: Spot,
     stores: Handed<anarchon_amqp::AmqpStore>,
