@@ -92,13 +92,9 @@ impl FaultProxy {
     ///
     /// When `url` has no `scheme://`.
     pub fn url_through(&self, url: &str) -> String {
-        let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-        let end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(end);
-        let user = authority
-            .rsplit_once('@')
-            .map_or(String::new(), |(user, _)| format!("{user}@"));
-        format!("{scheme}://{user}{}{tail}", self.address)
+        let parts = UrlParts::of(url).expect("a URL with a scheme");
+        let user = parts.user.map_or(String::new(), |user| format!("{user}@"));
+        format!("{}://{user}{}{}", parts.scheme, self.address, parts.tail)
     }
 
     /// Delays every chunk, both ways, by `latency`.
@@ -320,11 +316,11 @@ async fn pump(
 /// user and password, the path and the query are left out; of a list of
 /// servers (`nats://a:4222,b:4222`), the first.
 pub fn host_port(url: &str, default_port: u16) -> Option<String> {
-    let (_, rest) = url.split_once("://")?;
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..end];
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let host_port = host_port.split(',').next().unwrap_or_default();
+    let host_port = UrlParts::of(url)?
+        .hosts
+        .split(',')
+        .next()
+        .unwrap_or_default();
     if host_port.is_empty() {
         return None;
     }
@@ -341,9 +337,68 @@ pub fn host_port(url: &str, default_port: u16) -> Option<String> {
         format!("{host_port}:{default_port}")
     })
 }
+
+/// A server URL cut where [`FaultProxy::url_through`] and [`host_port`]
+/// need it: `scheme://[user@]hosts` and the rest (path and query).
+struct UrlParts<'a> {
+    scheme: &'a str,
+    user: Option<&'a str>,
+    hosts: &'a str,
+    tail: &'a str,
+}
+
+impl<'a> UrlParts<'a> {
+    /// `None` when `url` has no `scheme://`.
+    fn of(url: &'a str) -> Option<Self> {
+        let (scheme, rest) = url.split_once("://")?;
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (user, hosts) = match authority.rsplit_once('@') {
+            Some((user, hosts)) => (Some(user), hosts),
+            None => (None, authority),
+        };
+        Some(Self {
+            scheme,
+            user,
+            hosts,
+            tail,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_server_url_names_the_address_a_restart_watches() {
+        let cases = [
+            (
+                "postgres://u:pw@db.test:5433/x?sslmode=require",
+                5432,
+                Some("db.test:5433"),
+            ),
+            ("redis://cache.test/0", 6379, Some("cache.test:6379")),
+            (
+                "amqp://guest:guest@10.0.0.7:5673/%2f",
+                5672,
+                Some("10.0.0.7:5673"),
+            ),
+            (
+                "nats://tok@n1.test:4223,n2.test:4223",
+                4222,
+                Some("n1.test:4223"),
+            ),
+            ("redis://[::1]:6380", 6379, Some("[::1]:6380")),
+            ("redis://[::1]", 6379, Some("[::1]:6379")),
+            // A socket has no address to watch: `_ADDRESS` must say it.
+            ("postgres:///test?host=/var/run/postgresql", 5432, None),
+            ("not a url", 5432, None),
+        ];
+        for (url, port, expected) in cases {
+            assert_eq!(host_port(url, port).as_deref(), expected, "{url}");
+        }
+    }
 
     async fn echo_server() -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -305,38 +305,4 @@ mod tests {
         assert!(err.contains("nothing listens"), "{err}");
         assert!(listener_pid("localhost:4222").is_err());
     }
-
-    #[test]
-    fn a_server_url_names_the_address_a_restart_watches() {
-        assert_eq!(
-            host_port("postgres://u:pw@db.test:5433/x?sslmode=require", 5432).as_deref(),
-            Some("db.test:5433")
-        );
-        assert_eq!(
-            host_port("redis://cache.test/0", 6379).as_deref(),
-            Some("cache.test:6379")
-        );
-        assert_eq!(
-            host_port("amqp://guest:guest@10.0.0.7:5673/%2f", 5672).as_deref(),
-            Some("10.0.0.7:5673")
-        );
-        assert_eq!(
-            host_port("nats://tok@n1.test:4223,n2.test:4223", 4222).as_deref(),
-            Some("n1.test:4223")
-        );
-        assert_eq!(
-            host_port("redis://[::1]:6380", 6379).as_deref(),
-            Some("[::1]:6380")
-        );
-        assert_eq!(
-            host_port("redis://[::1]", 6379).as_deref(),
-            Some("[::1]:6379")
-        );
-        // A socket has no address to watch: `_ADDRESS` must say it.
-        assert_eq!(
-            host_port("postgres:///test?host=/var/run/postgresql", 5432),
-            None
-        );
-        assert_eq!(host_port("not a url", 5432), None);
-    }
 }
