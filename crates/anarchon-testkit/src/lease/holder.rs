@@ -160,23 +160,29 @@ where
 }
 
 /// A heartbeat moves the lease end forward, so the run is not taken over.
+///
+/// The claim's lease is short and the heartbeat asks for a long one: the
+/// sleeps only set how early the backup's claim can come (past the first
+/// lease end, whatever the machine does), and a loaded machine that
+/// delays it by a second still finds the renewed lease alive.
 pub async fn heartbeat_extends_the_lease<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
     let (a, b, run) = two_instances_and_a_run(factory, "heartbeat").await;
     let token = Token::generate();
-    let lease = Duration::from_millis(800);
+    let first = Duration::from_millis(600);
+    let renewed = Duration::from_millis(2_500);
     let mut claim = lease_claim(run.clone(), token, "a");
-    claim.lease = lease;
+    claim.lease = first;
     won(a.claim_lease(&claim).await.expect("claim"));
     let before = match a.peek(&run).await.expect("peek").state {
         RunState::Running { lease_until, .. } => lease_until,
         other => panic!("{other:?}"),
     };
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        a.heartbeat(&run, token, lease).await.expect("heartbeat"),
+        a.heartbeat(&run, token, renewed).await.expect("heartbeat"),
         Renewal::Renewed
     );
     let after = match a.peek(&run).await.expect("peek").state {
@@ -187,8 +193,14 @@ where
         after > before,
         "the heartbeat must move the lease end: {before} -> {after}"
     );
-    // Past the first lease end, but inside the renewed one.
-    tokio::time::sleep(Duration::from_millis(550)).await;
+    // Past the first lease end (300 + 450 ms after the claim, at least),
+    // well inside the renewed one.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let now = b.peek(&run).await.expect("peek").store_now;
+    assert!(
+        now > before,
+        "the backup's claim must come after the first lease end: {now} vs {before}"
+    );
     let outcome = b
         .claim_lease(&short(lease_claim(run.clone(), Token::generate(), "b")))
         .await
