@@ -149,13 +149,17 @@ fn the_fleet_obeys_pause_and_resume(d: &Path, store: &str) {
 
     // Slots after the pause are recorded paused by whoever claims them;
     // none runs. (The slot being claimed as the pause lands may run.)
-    std::thread::sleep(Duration::from_millis(3500));
-    let (code, history, stderr) = run_in(d, &["history", "tick", "--config", config, "-n", "3"]);
-    assert_eq!(code, 0, "{stderr}");
-    assert_eq!(
-        history.matches(" paused ").count(),
-        3,
-        "the latest three slots are paused:\n{history}"
+    let latest_three = || {
+        let (code, history, stderr) =
+            run_in(d, &["history", "tick", "--config", config, "-n", "3"]);
+        assert_eq!(code, 0, "{stderr}");
+        history
+    };
+    wait_for(
+        Duration::from_secs(10),
+        "the latest three slots recorded paused",
+        || (latest_three().matches(" paused ").count() == 3).then_some(()),
+        || format!("{}\n{}", latest_three(), fleet.logs()),
     );
     let late_runs: Vec<i64> = ran(&log)
         .into_keys()

@@ -20,6 +20,13 @@ use crate::stores::Faulty;
 /// seconds, before it fails.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
+/// What a loaded test machine may add to a takeover's time in these checks:
+/// they check that a backup takes over within about a lease of the runner
+/// going quiet, not slots later. How close to `lease + heartbeat` a takeover
+/// comes is measured by `cargo xtask bench` (its takeover target), where a
+/// shared machine's stalls cannot fail a build.
+const MACHINE_SLACK: Duration = Duration::from_secs(1);
+
 /// One handler start, as recorded by the checks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Started {
@@ -390,7 +397,7 @@ where
 
 /// A runner whose heartbeats stop cancels its own handler, and a backup
 /// takes the run over (attempt 2, a larger fence) within lease + heartbeat
-/// of the heartbeats stopping.
+/// of the heartbeats stopping (plus [`MACHINE_SLACK`]).
 pub async fn backup_takes_over_when_heartbeats_stop<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
@@ -449,8 +456,9 @@ where
     );
     let delay = second.at.duration_since(cut);
     assert!(
-        delay <= lease + heartbeat,
-        "takeover took {delay:?} after heartbeats stopped; the bound is lease + heartbeat = {:?}",
+        delay <= lease + heartbeat + MACHINE_SLACK,
+        "takeover took {delay:?} after heartbeats stopped; the bound is lease + heartbeat = {:?}, \
+         plus {MACHINE_SLACK:?} for a loaded machine",
         lease + heartbeat
     );
 }
@@ -662,8 +670,10 @@ where
         "{accepted:?}"
     );
     assert!(
-        taken.duration_since(paused) <= lease + heartbeat,
-        "takeover took {:?}",
-        taken.duration_since(paused)
+        taken.duration_since(paused) <= lease + heartbeat + MACHINE_SLACK,
+        "takeover took {:?}; the bound is lease + heartbeat = {:?}, plus {MACHINE_SLACK:?} \
+         for a loaded machine",
+        taken.duration_since(paused),
+        lease + heartbeat
     );
 }

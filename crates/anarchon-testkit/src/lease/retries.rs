@@ -97,7 +97,17 @@ async fn the_retry<S: LeaseStore + ?Sized>(
     what: &str,
 ) -> (usize, Token, Win) {
     let early = race(racers, run).await;
-    let mut wins = wins_of(&early, Some(retry_at), &format!("{what}, before it is due"));
+    // Told to wait for the retry's due time, unless the retry came due
+    // during the race and one claim won it: the claims decided after that
+    // win are told the winner's lease end instead.
+    let won_early = early
+        .iter()
+        .any(|(_, _, answer)| matches!(answer, ClaimOutcome::Won(_)));
+    let mut wins = wins_of(
+        &early,
+        (!won_early).then_some(retry_at),
+        &format!("{what}, before it is due"),
+    );
     if wins.is_empty() {
         until_store_clock_passes(racers[0].as_ref(), run, retry_at).await;
         let due = race(racers, run).await;
