@@ -37,7 +37,7 @@ use anarchon_testkit::Faulty;
 use anyhow::{Context, Result, bail};
 use futures::future::join_all;
 
-use crate::targets::Target;
+use crate::targets::{Goals, Target};
 
 struct Settings {
     quick: bool,
@@ -77,6 +77,8 @@ impl Settings {
 #[derive(Default)]
 struct Figures {
     backend: String,
+    /// What the figures are judged against ([`Target::goals`]).
+    goals: Goals,
     counted_by: String,
     claims_per_sec: f64,
     claim_p50_ms: f64,
@@ -640,12 +642,13 @@ fn table(all: &[Figures], s: &Settings) -> String {
     for f in all {
         let mut line = format!("  {:<16}", f.backend);
         let mut target = |name: &str, met: Option<bool>| verdict(&mut line, name, met);
-        let one_rt_required = matches!(f.backend.as_str(), "redis-lease" | "postgres");
         target(
             "one round trip per claim",
-            one_rt_required.then_some(f.round_trips_per_claim <= 1.05),
+            f.goals
+                .one_round_trip
+                .then_some(f.round_trips_per_claim <= 1.05),
         );
-        let batch_rt = batch_round_trips_target(&f.backend);
+        let batch_rt = f.goals.batch_round_trips;
         target(
             &format!(
                 "batch in {batch_rt} round trip{}",
@@ -659,16 +662,13 @@ fn table(all: &[Figures], s: &Settings) -> String {
                 .as_ref()
                 .map(|(_, b)| f.claims_per_sec >= 0.5 * b),
         );
-        // The stores' own targets (issue 19): RabbitMQ and NATS KV claim
-        // at a given rate with eight instances racing; RabbitMQ, whose
-        // claim creates queues, fires within 50 ms rather than 5.
-        if let Some(rate) = own_claim_rate(&f.backend) {
+        if let Some(rate) = f.goals.claim_rate {
             target(
                 &format!("claims/s >= {rate}"),
                 Some(f.claims_per_sec >= f64::from(rate)),
             );
         }
-        let lateness = lateness_target_ms(&f.backend);
+        let lateness = f.goals.lateness_p99_ms;
         target(
             &format!("lateness p99 <= {lateness} ms"),
             f.precision_refused
@@ -706,30 +706,6 @@ fn table(all: &[Figures], s: &Settings) -> String {
         let _ = writeln!(t, "{:<18} round trips counted by {}", "", f.counted_by);
     }
     t
-}
-
-/// The claim rate a backend must reach on its own, with eight instances
-/// racing, where it has one.
-fn own_claim_rate(backend: &str) -> Option<u32> {
-    match backend {
-        "rabbitmq" => Some(5_000),
-        "nats-kv" => Some(3_000),
-        _ => None,
-    }
-}
-
-/// The round trips a batch of fresh claims may take on a lease store,
-/// however many jobs it holds. NATS KV learns the server's time by a
-/// write of its own while it reads the documents, reads that time back
-/// with the pauses, then swaps the documents: three waits by design, the
-/// same for one job or a thousand.
-fn batch_round_trips_target(backend: &str) -> u64 {
-    if backend == "nats-kv" { 3 } else { 1 }
-}
-
-/// The lateness p99 a backend must fire 1,000 jobs a second within.
-fn lateness_target_ms(backend: &str) -> f64 {
-    if backend == "rabbitmq" { 50.0 } else { 5.0 }
 }
 
 /// Appends one target's verdict to a line of the targets list: met, NOT
@@ -1038,6 +1014,7 @@ async fn single_process(name: &str, s: &Settings) -> Result<Figures> {
     let target = make_target(name, None).await?;
     let mut f = Figures {
         backend: target.name().into(),
+        goals: target.goals(),
         counted_by: target.counted_by().into(),
         lease_store: target.instance().await?.as_lease_store().is_some(),
         ..Figures::default()
@@ -1100,21 +1077,26 @@ mod tests {
     }
 
     /// A lease store's batch is judged against the round trips its
-    /// design takes for any number of jobs: one, or NATS KV's three.
+    /// design takes for any number of jobs (its goal): one, or NATS KV's
+    /// three.
     #[test]
     fn a_batch_is_judged_by_the_round_trips_of_its_store() {
         let s = Settings::new(true);
-        let batch = |backend: &str, round_trips: u64| Figures {
+        let batch = |backend: &str, round_trips: u64, goal: u64| Figures {
             lease_store: true,
             batch_round_trips: round_trips,
+            goals: Goals {
+                batch_round_trips: goal,
+                ..Goals::default()
+            },
             ..figures(backend, 1000.0, 4.0)
         };
         let printed = table(
             &[
-                batch("postgres", 1),
-                batch("sqlite", 2),
-                batch("nats-kv", 3),
-                batch("redis-lease", 4),
+                batch("postgres", 1, 1),
+                batch("sqlite", 2, 1),
+                batch("nats-kv", 3, 3),
+                batch("redis-lease", 4, 1),
             ],
             &s,
         );

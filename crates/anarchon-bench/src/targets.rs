@@ -17,11 +17,42 @@ use futures::future::join_all;
 use crate::RACE_JOB;
 use crate::fleet::ServerLoad;
 
+/// What a backend's figures are judged against, where backends differ.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Goals {
+    /// A claim takes one round trip: the stores whose claim is one atomic
+    /// step of the server (Redis `lease`, PostgreSQL).
+    pub(crate) one_round_trip: bool,
+    /// The round trips a lease store's batch of fresh claims may take,
+    /// however many jobs it holds.
+    pub(crate) batch_round_trips: u64,
+    /// The claims a second eight racing instances must reach, where the
+    /// backend has a target of its own (issue 19).
+    pub(crate) claim_rate: Option<u32>,
+    /// The lateness p99 (ms) within which 1,000 jobs a second must fire.
+    pub(crate) lateness_p99_ms: f64,
+}
+
+impl Default for Goals {
+    fn default() -> Self {
+        Self {
+            one_round_trip: false,
+            batch_round_trips: 1,
+            claim_rate: None,
+            lateness_p99_ms: 5.0,
+        }
+    }
+}
+
 /// One backend to measure.
 #[async_trait]
 pub(crate) trait Target: Send + Sync {
     /// Its name in the table.
     fn name(&self) -> &'static str;
+    /// What its figures are judged against.
+    fn goals(&self) -> Goals {
+        Goals::default()
+    }
     /// A new handle: its own connection pool, like another instance.
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>>;
     /// Server-side commands per claim, where the store reports them
@@ -520,6 +551,12 @@ impl Target for Postgres {
     fn name(&self) -> &'static str {
         "postgres"
     }
+    fn goals(&self) -> Goals {
+        Goals {
+            one_round_trip: true,
+            ..Goals::default()
+        }
+    }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let store = anarchon_pg::PgStore::connect_with(
             anarchon_pg::PgOptions::new(&self.url)
@@ -679,6 +716,12 @@ impl Target for Redis {
             RedisStrategy::Lease => "redis-lease",
             RedisStrategy::StreamId => "redis-stream-id",
             RedisStrategy::Script => "redis-script",
+        }
+    }
+    fn goals(&self) -> Goals {
+        Goals {
+            one_round_trip: matches!(self.strategy, RedisStrategy::Lease),
+            ..Goals::default()
         }
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
@@ -996,6 +1039,15 @@ fn amqp_room(queues: u64, pid: u32, limit: u64) -> Result<()> {
 impl Target for Amqp {
     fn name(&self) -> &'static str {
         "rabbitmq"
+    }
+    /// 5,000 claims a second (issue 19); a claim creates queues, so the
+    /// lateness target is 50 ms rather than 5.
+    fn goals(&self) -> Goals {
+        Goals {
+            claim_rate: Some(5_000),
+            lateness_p99_ms: 50.0,
+            ..Goals::default()
+        }
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let options = anarchon_amqp::AmqpOptions::new(&self.spot.url)
@@ -1318,6 +1370,17 @@ impl Target for NatsKv {
     fn name(&self) -> &'static str {
         "nats-kv"
     }
+    /// 3,000 claims a second (issue 19). A batch learns the server's
+    /// time by a write of its own while it reads the documents, reads
+    /// that time back with the pauses, then swaps the documents: three
+    /// waits by design, the same for one job or a thousand.
+    fn goals(&self) -> Goals {
+        Goals {
+            batch_round_trips: 3,
+            claim_rate: Some(3_000),
+            ..Goals::default()
+        }
+    }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let connection = anarchon_nats::NatsOptions::new(&self.spot.url);
         let leases = anarchon_nats::NatsLeaseOptions::new().with_bucket(&self.spot.name);
@@ -1588,6 +1651,26 @@ impl Target for Floor {
 mod tests {
     use super::*;
     use anarchon_core::{InstanceId, Slot};
+
+    /// The goals that differ from the default are each backend's own:
+    /// one round trip where a claim is one atomic step, NATS KV's three
+    /// for a batch, the claim rates of issue 19, RabbitMQ's 50 ms.
+    #[test]
+    fn each_backend_is_held_to_its_own_goals() {
+        let nowhere = |scheme: &str| format!("{scheme}://127.0.0.1:1");
+        let redis = |strategy| Redis::new(nowhere("redis"), strategy, None).goals();
+        assert_eq!(Memory::new().goals(), Goals::default());
+        assert!(!Goals::default().one_round_trip);
+        assert!(redis(RedisStrategy::Lease).one_round_trip);
+        assert_eq!(redis(RedisStrategy::StreamId), Goals::default());
+        assert_eq!(redis(RedisStrategy::Script), Goals::default());
+        let amqp = Amqp::new(nowhere("amqp"), None).goals();
+        assert_eq!((amqp.claim_rate, amqp.lateness_p99_ms), (Some(5_000), 50.0));
+        assert_eq!(Nats::new(nowhere("nats"), None).goals(), Goals::default());
+        let kv = NatsKv::new(nowhere("nats"), None).goals();
+        assert_eq!((kv.batch_round_trips, kv.claim_rate), (3, Some(3_000)));
+        assert_eq!(kv.lateness_p99_ms, 5.0);
+    }
 
     #[test]
     fn replaces_the_database_of_a_url() {
