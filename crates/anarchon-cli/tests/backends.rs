@@ -63,31 +63,37 @@ fn claim_only_url(backend: &str, prefix: &str) -> String {
     with_params(&server(service), &format!("prefix={prefix}&{params}"))
 }
 
-/// The claim-only URLs, pointing at the real servers where there are
-/// some, and the backend name each one's errors use.
+/// The claim-only URLs, each on a port where nothing answers, and the
+/// backend name each one's errors use. A refusal that came only after
+/// contacting the server would fail to open the store instead (status 1),
+/// so these prove the options are refused first, and need no server.
 fn claim_only_urls() -> Vec<(String, &'static str)> {
-    let prefix = unique_prefix("clirefused");
-    let mut urls: Vec<_> = ["rabbitmq", "nats", "redis-stream-id", "redis-script"]
-        .into_iter()
-        .map(|backend| (claim_only_url(backend, &prefix), backend))
-        .collect();
-    urls.extend([
-        // Redis 8.6 is not needed to refuse a crontab for idmp.
-        ("redis://127.0.0.1:1?strategy=idmp".to_owned(), "redis-idmp"),
-        // No broker needed either: these answer nowhere.
+    [
+        ("amqp://127.0.0.1:1/%2f?slot_ttl_ms=20000", "rabbitmq"),
         (
-            "amqp://cron:Sentinel-Pw-41@127.0.0.1:1/%2f".to_owned(),
-            "rabbitmq",
+            "nats://127.0.0.1:1?duplicate_window_ms=20000&storage=memory",
+            "nats",
         ),
-        ("nats://Sentinel-Tok-42@127.0.0.1:1".to_owned(), "nats"),
-    ]);
-    urls
+        ("redis://127.0.0.1:1?strategy=stream-id", "redis-stream-id"),
+        (
+            "redis://127.0.0.1:1?strategy=script&window_ms=60000",
+            "redis-script",
+        ),
+        // Redis 8.6 is not needed to refuse a crontab for idmp.
+        ("redis://127.0.0.1:1?strategy=idmp", "redis-idmp"),
+        // A password or token in the URL is not shown either.
+        ("amqp://cron:Sentinel-Pw-41@127.0.0.1:1/%2f", "rabbitmq"),
+        ("nats://Sentinel-Tok-42@127.0.0.1:1", "nats"),
+    ]
+    .into_iter()
+    .map(|(url, backend)| (url.to_owned(), backend))
+    .collect()
 }
 
 /// `run` and `check` refuse every lease-only option on every claim-only
 /// URL with status 2, naming the option and the backend, before any
-/// server is contacted (the crontab is checked first, and two of the URLs
-/// answer nowhere). `history` says such stores keep none.
+/// server is contacted (the crontab is checked first; the URLs answer
+/// nowhere). `history` says such stores keep none.
 #[test]
 fn lease_only_options_are_refused_on_claim_only_urls() {
     let dir = tempfile::tempdir().unwrap();
@@ -425,25 +431,45 @@ fn passwords_in_store_urls_are_never_printed() {
     for scheme in ["sqlite://", "postgres://", "redis://", "amqp://", "nats://"] {
         assert!(stderr.contains(scheme), "{stderr}");
     }
-    // A real server that lets the connection in (the test server trusts
-    // local connections, so the password is sent and ignored): nothing the
-    // daemon or sqlx logs at trace level shows it.
+}
+
+/// A real server that lets the connection in (the test server trusts
+/// local connections, so the password is sent and ignored): nothing the
+/// daemon or sqlx logs at trace level shows the password.
+#[test]
+fn a_password_the_server_ignores_is_never_logged_on_postgres() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
     let pg = server(Service::Postgres);
-    let with_password = pg.replacen("://postgres@", "://postgres:Sentinel-Pw-8@", 1);
-    if with_password != pg {
-        let url = with_params(&with_password, &format!("table={}", unique_prefix("cli")));
-        let traced = anarchon()
-            .current_dir(d)
-            .env("ANARCHON_LOG", "trace")
-            .args(["history", "tick", "--store", &url])
-            .output()
-            .expect("run anarchon");
-        let all = String::from_utf8_lossy(&traced.stdout).into_owned()
-            + &String::from_utf8_lossy(&traced.stderr);
-        assert!(
-            all.contains("TRACE") || all.contains("DEBUG"),
-            "trace logging is on: {all}"
-        );
-        assert!(!all.contains("Sentinel"), "at trace level: {all}");
-    }
+    // `scheme://user@host…` becomes `scheme://user:Sentinel-Pw-8@host…`.
+    let (scheme, rest) = pg.split_once("://").expect("a URL");
+    let user = rest
+        .split_once('@')
+        .map(|(user, _)| user)
+        .filter(|user| !user.is_empty() && !user.contains(':'))
+        .unwrap_or_else(|| {
+            panic!(
+                "this test sends a password the server ignores: it needs a PostgreSQL \
+                 test server URL that names a user and no password, and a server that \
+                 trusts local connections (as DESIGN.md's test server does)"
+            )
+        });
+    let with_password = format!(
+        "{scheme}://{user}:Sentinel-Pw-8@{}",
+        &rest[user.len() + 1..]
+    );
+    let url = with_params(&with_password, &format!("table={}", unique_prefix("cli")));
+    let traced = anarchon()
+        .current_dir(d)
+        .env("ANARCHON_LOG", "trace")
+        .args(["history", "tick", "--store", &url])
+        .output()
+        .expect("run anarchon");
+    let all = String::from_utf8_lossy(&traced.stdout).into_owned()
+        + &String::from_utf8_lossy(&traced.stderr);
+    assert!(
+        all.contains("TRACE") || all.contains("DEBUG"),
+        "trace logging is on: {all}"
+    );
+    assert!(!all.contains("Sentinel"), "at trace level: {all}");
 }

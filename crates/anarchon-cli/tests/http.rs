@@ -225,7 +225,7 @@ fn serves_what_the_store_says(d: &Path, store: &str) {
 /// proxy cuts it and refuses new connections, 200 again once it is back.
 /// Before, a claim-only store was reported healthy without being asked.
 #[test]
-fn healthz_on_a_claim_only_store_asks_the_store() {
+fn healthz_asks_a_claim_only_store_on_redis() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // The proxy's tasks run on this runtime's thread while the test waits.
