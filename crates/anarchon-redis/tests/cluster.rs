@@ -108,16 +108,18 @@ async fn a_batch_over_many_slots_answers_in_order() {
     }
 }
 
+/// How long a claim of [`claims_wait_for_one_replica`] waits for its
+/// replica: under the default response timeout (2 s), and long enough for
+/// a replica on a loaded machine.
+const REPLICA_ACK: Duration = Duration::from_millis(1_500);
+
 /// With `wait_for_replicas(1, …)` every claim, heartbeat and finish is
 /// acknowledged by the master's one replica before it answers; the three
 /// strategies claim as without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_wait_for_one_replica() {
     let factory = ClusterLeaseFactory::new().await;
-    let opts = factory
-        .opts
-        .clone()
-        .wait_for_replicas(1, Duration::from_millis(500));
+    let opts = factory.opts.clone().wait_for_replicas(1, REPLICA_ACK);
     let store = RedisLeaseStore::connect(&opts).await.unwrap();
     let other = factory.instance().await;
     let slot = now_ms();
@@ -152,7 +154,7 @@ async fn claims_wait_for_one_replica() {
     let script_opts = ClusterScriptFactory::new()
         .await
         .opts
-        .wait_for_replicas(1, Duration::from_millis(500));
+        .wait_for_replicas(1, REPLICA_ACK);
     let script = RedisScriptStore::connect(&script_opts, RedisScriptStore::DEFAULT_WINDOW)
         .await
         .unwrap();
@@ -161,7 +163,7 @@ async fn claims_wait_for_one_replica() {
     let sid_opts = ClusterStreamIdFactory::new()
         .await
         .opts
-        .wait_for_replicas(1, Duration::from_millis(500));
+        .wait_for_replicas(1, REPLICA_ACK);
     let sid = RedisStreamIdStore::connect(&sid_opts).await.unwrap();
     let won = sid.claim(&slot_request("w", slot, "a")).await.unwrap();
     assert!(matches!(won, ClaimOutcome::Won(_)), "{won:?}");

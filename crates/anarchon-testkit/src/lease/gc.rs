@@ -12,8 +12,10 @@ use crate::factory::StoreFactory;
 use super::{lease_claim, wait_out, won};
 
 /// How long after its claim a run claimed with [`closing_window`] becomes
-/// too old for any claim: its window then lies behind it.
-const WINDOW_LEFT: Duration = Duration::from_secs(1);
+/// too old for any claim: its window then lies behind it. The claims a
+/// check makes inside the window (up to eight) must land before it ends,
+/// on a loaded machine too.
+const WINDOW_LEFT: Duration = Duration::from_secs(2);
 
 /// A late window that lets a claim sent now win `slot` and ends
 /// [`WINDOW_LEFT`] from now, so a collection after [`wait_out_windows`] may
