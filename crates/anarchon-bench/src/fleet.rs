@@ -34,7 +34,7 @@ use anarchon_core::{Schedule, Scheduler};
 use anyhow::{Context, Result, bail};
 use tokio::sync::mpsc;
 
-use crate::targets::Target;
+use crate::targets::{Goals, Target};
 use crate::{cpu_seconds, make_target, percentile, sorted, value_arg, verdict};
 
 /// The size of a fleet.
@@ -146,6 +146,8 @@ pub(crate) fn process_cpu(comm: &str, keep: impl Fn(&str) -> bool) -> Option<BTr
 #[derive(Default)]
 pub(crate) struct FleetFigures {
     backend: String,
+    /// What the figures are judged against ([`Target::goals`]).
+    goals: Goals,
     lease_store: bool,
     /// The floor (no store), which the stores' lateness is read against.
     floor: bool,
@@ -436,6 +438,7 @@ async fn drive(
     let mut f = tally(&text, s, plan.first_slot)?;
     f.lease_store = plan.lease_store;
     f.floor = target.is_floor();
+    f.goals = target.goals();
     let executions = f.executions.max(1) as f64;
     let per_exec = |d: Option<u64>| d.map(|d| d as f64 / executions);
     f.commands_per_exec = per_exec(between(before.commands, after.commands));
@@ -666,29 +669,23 @@ pub(crate) fn table(all: &[FleetFigures], s: &FleetSettings) -> String {
                 );
             }
         }
-        match f.backend.as_str() {
-            "redis-lease" => {
-                verdict(
-                    &mut line,
-                    "server CPU <= 0.10 ms/exec",
-                    f.server_cpu_ms_per_exec.map(|c| c <= 0.10),
-                );
-                verdict(
-                    &mut line,
-                    "<= 20 commands/exec",
-                    f.commands_per_exec.map(|c| c <= 20.0),
-                );
-            }
-            "postgres" => verdict(
+        if let Some(cpu) = f.goals.fleet_server_cpu_ms {
+            verdict(
                 &mut line,
-                "server CPU <= 0.40 ms/exec",
-                f.server_cpu_ms_per_exec.map(|c| c <= 0.40),
-            ),
-            "sqlite" => {
-                verdict(&mut line, "0 missed", Some(f.misses == 0));
-                verdict(&mut line, "0 database is locked", Some(f.locked == 0));
-            }
-            _ => {}
+                &format!("server CPU <= {cpu:.2} ms/exec"),
+                f.server_cpu_ms_per_exec.map(|c| c <= cpu),
+            );
+        }
+        if let Some(commands) = f.goals.fleet_commands {
+            verdict(
+                &mut line,
+                &format!("<= {commands:.0} commands/exec"),
+                f.commands_per_exec.map(|c| c <= commands),
+            );
+        }
+        if f.goals.fleet_misses_nothing {
+            verdict(&mut line, "0 missed", Some(f.misses == 0));
+            verdict(&mut line, "0 database is locked", Some(f.locked == 0));
         }
         if !f.lease_store && !f.floor {
             let _ = write!(line, " | claim-only: measured, no target");

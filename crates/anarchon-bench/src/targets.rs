@@ -31,6 +31,13 @@ pub(crate) struct Goals {
     pub(crate) claim_rate: Option<u32>,
     /// The lateness p99 (ms) within which 1,000 jobs a second must fire.
     pub(crate) lateness_p99_ms: f64,
+    /// The fleet's server CPU per execution (ms), where the backend has
+    /// a target (issue 19).
+    pub(crate) fleet_server_cpu_ms: Option<f64>,
+    /// The fleet's server commands per execution, where it has a target.
+    pub(crate) fleet_commands: Option<f64>,
+    /// The fleet must run every slot and never meet `database is locked`.
+    pub(crate) fleet_misses_nothing: bool,
 }
 
 impl Default for Goals {
@@ -40,6 +47,9 @@ impl Default for Goals {
             batch_round_trips: 1,
             claim_rate: None,
             lateness_p99_ms: 5.0,
+            fleet_server_cpu_ms: None,
+            fleet_commands: None,
+            fleet_misses_nothing: false,
         }
     }
 }
@@ -403,6 +413,13 @@ impl Target for Sqlite {
     fn name(&self) -> &'static str {
         "sqlite"
     }
+    /// A fleet on one file must lose no slot to its lock.
+    fn goals(&self) -> Goals {
+        Goals {
+            fleet_misses_nothing: true,
+            ..Goals::default()
+        }
+    }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
         let store = anarchon_sqlite::SqliteStore::open(
             anarchon_sqlite::SqliteOptions::new(self.path()).with_max_connections(1),
@@ -554,6 +571,7 @@ impl Target for Postgres {
     fn goals(&self) -> Goals {
         Goals {
             one_round_trip: true,
+            fleet_server_cpu_ms: Some(0.40),
             ..Goals::default()
         }
     }
@@ -718,10 +736,17 @@ impl Target for Redis {
             RedisStrategy::Script => "redis-script",
         }
     }
+    /// `lease`: one round trip, and a fleet's cost on the server bounded
+    /// (issue 19); the claim-only strategies are measured without targets.
     fn goals(&self) -> Goals {
-        Goals {
-            one_round_trip: matches!(self.strategy, RedisStrategy::Lease),
-            ..Goals::default()
+        match self.strategy {
+            RedisStrategy::Lease => Goals {
+                one_round_trip: true,
+                fleet_server_cpu_ms: Some(0.10),
+                fleet_commands: Some(20.0),
+                ..Goals::default()
+            },
+            RedisStrategy::StreamId | RedisStrategy::Script => Goals::default(),
         }
     }
     async fn instance(&self) -> Result<Arc<dyn ClaimStore>> {
@@ -1654,14 +1679,23 @@ mod tests {
 
     /// The goals that differ from the default are each backend's own:
     /// one round trip where a claim is one atomic step, NATS KV's three
-    /// for a batch, the claim rates of issue 19, RabbitMQ's 50 ms.
+    /// for a batch, the claim rates and fleet costs of issue 19, RabbitMQ's
+    /// 50 ms. (PostgreSQL's target connects when it is made, so its goals,
+    /// one round trip and 0.40 ms of server CPU, are not checked here.)
     #[test]
     fn each_backend_is_held_to_its_own_goals() {
         let nowhere = |scheme: &str| format!("{scheme}://127.0.0.1:1");
         let redis = |strategy| Redis::new(nowhere("redis"), strategy, None).goals();
         assert_eq!(Memory::new().goals(), Goals::default());
         assert!(!Goals::default().one_round_trip);
-        assert!(redis(RedisStrategy::Lease).one_round_trip);
+        let lease = redis(RedisStrategy::Lease);
+        assert!(lease.one_round_trip);
+        assert_eq!(
+            (lease.fleet_server_cpu_ms, lease.fleet_commands),
+            (Some(0.10), Some(20.0))
+        );
+        let sqlite = Sqlite::new(None).expect("a SQLite target").goals();
+        assert!(sqlite.fleet_misses_nothing && !sqlite.one_round_trip);
         assert_eq!(redis(RedisStrategy::StreamId), Goals::default());
         assert_eq!(redis(RedisStrategy::Script), Goals::default());
         let amqp = Amqp::new(nowhere("amqp"), None).goals();
