@@ -57,7 +57,6 @@ fn claim_only_url(backend: &str, prefix: &str) -> String {
         "rabbitmq" => (Service::Amqp, "slot_ttl_ms=20000"),
         "nats" => (Service::Nats, "duplicate_window_ms=20000&storage=memory"),
         "redis-stream-id" => (Service::Redis, "strategy=stream-id"),
-        "redis-script" => (Service::Redis, "strategy=script&window_ms=60000"),
         other => panic!("no claim-only test URL for {other:?}"),
     };
     with_params(&server(service), &format!("prefix={prefix}&{params}"))
@@ -451,7 +450,7 @@ fn a_password_the_server_ignores_is_never_logged_on_postgres() {
             panic!(
                 "this test sends a password the server ignores: it needs a PostgreSQL \
                  test server URL that names a user and no password, and a server that \
-                 trusts local connections (as DESIGN.md's test server does)"
+                 trusts local connections (as docker-compose.yml's does; see docs/testing.md)"
             )
         });
     let with_password = format!(

@@ -13,7 +13,7 @@ use super::{lease_claim, wait_out, won};
 
 /// How long after its claim a run claimed with [`closing_window`] becomes
 /// too old for any claim: its window then lies behind it. The claims a
-/// check makes inside the window (up to eight) must land before it ends,
+/// check makes inside the window (up to five) must land before it ends,
 /// on a loaded machine too.
 const WINDOW_LEFT: Duration = Duration::from_secs(2);
 

@@ -135,8 +135,8 @@ where
     let (ahead, behind) = skewed_pair(factory).await;
     let job = job("paused-for-a-while");
     let scope = PauseScope::Job(job.clone());
-    // Long enough that the two claims below come inside it however slow
-    // the machine; its end is waited for on the store's clock.
+    // Long enough that the two claims below come inside it on a loaded
+    // machine; its end is waited for on the store's clock.
     let length = Duration::from_secs(2);
 
     let before = store_now(behind.as_ref(), &job).await;
