@@ -430,16 +430,19 @@ async fn a_lost_race_is_read_again_and_decided_again() {
     // Both slots exist before the race, so both claims are plain wins.
     let mine = RunKey::new(job.clone(), Slot::from_millis(base + 60_000));
     let theirs = RunKey::new(job.clone(), Slot::from_millis(base));
-    proxy.set_latency(Duration::from_millis(250));
+    // 500 ms each way: a second per round trip for the slow store, so the
+    // fast claim below has a second on either side to land in.
+    proxy.set_latency(Duration::from_millis(500));
     let before = slow.stats();
     let claim = lease_claim(mine.clone(), Token::generate(), "slow");
     let racing = tokio::spawn({
         let slow = slow.clone();
         async move { slow.claim_lease(&claim).await }
     });
-    // The slow claim has read the document (~500 ms) and waits for the
-    // server's time (~500 ms more) when the fast one changes the document.
-    tokio::time::sleep(Duration::from_millis(750)).await;
+    // The slow claim's read reached the server at ~0.5 s and its swap
+    // reaches it at ~2.5 s (after the read of the server's time); the
+    // fast one changes the document at ~1.5 s, between the two.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     let first = won(fast
         .claim_lease(&lease_claim(theirs, Token::generate(), "fast"))
         .await
