@@ -66,28 +66,23 @@ fn claim_only_url(backend: &str, prefix: &str) -> String {
 /// backend name each one's errors use. A refusal that came only after
 /// contacting the server would fail to open the store instead (status 1),
 /// so these prove the options are refused first, and need no server.
-fn claim_only_urls() -> Vec<(String, &'static str)> {
-    [
-        ("amqp://127.0.0.1:1/%2f?slot_ttl_ms=20000", "rabbitmq"),
-        (
-            "nats://127.0.0.1:1?duplicate_window_ms=20000&storage=memory",
-            "nats",
-        ),
-        ("redis://127.0.0.1:1?strategy=stream-id", "redis-stream-id"),
-        (
-            "redis://127.0.0.1:1?strategy=script&window_ms=60000",
-            "redis-script",
-        ),
-        // Redis 8.6 is not needed to refuse a crontab for idmp.
-        ("redis://127.0.0.1:1?strategy=idmp", "redis-idmp"),
-        // A password or token in the URL is not shown either.
-        ("amqp://cron:Sentinel-Pw-41@127.0.0.1:1/%2f", "rabbitmq"),
-        ("nats://Sentinel-Tok-42@127.0.0.1:1", "nats"),
-    ]
-    .into_iter()
-    .map(|(url, backend)| (url.to_owned(), backend))
-    .collect()
-}
+const CLAIM_ONLY_URLS: &[(&str, &str)] = &[
+    ("amqp://127.0.0.1:1/%2f?slot_ttl_ms=20000", "rabbitmq"),
+    (
+        "nats://127.0.0.1:1?duplicate_window_ms=20000&storage=memory",
+        "nats",
+    ),
+    ("redis://127.0.0.1:1?strategy=stream-id", "redis-stream-id"),
+    (
+        "redis://127.0.0.1:1?strategy=script&window_ms=60000",
+        "redis-script",
+    ),
+    // Redis 8.6 is not needed to refuse a crontab for idmp.
+    ("redis://127.0.0.1:1?strategy=idmp", "redis-idmp"),
+    // A password or token in the URL is not shown either.
+    ("amqp://cron:Sentinel-Pw-41@127.0.0.1:1/%2f", "rabbitmq"),
+    ("nats://Sentinel-Tok-42@127.0.0.1:1", "nats"),
+];
 
 /// `run` and `check` refuse every lease-only option on every claim-only
 /// URL with status 2, naming the option and the backend, before any
@@ -99,7 +94,6 @@ fn lease_only_options_are_refused_on_claim_only_urls() {
     let d = dir.path();
     let log = d.join("never.log");
     let config = d.join("anarchon.toml");
-    let urls = claim_only_urls();
     for (option, line, scheduler) in [
         ("overlap", "overlap = \"skip\"", ""),
         ("max_attempts", "max_attempts = 2", ""),
@@ -108,7 +102,7 @@ fn lease_only_options_are_refused_on_claim_only_urls() {
         ("lease", "", "lease = \"10s\""),
         ("heartbeat", "", "heartbeat = \"1s\""),
     ] {
-        for (url, backend) in &urls {
+        for &(url, backend) in CLAIM_ONLY_URLS {
             let text = crontab(url, &log, line)
                 .replace("[scheduler]\n", &format!("[scheduler]\n{scheduler}\n"));
             std::fs::write(&config, text).unwrap();
@@ -147,7 +141,7 @@ fn lease_only_options_are_refused_on_claim_only_urls() {
     assert!(stdout.contains("1 job(s) OK"), "{stdout}");
 
     // A claim-only store keeps no history.
-    for (url, backend) in &urls {
+    for &(url, backend) in CLAIM_ONLY_URLS {
         let (code, _, stderr) = run_in(d, &["history", "--store", url]);
         assert_eq!(code, 2, "{backend}: {stderr}");
         assert!(

@@ -174,11 +174,6 @@ pub async fn server_version(url: &str) -> (String, Version) {
     ("Redis".into(), Version::parse(&v).unwrap())
 }
 
-/// `url` with `proxy`'s address in place of the server's `host[:port]`.
-pub fn via(url: &str, proxy: &FaultProxy) -> String {
-    proxy.url_through(url)
-}
-
 macro_rules! factory {
     ($name:ident, $store:ty, $stem:literal, |$opts:ident| $connect:expr) => {
         /// A namespace (key prefix) on the test server; each instance is a
@@ -228,7 +223,7 @@ macro_rules! factory {
                 $name {
                     url: self.url.clone(),
                     prefix: self.prefix.clone(),
-                    opts: RedisOptions::new(via(&self.url, proxy))
+                    opts: RedisOptions::new(proxy.url_through(&self.url))
                         .with_prefix(&self.prefix)
                         .expect("unique prefixes are valid"),
                     _cleanup: None,

@@ -125,16 +125,10 @@ impl Drop for Proxy {
     }
 }
 
-/// `host:port` of a `redis://[userinfo@]host:port[/db]` URL.
+/// `host:port` of a `redis://[userinfo@]host[:port][/db]` URL (Redis's
+/// port when it names none), as the testkit reads any server URL.
 pub fn host_port(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:6379")
-    }
+    anarchon_testkit::proxy::host_port(url, 6379).expect("a Redis URL names a host")
 }
 
 async fn relay(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
