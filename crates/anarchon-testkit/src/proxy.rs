@@ -92,9 +92,7 @@ impl FaultProxy {
     ///
     /// When `url` has no `scheme://`.
     pub fn url_through(&self, url: &str) -> String {
-        let parts = UrlParts::of(url).expect("a URL with a scheme");
-        let user = parts.user.map_or(String::new(), |user| format!("{user}@"));
-        format!("{}://{user}{}{}", parts.scheme, self.address, parts.tail)
+        pointed_at(url, self.address).expect("a URL with a scheme")
     }
 
     /// Delays every chunk, both ways, by `latency`.
@@ -310,6 +308,16 @@ async fn pump(
     }
 }
 
+/// `url` with its `host[:port]` (all of its hosts, for a list) replaced
+/// by `address`; the user and password, the path and the query kept.
+/// `None` when `url` has no `scheme://`. Unlike a text replacement, this
+/// also points a URL that names no port (`redis://h/0`) at `address`.
+pub fn pointed_at(url: &str, address: SocketAddr) -> Option<String> {
+    let parts = UrlParts::of(url)?;
+    let user = parts.user.map_or(String::new(), |user| format!("{user}@"));
+    Some(format!("{}://{user}{address}{}", parts.scheme, parts.tail))
+}
+
 /// The `host:port` a server URL names (`default_port` when it names
 /// none): what a proxy forwards to, or where a restart watches the
 /// server. `None` when the URL names no host (a socket path, say). The
@@ -397,6 +405,27 @@ mod tests {
         ];
         for (url, port, expected) in cases {
             assert_eq!(host_port(url, port).as_deref(), expected, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_url_is_pointed_at_the_proxy_whatever_it_names() {
+        let proxy: SocketAddr = "127.0.0.1:9".parse().expect("an address");
+        let cases = [
+            ("redis://cache.test/0", Some("redis://127.0.0.1:9/0")),
+            (
+                "postgres://u:pw@db.test:5433/x?sslmode=require",
+                Some("postgres://u:pw@127.0.0.1:9/x?sslmode=require"),
+            ),
+            (
+                "nats://tok@n1.test:4223,n2.test:4223",
+                Some("nats://tok@127.0.0.1:9"),
+            ),
+            ("redis://[::1]", Some("redis://127.0.0.1:9")),
+            ("not a url", None),
+        ];
+        for (url, expected) in cases {
+            assert_eq!(pointed_at(url, proxy).as_deref(), expected, "{url}");
         }
     }
 

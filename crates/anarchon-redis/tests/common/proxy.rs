@@ -75,10 +75,10 @@ impl Proxy {
         }
     }
 
-    /// `url` with its host and port replaced by the proxy's.
+    /// `url` with its host and port replaced by the proxy's (a URL that
+    /// names no port too), user, password and database kept.
     pub fn url(&self, url: &str) -> String {
-        let target = host_port(url);
-        url.replacen(&target, &self.addr.to_string(), 1)
+        anarchon_testkit::proxy::pointed_at(url, self.addr).expect("a Redis URL has a scheme")
     }
 
     /// What passed since the last call, and starts counting afresh.
@@ -315,5 +315,19 @@ mod tests {
         let reply = b"*2\r\n:1\r\n*1\r\n$-1\r\n+OK\r\n";
         assert_eq!(value_end(reply, 0), Some(reply.len() - 5));
         assert_eq!(host_port("redis://u:p@h:1/0"), "h:1");
+    }
+
+    #[tokio::test]
+    async fn a_url_without_a_port_is_pointed_at_the_proxy_too() {
+        let proxy = Proxy::start("redis://127.0.0.1:1").await;
+        let port = proxy.addr.port();
+        assert_eq!(
+            proxy.url("redis://u:p@cache.test/3"),
+            format!("redis://u:p@127.0.0.1:{port}/3")
+        );
+        assert_eq!(
+            proxy.url("redis://127.0.0.1:6379"),
+            format!("redis://127.0.0.1:{port}")
+        );
     }
 }
