@@ -314,6 +314,7 @@ impl LeaseStore for PgStore {
             _ => None,
         };
         let (state, error) = outcome.into_record();
+        let error = error.map(storable);
         let answer = self
             .finishes
             .call(Finish {
@@ -471,5 +472,17 @@ impl LeaseStore for PgStore {
 
     async fn run_requests(&self) -> Result<RunRequests, StoreError> {
         self.read_requests().await
+    }
+}
+
+/// A handler's error text as PostgreSQL can store it: `text` cannot hold
+/// a NUL character, and a finish the server refuses for one would leave
+/// the run `running` until a backup takes it over and runs the handler
+/// again. Each NUL reads `\0` instead.
+fn storable(error: String) -> String {
+    if error.contains('\0') {
+        error.replace('\0', "\\0")
+    } else {
+        error
     }
 }

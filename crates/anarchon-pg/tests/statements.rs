@@ -327,11 +327,13 @@ async fn finishes_sent_together_are_one_statement_each_answered_for_its_run() {
     };
     assert_eq!(record(5).await.state, RecordState::Finished(recorded));
 
-    // PostgreSQL text holds no NUL byte: that finish fails alone, and the
-    // others of its statement are sent again one by one and recorded.
+    // A finish the server refuses (here a trigger refuses the end of run 7)
+    // fails alone, and the others of its statement are sent again one by
+    // one and recorded.
+    let refuse = refuse_the_end_of(&table, &held[7].run().job).await;
     let refused = [
         (6, ok.clone()),
-        (7, failed("a NUL \0 byte", None)),
+        (7, failed("refused", None)),
         (8, ok.clone()),
     ];
     let before = mark();
@@ -347,14 +349,14 @@ async fn finishes_sent_together_are_one_statement_each_answered_for_its_run() {
         "the three together, then each alone"
     );
     assert_eq!(answers[0].as_ref().expect("recorded"), &Renewal::Renewed);
-    let error = answers[1].as_ref().expect_err("a NUL byte is refused");
+    let error = answers[1].as_ref().expect_err("the trigger refuses it");
     assert!(!error.is_temporary(), "{error}");
     assert!(error.to_string().contains(&run(7).to_string()), "{error}");
     assert_eq!(answers[2].as_ref().expect("recorded"), &Renewal::Renewed);
     let alone = store
-        .finish(&run(7), own(7), failed("a NUL \0 byte", None))
+        .finish(&run(7), own(7), failed("refused", None))
         .await
-        .expect_err("a NUL byte is refused, alone too");
+        .expect_err("the trigger refuses it alone too");
     let server_error = std::error::Error::source(&alone).and_then(|store| store.source());
     assert!(
         server_error.is_some_and(|e| e.downcast_ref::<sqlx::Error>().is_some()),
@@ -373,6 +375,7 @@ async fn finishes_sent_together_are_one_statement_each_answered_for_its_run() {
         record(8).await.state,
         RecordState::Finished(FinalState::Succeeded)
     );
+    refuse.lift().await;
 
     store.close().await;
     let answers = futures::future::join_all(
@@ -387,5 +390,49 @@ async fn finishes_sent_together_are_one_statement_each_answered_for_its_run() {
                 .contains(&format!("recording the end of {}", run(i))),
             "{error}"
         );
+    }
+}
+
+/// A trigger on the runs table that refuses (with a data exception, as the
+/// server refuses a value it cannot store) every end of one job's runs.
+struct Refusal {
+    admin: sqlx::PgConnection,
+    function: String,
+}
+
+/// Installs a [`Refusal`] of `job`'s ends on `table`.
+async fn refuse_the_end_of(table: &str, job: &anarchon_core::JobName) -> Refusal {
+    let mut admin = common::admin(&common::url().await).await;
+    let function = format!("{table}_refuse");
+    let create = format!(
+        r#"CREATE FUNCTION "{function}"() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             IF NEW.job = '{job}' AND NEW.state <> 'running' THEN
+               RAISE EXCEPTION 'the test refuses this end' USING ERRCODE = 'data_exception';
+             END IF;
+             RETURN NEW;
+           END $$"#
+    );
+    let trigger = format!(
+        r#"CREATE TRIGGER "{function}" BEFORE UPDATE ON "{table}"
+           FOR EACH ROW EXECUTE FUNCTION "{function}"()"#
+    );
+    for statement in [create, trigger] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(&mut admin)
+            .await
+            .unwrap_or_else(|e| panic!("{statement}: {e}"));
+    }
+    Refusal { admin, function }
+}
+
+impl Refusal {
+    /// Drops the trigger and its function.
+    async fn lift(mut self) {
+        let drop = format!(r#"DROP FUNCTION "{}"() CASCADE"#, self.function);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(drop.clone()))
+            .execute(&mut self.admin)
+            .await
+            .unwrap_or_else(|e| panic!("{drop}: {e}"));
     }
 }

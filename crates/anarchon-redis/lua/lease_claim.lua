@@ -38,7 +38,8 @@
 --       claim may start a slot recorded `paused` (a backfill) or '0', the
 --       overlap rule ('allow', 'skip', 'replace' or 'buffer-one':
 --       anarchon_core::Overlap::as_str) and the instance, separated by one
---       space each
+--       space each; led by '+' when the caller does not know the job's
+--       window to be at least max_late (see "widen" below)
 --
 -- Returns six values: kind, attempt, fence, lease_until, state, earlier
 -- (lease_claim_batch.lua puts them in its answer), or an error reply. kind
@@ -71,7 +72,25 @@
 
 local runs_key, slots_key, live_key = K[k + 1], K[k + 2], K[k + 3]
 local fence_key, window_key, job_pause_key, waiting_key = K[k + 4], K[k + 5], K[k + 6], K[k + 7]
-local slot, token = A[a + 1], A[a + 2]
+local slot, token, terms = A[a + 1], A[a + 2], A[a + 3]
+
+-- Widen: the job's window must cover every claim's max_late, also that of
+-- a claim that writes nothing (it finds the slot running or ended): a
+-- catch-up claim with a day's window that only finds its slots done must
+-- still keep the job's runs from collection for a day, or another
+-- service's collection with a shorter keep takes them and the next
+-- catch-up runs them again. The caller asks for this ('+') only until a
+-- claim with this window was answered, so a fleet's losing claims read
+-- no more than before.
+if string.byte(terms, 1) == 43 then
+  terms = string.sub(terms, 2)
+  local asked = tonumber(string.match(terms, '^%d+'))
+  local stored, refused = read('GET', window_key, 'string')
+  if refused then return redis.error_reply(refused) end
+  if asked and asked > (tonumber(stored or '0') or 0) then
+    redis.call('SET', window_key, int(asked))
+  end
+end
 
 local rec = nil
 local raw, refused = read('HGET', runs_key, 'hash', slot)
@@ -101,10 +120,10 @@ end
 
 -- The claim's terms: read only past the losers' path, which needs none.
 local max_late, lease, max_attempts, backfill, rule, instance =
-  string.match(A[a + 3], '^(%d+) (%d+) (%d+) ([01]) (%S+) (.+)$')
+  string.match(terms, '^(%d+) (%d+) (%d+) ([01]) (%S+) (.+)$')
 if not max_late then
   return redis.error_reply('ERR anarchon: the terms of the claim of slot ' .. slot ..
-                           ' are not "max_late lease max_attempts backfill rule instance": ' .. A[a + 3])
+                           ' are not "max_late lease max_attempts backfill rule instance": ' .. terms)
 end
 max_late, lease, max_attempts = tonumber(max_late), tonumber(lease), tonumber(max_attempts)
 

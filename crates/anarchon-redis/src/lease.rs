@@ -1,7 +1,7 @@
 //! The `lease` strategy: a full lease store, each step one Lua script.
 
 use anarchon_core::hand_over::{announced, news_of, run_in_news};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -146,6 +146,12 @@ pub struct RedisLeaseStore {
     prefix: KeyPrefix,
     /// Jobs known to be in `{p}:jobs`, for the connection generation.
     registered: Mutex<(u64, HashSet<JobName>)>,
+    /// Per job, the longest late window the store is known to hold (a
+    /// claim carrying it was answered), for the connection generation. A
+    /// claim with a longer one asks its script to raise the job's window
+    /// first (see `lua/lease_claim.lua`), so that even a claim that
+    /// writes nothing keeps the job's runs from collection.
+    windows: Mutex<(u64, HashMap<JobName, Duration>)>,
     /// Hand-overs heard: this handle's own, and (through a subscription to
     /// `{p}:hand-over`) those of every other store on the prefix.
     hand_overs: Arc<HandOvers>,
@@ -235,6 +241,7 @@ impl RedisLeaseStore {
             finishes,
             prefix: opts.prefix.clone(),
             registered: Mutex::new((0, HashSet::new())),
+            windows: Mutex::new((0, HashMap::new())),
             hand_overs,
             _listener: listener,
         })
@@ -289,8 +296,16 @@ impl RedisLeaseStore {
     /// `lua/lease_claim.lua`), appended to `keys` and `args`: the slot, the
     /// token, and the claim's terms in one argument, which a losing claim
     /// never reads (each argument costs Redis the same to pass, read or
-    /// not).
-    fn push_claim(&self, req: &LeaseClaim, keys: &mut Vec<String>, args: &mut Vec<String>) {
+    /// not) unless they begin with `+`: `widen`, the job's stored window
+    /// may be shorter than this claim's `max_late`, so the script raises
+    /// it first.
+    fn push_claim(
+        &self,
+        req: &LeaseClaim,
+        widen: bool,
+        keys: &mut Vec<String>,
+        args: &mut Vec<String>,
+    ) {
         let run = req.run();
         let job = LeaseKeys::new(&self.prefix, &run.job);
         // Typed as arrays of the lengths the script expects, so that a key
@@ -309,7 +324,8 @@ impl RedisLeaseStore {
             run.slot.as_millis().to_string(),
             req.claim.token.to_string(),
             format!(
-                "{} {} {} {} {} {}",
+                "{}{} {} {} {} {} {}",
+                if widen { "+" } else { "" },
                 millis(req.claim.max_late),
                 millis(req.lease),
                 req.max_attempts.get(),
@@ -363,6 +379,44 @@ impl RedisLeaseStore {
         (generation, new, prelude)
     }
 
+    /// For each claim, whether its `max_late` is longer than the window
+    /// this handle knows the store holds for its job.
+    fn windows_to_widen(&self, generation: u64, reqs: &[LeaseClaim]) -> Vec<bool> {
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        if windows.0 != generation {
+            *windows = (generation, HashMap::new());
+        }
+        reqs.iter()
+            .map(|req| {
+                windows
+                    .1
+                    .get(&req.run().job)
+                    .is_none_or(|known| req.claim.max_late > *known)
+            })
+            .collect()
+    }
+
+    /// Notes the windows the store took: those of the claims that asked to
+    /// widen and were answered.
+    fn widened<T>(
+        &self,
+        generation: u64,
+        reqs: &[LeaseClaim],
+        widen: &[bool],
+        answers: &[Result<T, Error>],
+    ) {
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        if windows.0 != generation {
+            return;
+        }
+        for ((req, widen), answer) in reqs.iter().zip(widen).zip(answers) {
+            if *widen && answer.is_ok() {
+                let known = windows.1.entry(req.run().job.clone()).or_default();
+                *known = (*known).max(req.claim.max_late);
+            }
+        }
+    }
+
     fn registered(&self, generation: u64, jobs: Vec<JobName>) {
         let mut registered = self.registered.lock().unwrap_or_else(|p| p.into_inner());
         if registered.0 == generation {
@@ -379,6 +433,7 @@ impl RedisLeaseStore {
         }
         let during = "claiming";
         let (generation, new, prelude) = self.registration(reqs.iter().map(|r| &r.run().job));
+        let widen = self.windows_to_widen(generation, reqs);
         let namespace_pause = if self.link.is_cluster() {
             Some(self.namespace_pause(during).await?)
         } else {
@@ -393,7 +448,8 @@ impl RedisLeaseStore {
         };
         let calls: Vec<Call> = reqs
             .chunks(per_script)
-            .map(|chunk| self.batch_call(chunk, namespace_pause.as_ref()))
+            .zip(widen.chunks(per_script))
+            .map(|(chunk, widen)| self.batch_call(chunk, widen, namespace_pause.as_ref()))
             .collect();
         let (registration, replies) = self
             .link
@@ -414,7 +470,7 @@ impl RedisLeaseStore {
                 "could not add jobs to the job list, so garbage collection does not see them yet: {error}"
             ),
         }
-        Ok(replies
+        let answers: Vec<Result<ClaimOutcome, Error>> = replies
             .into_iter()
             .zip(reqs.chunks(per_script))
             .flat_map(|(reply, chunk)| match reply {
@@ -426,13 +482,20 @@ impl RedisLeaseStore {
                     .map(Err)
                     .collect(),
             })
-            .collect())
+            .collect();
+        self.widened(generation, reqs, &widen, &answers);
+        Ok(answers)
     }
 
     /// One script for the claims of `chunk` (see `lua/lease_claim_batch.lua`):
     /// the namespace's pause (its key, or on a cluster its reading), then
     /// each claim's keys and arguments.
-    fn batch_call(&self, chunk: &[LeaseClaim], namespace_pause: Option<&(String, String)>) -> Call {
+    fn batch_call(
+        &self,
+        chunk: &[LeaseClaim],
+        widen: &[bool],
+        namespace_pause: Option<&(String, String)>,
+    ) -> Call {
         let mut batch = Call {
             lua: &CLAIM,
             keys: Vec::with_capacity(1 + chunk.len() * CLAIM_KEYS),
@@ -459,8 +522,8 @@ impl RedisLeaseStore {
                     .extend(["read".to_owned(), String::new(), String::new()]);
             }
         }
-        for req in chunk {
-            self.push_claim(req, &mut batch.keys, &mut batch.args);
+        for (req, widen) in chunk.iter().zip(widen) {
+            self.push_claim(req, *widen, &mut batch.keys, &mut batch.args);
         }
         batch
     }

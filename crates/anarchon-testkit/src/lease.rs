@@ -36,14 +36,15 @@ pub use self::claims::{
 };
 pub use self::clocks::{SKEW, lease_expiry_is_judged_on_the_store_clock};
 pub use self::gc::{
-    fences_outlive_garbage_collection, garbage_collection_forgets_old_ended_runs_only,
-    garbage_collection_keeps_each_jobs_late_window, the_job_index_lists_every_claimed_job,
+    a_claim_that_writes_nothing_still_widens_the_jobs_window, fences_outlive_garbage_collection,
+    garbage_collection_forgets_old_ended_runs_only, garbage_collection_keeps_each_jobs_late_window,
+    the_job_index_lists_every_claimed_job,
 };
 pub use self::holder::{
     a_finish_sent_again_gets_the_same_answer, a_hand_over_wakes_a_waiting_backup,
-    a_run_given_back_keeps_its_attempt, failed_run_keeps_its_error, finished_run_is_done,
-    heartbeat_extends_the_lease, release_hands_over_at_once,
-    tokens_that_hold_nothing_are_fenced_and_change_nothing,
+    a_run_given_back_keeps_its_attempt, an_error_of_any_text_is_recorded,
+    failed_run_keeps_its_error, finished_run_is_done, heartbeat_extends_the_lease,
+    release_hands_over_at_once, tokens_that_hold_nothing_are_fenced_and_change_nothing,
 };
 pub use self::overlap::{
     a_waiting_slot_past_its_max_late_is_missed,
@@ -51,7 +52,8 @@ pub use self::overlap::{
     overlap_replace_ends_the_runs_still_going,
 };
 pub use self::pauses::{
-    a_pause_ends_on_the_store_clock, a_pause_leaves_running_runs_and_missed_slots_alone,
+    a_backfill_skipped_beside_a_live_run_stays_skipped, a_pause_ends_on_the_store_clock,
+    a_pause_leaves_running_runs_and_missed_slots_alone,
     paused_slots_run_nowhere_and_are_recorded_paused, pausing_every_job_holds_each_until_resumed,
 };
 pub use self::requests::{
@@ -194,6 +196,7 @@ macro_rules! __lease_checks {
             finished_run_is_done,
             a_finish_sent_again_gets_the_same_answer,
             failed_run_keeps_its_error,
+            an_error_of_any_text_is_recorded,
             heartbeat_extends_the_lease,
             expired_lease_is_taken_over,
             attempts_exhausted_is_interrupted,
@@ -208,6 +211,7 @@ macro_rules! __lease_checks {
             fences_grow_and_history_lists_runs,
             garbage_collection_forgets_old_ended_runs_only,
             garbage_collection_keeps_each_jobs_late_window,
+            a_claim_that_writes_nothing_still_widens_the_jobs_window,
             lease_expiry_is_judged_on_the_store_clock,
             fences_outlive_garbage_collection,
             tokens_that_hold_nothing_are_fenced_and_change_nothing,
@@ -216,6 +220,7 @@ macro_rules! __lease_checks {
             a_pause_ends_on_the_store_clock,
             pausing_every_job_holds_each_until_resumed,
             a_pause_leaves_running_runs_and_missed_slots_alone,
+            a_backfill_skipped_beside_a_live_run_stays_skipped,
             the_job_index_lists_every_claimed_job,
             racing_triggers_with_one_id_give_one_run,
             each_trigger_is_a_run_apart_from_the_schedule,

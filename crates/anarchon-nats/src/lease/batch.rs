@@ -178,9 +178,9 @@ impl NatsLeaseStore {
                 for (run, found) in to_read.iter().zip(runs) {
                     outside.insert(run.slot.as_millis(), found?);
                 }
-                for ((slot, _), put) in flush.iter().zip(puts) {
+                for ((slot, rec), put) in flush.iter().zip(puts) {
                     match put {
-                        Ok(()) => flushed.push(*slot),
+                        Ok(()) => flushed.push((*slot, *rec)),
                         Err(error) => {
                             tracing::debug!(%error, job = %job, slot, "could not move an ended run to its key yet");
                         }
@@ -257,12 +257,25 @@ impl NatsLeaseStore {
                     "{key}: the claims still lacked a fact after reading the pauses and run keys"
                 )));
             };
-            if write_job {
-                for slot in &flushed {
-                    next.ended.remove(slot);
+            // The job's window must cover every claim's `max_late`, also
+            // that of a claim that changes nothing else (it found its slot
+            // running or ended): otherwise another service's collection
+            // with a shorter `keep` takes runs a catch-up claim asked about,
+            // and the next catch-up runs them again. So a claim with a
+            // longer window than the stored one writes the document, if
+            // there is one: a job without a document has no run that
+            // started or ended (a `missed` record, which it may have, is
+            // no different from none to any claim).
+            let longest = claims.iter().map(|(_, c)| millis(c.claim.max_late)).max();
+            let widens = read.revision != 0 && longest > next.window;
+            if write_job || widens {
+                // Only what was moved: a record a claim of this round wrote
+                // over it (a backfill's slot skipped, say) stays.
+                for (slot, moved) in &flushed {
+                    if next.ended.get(slot) == Some(*moved) {
+                        next.ended.remove(slot);
+                    }
                 }
-                // The write records the job's longest late window too.
-                let longest = claims.iter().map(|(_, c)| millis(c.claim.max_late)).max();
                 next.window = next.window.max(longest);
                 let written = self.write(&key, next.encode(), Some(read.revision)).await?;
                 depth += 1;

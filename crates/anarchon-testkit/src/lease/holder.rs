@@ -159,6 +159,66 @@ where
     assert!(history[0].finished_at.is_some());
 }
 
+/// Whatever a handler's error says, its failure is recorded: the finish
+/// is `Renewed` and the run ends `failed` with the text. A finish the store
+/// refused (for a character it cannot hold, say) would leave the run
+/// `running` until a backup took it over and ran the handler again.
+///
+/// Texts with quotes, backslashes, JSON, a store's own pattern characters,
+/// line breaks, other scripts and a NUL are kept as given; a store that
+/// cannot hold a NUL may write it as the two characters `\0`, nothing else.
+pub async fn an_error_of_any_text_is_recorded<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let store = factory.instance().await;
+    let texts = [
+        r#"said "no" \ {"state":"succeeded","lease":"9"} %d+ ' -- ]] $1"#.to_owned(),
+        "line one\nline two\r\n\ttabbed; Grüße, 日本語, 🚫".to_owned(),
+        "before\0after: a NUL from a C library".to_owned(),
+    ];
+    for (i, error) in texts.iter().enumerate() {
+        let run = RunKey::new(
+            job("failed-text"),
+            future_slot(factory, i64::try_from(i).expect("few")),
+        );
+        let token = hold(&*store, &run).await;
+        let answer = store
+            .finish(
+                &run,
+                token,
+                RunOutcome::Failed {
+                    error: error.clone(),
+                    retry: None,
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("the finish with the error {error:?} failed: {e}"));
+        assert_eq!(
+            answer,
+            Renewal::Renewed,
+            "the finish with the error {error:?}"
+        );
+        let view = store.peek(&run).await.expect("peek");
+        assert_eq!(
+            view.state,
+            RunState::Finished(FinalState::Failed),
+            "the run whose handler failed with {error:?}"
+        );
+        let history = store.history(&run.job, 10).await.expect("history");
+        let recorded = history
+            .iter()
+            .find(|r| r.run == run)
+            .and_then(|r| r.error.clone())
+            .unwrap_or_else(|| panic!("no error recorded for {error:?}"));
+        let as_written = error.replace('\0', "\\0");
+        assert!(
+            recorded == *error || recorded == as_written,
+            "the error {error:?} was recorded as {recorded:?}"
+        );
+    }
+}
+
 /// A heartbeat moves the lease end forward, so the run is not taken over.
 ///
 /// The claim's lease is short and the heartbeat asks for a long one: the

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use anarchon_core::{
-    ClaimOutcome, FinalState, LeaseStore, PauseEnd, PauseRequest, PauseScope, RecordState, Renewal,
-    RunKey, RunOutcome, Slot, StoreErrorKind, Token, Until,
+    ClaimOutcome, FinalState, LeaseStore, Overlap, PauseEnd, PauseRequest, PauseScope, RecordState,
+    Renewal, RunKey, RunOutcome, Slot, StoreErrorKind, Token, Until,
 };
 use futures::future::join_all;
 
@@ -318,5 +318,77 @@ where
     assert_eq!(
         state_of(store.as_ref(), &run).await,
         Some(RecordState::Finished(FinalState::Succeeded))
+    );
+}
+
+/// A backfill of a paused slot that finds another run of its job going,
+/// under `overlap = skip`, records the slot `skipped`, and it stays so:
+/// asked again after that run ended, the slot is done, not started.
+///
+/// The backfill is sent in one batch with the claim of a new slot (also
+/// skipped). (NATS KV moves ended records out of the job's document in a
+/// call that may start a run, and drops them from the document in its
+/// swap: the batch moved the `paused` record, its backfill claim wrote
+/// `skipped` over it, and the drop took the `skipped` with it, so the next
+/// backfill found `paused` and ran the slot.)
+pub async fn a_backfill_skipped_beside_a_live_run_stays_skipped<F: StoreFactory>(factory: &F)
+where
+    F::Store: LeaseStore,
+{
+    let store = factory.instance().await;
+    let job = job("backfill-skipped");
+    let scope = PauseScope::Job(job.clone());
+    let live_slot = future_slot(factory, 0);
+    let paused_slot = future_slot(factory, 60_000);
+    let new_slot = future_slot(factory, 120_000);
+    let claim = |slot: Slot, backfill: bool| {
+        let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
+        c.overlap = Overlap::Skip;
+        c.rerun_paused = backfill;
+        c
+    };
+    let live = claim(live_slot, false);
+    won(store.claim_lease(&live).await.expect("claim"));
+    store
+        .pause(&scope, &PauseRequest::new())
+        .await
+        .expect("pause");
+    paused(
+        store
+            .claim_lease(&claim(paused_slot, false))
+            .await
+            .expect("claim"),
+        "the claim while paused",
+    );
+    assert!(
+        store.resume(&scope).await.expect("resume"),
+        "the pause was there"
+    );
+    let answers = store
+        .claim_many(&[claim(paused_slot, true), claim(new_slot, false)])
+        .await
+        .expect("claims")
+        .all()
+        .expect("every claim answered");
+    assert_eq!(
+        answers,
+        [ClaimOutcome::Overlap, ClaimOutcome::Overlap],
+        "a backfill of a paused slot, and a new slot, beside a live run are skipped under overlap = skip"
+    );
+    store
+        .finish(live.run(), live.claim.token, RunOutcome::Succeeded)
+        .await
+        .expect("finish");
+    assert_eq!(
+        store
+            .claim_lease(&claim(paused_slot, true))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Done(FinalState::Skipped),
+        "a slot recorded skipped ran on the next backfill"
+    );
+    assert_eq!(
+        state_of(store.as_ref(), &RunKey::new(job.clone(), paused_slot)).await,
+        Some(RecordState::Finished(FinalState::Skipped))
     );
 }
