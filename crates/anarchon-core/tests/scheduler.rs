@@ -421,6 +421,72 @@ async fn a_run_handed_over_after_losing_contact_is_counted_once() {
     runner.shutdown().await;
 }
 
+/// A memory store whose heartbeats fail and whose hand-overs never answer:
+/// a store that hangs rather than fails.
+struct HangsOnHandOver {
+    inner: Arc<MemoryStore>,
+}
+
+#[anarchon_core::async_trait]
+impl LeaseLayer for HangsOnHandOver {
+    type Inner = MemoryStore;
+
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+
+    async fn heartbeat(
+        &self,
+        _: &anarchon_core::RunKey,
+        _: anarchon_core::Token,
+        _: Duration,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        Err(anarchon_core::StoreError::unavailable(
+            "test",
+            "heartbeats are down",
+        ))
+    }
+
+    async fn release(
+        &self,
+        _: &anarchon_core::RunKey,
+        _: anarchon_core::Token,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        std::future::pending().await
+    }
+}
+
+/// A runner that lost contact hands its run over with one bounded call:
+/// a store that never answers the hand-over cannot hold the run's task,
+/// and with it shutdown, for ever.
+///
+/// Failed before the fix: shutdown waited for the hand-over's answer.
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_the_store_never_answers_does_not_hold_shutdown() {
+    let (clock, store) = setup();
+    let hanging = Arc::new(HangsOnHandOver {
+        inner: store.clone(),
+    });
+    let mut b = instance(hanging, clock.clone(), "runner")
+        .lease(Duration::from_secs(3))
+        .heartbeat(Duration::from_secs(1));
+    b.job("cut-off", every(60))
+        .unwrap()
+        .run(|ctx: RunContext| async move {
+            ctx.cancelled().await;
+            Err::<(), _>("stopped before the work was done".to_owned())
+        })
+        .unwrap();
+    let runner = b.start().unwrap();
+    // The clock starts on a slot; a whole lease without a renewal gives
+    // that run up well before the next slot.
+    sleep(30.0).await;
+    assert_eq!(runner.metrics().wins, 1);
+    tokio::time::timeout(Duration::from_secs(60), runner.shutdown())
+        .await
+        .expect("shutdown waited for a hand-over the store never answers");
+}
+
 #[tokio::test(start_paused = true)]
 async fn errors_panics_and_timeouts_are_recorded_failed() {
     let (clock, store) = setup();
@@ -950,11 +1016,39 @@ async fn a_skip_whose_reply_was_lost_is_still_counted_as_a_skip() {
         .overlap(Overlap::Skip)
         .run(working_for(Duration::from_secs(25)))
         .unwrap();
-    // The second slot's claim goes out about 0.1 s before it is due; the
+    // The second slot's claim goes out at its fire time (a job whose
+    // overlap rule looks at its other runs is not claimed ahead); the
     // store records the skip, and its answer is lost.
     let metrics = metrics_with_one_lost_reply(b.start().unwrap(), &store, 9.5, 1.0).await;
     assert_eq!(metrics.skipped, 1, "{metrics:?}");
     assert_eq!(metrics.losses, 0, "one instance loses nothing: {metrics:?}");
+}
+
+/// Under `overlap = skip`, a run that ends just before the next slot does
+/// not get that slot skipped: a job whose overlap rule looks at its other
+/// runs is claimed at the slot's fire time, not ahead of it, so the store
+/// judges "another run is still going" at the slot's time.
+///
+/// Failed before the fix: the claim went out ahead of the slot (450 ms
+/// here) and found the run that was to end 200 ms before it still live.
+#[tokio::test(start_paused = true)]
+async fn a_run_that_ends_just_before_the_next_slot_does_not_get_it_skipped() {
+    let (clock, store) = setup();
+    let mut b = instance(store.clone(), clock.clone(), "alone");
+    b.job("nearly", every(10))
+        .unwrap()
+        .overlap(Overlap::Skip)
+        .run(working_for(Duration::from_millis(9_800)))
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    // Slots at 0, 10 and 20 s; each run ends 200 ms before the next slot.
+    sleep(25.0).await;
+    let metrics = scheduler.metrics();
+    scheduler.shutdown().await;
+    assert_eq!(metrics.skipped, 0, "{metrics:?}");
+    assert_eq!(metrics.wins, 3, "every slot ran: {metrics:?}");
+    let history = history_of(&store, "nearly", 3).await;
+    assert_eq!(history[1].state, SUCCEEDED, "{history:?}");
 }
 
 /// A `finish` the store applied but whose reply was lost is sent again
@@ -1924,6 +2018,54 @@ async fn caught_up_runs_over_all_jobs_take_turns_oldest_first() {
     assert_eq!(most.load(SeqCst), 3, "at most two caught-up runs at once");
 }
 
+/// A slot claimed a little after its fire time but well inside its job's
+/// `max_late` (an instance that starts two seconds after it, a timer that
+/// wakes late) is on time: it runs at once, even for a job with catch-up,
+/// while a caught-up run of another job holds the only catch-up place.
+#[tokio::test(start_paused = true)]
+async fn a_slot_claimed_a_little_late_does_not_wait_for_a_catch_up_place() {
+    let (clock, store) = setup();
+    let slot_now = Slot::from_millis(clock.now().as_millis());
+    clock.step(true, Duration::from_secs(2));
+    let starts: Starts = Arc::default();
+    let mut b = instance(store.clone(), clock.clone(), "busy").catch_up_concurrency(1);
+    for (name, max_late, catch_up, limit) in [
+        // Fell behind: its slot of a minute ago is caught up and holds the
+        // one place for far longer than the test.
+        ("long", 30, 3600, 2),
+        // Nothing to catch up: its slot two seconds ago is on time.
+        ("tick", 5, 10, 1),
+    ] {
+        let starts = starts.clone();
+        b.job(name, every(60))
+            .unwrap()
+            .max_late(Duration::from_secs(max_late))
+            .catch_up(Duration::from_secs(catch_up))
+            .catch_up_limit(limit)
+            .run(move |ctx| {
+                starts.lock().unwrap().push((name.to_string(), ctx.slot()));
+                async {
+                    sleep(1000.0).await;
+                    Ok::<_, String>(())
+                }
+            })
+            .unwrap();
+    }
+    let scheduler = b.start().unwrap();
+    sleep(1.0).await;
+    let started = starts.lock().unwrap().clone();
+    scheduler.shutdown().await;
+    let minute_ago = Slot::from_millis(slot_now.as_millis() - 60_000);
+    assert!(
+        started.contains(&("long".to_string(), minute_ago)),
+        "the caught-up run took the catch-up place: {started:?}"
+    );
+    assert!(
+        started.contains(&("tick".to_string(), slot_now)),
+        "a slot two seconds into a 5 s max_late waited for a catch-up place: {started:?}"
+    );
+}
+
 /// An instance that falls two hours behind (a suspend, a clock step) with
 /// a day's catch-up claims only the newest `catch_up_limit` slots of the
 /// two hours, not 120.
@@ -2249,6 +2391,89 @@ async fn a_backfill_waits_for_each_slots_retry_before_the_next() {
         assert_eq!(r.state, SUCCEEDED, "{records:?}");
         assert_eq!(r.attempt, Attempt::new(2), "failed once, retried: {r:?}");
     }
+}
+
+/// A memory store that loses the answer of the first backfill claim (one
+/// that may start a `paused` slot), after the store took it.
+struct LosesFirstBackfillAnswer {
+    inner: Arc<MemoryStore>,
+    lost: std::sync::atomic::AtomicBool,
+}
+
+#[anarchon_core::async_trait]
+impl LeaseLayer for LosesFirstBackfillAnswer {
+    type Inner = MemoryStore;
+
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+
+    async fn claim_lease(
+        &self,
+        req: &anarchon_core::LeaseClaim,
+    ) -> Result<anarchon_core::ClaimOutcome, anarchon_core::StoreError> {
+        let answer = self.inner.claim_lease(req).await;
+        if req.rerun_paused && !self.lost.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            answer?;
+            return Err(anarchon_core::StoreError::unavailable(
+                "test",
+                "the answer was lost",
+            ));
+        }
+        answer
+    }
+}
+
+/// A backfill claim whose answer was lost is sent again with its token: the
+/// store took it, so the claim sent again is told it won, and the slot
+/// runs at once as attempt 1.
+///
+/// Failed before the fix: the claim sent again had a new token, was told
+/// the slot is running, and the slot ran only when that lease had run out,
+/// as a takeover (attempt 2).
+#[tokio::test(start_paused = true)]
+async fn a_backfill_claim_whose_answer_was_lost_runs_its_slot_at_once() {
+    use anarchon_core::{Backfill, Control, RequestId, TriggerRequest};
+    let (clock, store) = setup();
+    let layered = Arc::new(LosesFirstBackfillAnswer {
+        inner: store.clone(),
+        lost: std::sync::atomic::AtomicBool::new(false),
+    });
+    let seen = Attempts::default();
+    let mut b = instance(layered.clone(), clock.clone(), "a").lease(Duration::from_secs(60));
+    b.job("bf-lost", every(3600))
+        .unwrap()
+        .run(failing_first(&seen, 0))
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    let now = clock.now();
+    // The whole hour half an hour ago, alone.
+    let range = Backfill::new(
+        now.saturating_sub(Duration::from_secs(3600)),
+        now.saturating_sub(Duration::from_secs(60)),
+    )
+    .unwrap();
+    let job = anarchon_core::JobName::new("bf-lost").unwrap();
+    Control::new(store.clone())
+        .backfill(
+            &TriggerRequest::backfill(job, RequestId::new("lost").unwrap(), range),
+            None,
+        )
+        .await
+        .unwrap();
+    sleep(20.0).await;
+    scheduler.shutdown().await;
+    assert!(
+        layered.lost.load(std::sync::atomic::Ordering::SeqCst),
+        "the backfill claimed"
+    );
+    let attempts: Vec<(Slot, u32)> = seen.lock().unwrap().iter().map(|a| (a.0, a.1)).collect();
+    let slot = Slot::from_millis(now.as_millis() - 1_800_000);
+    assert_eq!(
+        attempts,
+        [(slot, 1)],
+        "the backfilled slot ran once, at once, as attempt 1"
+    );
 }
 
 /// Everything the start-before-finish test sees, in order: a handler

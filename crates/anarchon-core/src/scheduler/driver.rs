@@ -16,7 +16,7 @@ use super::metrics::{Event, Metrics};
 use super::run::handle_outcome;
 use super::{Inner, JobSpec, StoreHandle};
 use crate::ids::Token;
-use crate::store::{ClaimRequest, LeaseClaim, LeaseStore, Renewal, RunKey};
+use crate::store::{ClaimRequest, LeaseClaim, LeaseStore, Overlap, Renewal, RunKey};
 use crate::time::{Slot, Timestamp, millis};
 
 /// The longest the timer sleeps before it looks at the wall clock again, so
@@ -50,6 +50,8 @@ fn learn_claim_time(inner: &Inner, took: Duration) {
 const BATCH_LIMIT: usize = 1000;
 /// How often lease stores are asked to forget old runs.
 const GC_EVERY: Duration = Duration::from_secs(3600);
+/// How long one collection may take before it is given up until the next.
+const GC_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The offset of a slot's claim inside the job's jitter: FNV-1a of the job
 /// name and the slot, so every instance (and every build) picks the same.
@@ -208,10 +210,46 @@ pub(crate) async fn drive(inner: Arc<Inner>) {
                 on_time.push(d);
             }
         }
-        if !on_time.is_empty() {
-            inner.tasks.spawn(claim_batch(inner.clone(), on_time));
+        // A job whose overlap rule looks at its other runs is claimed at
+        // its fire time, not ahead of it: the store judges "another run
+        // is still going" when the claim arrives, and a run that ends in
+        // the head start before the slot must not get the slot skipped,
+        // replace it or make it wait. (Its handler starts a round trip
+        // after the fire time instead of at it.)
+        let (ahead_ok, held): (Vec<Due>, Vec<Due>) = on_time
+            .into_iter()
+            .partition(|d| d.fire_at <= now || inner.jobs[d.index].overlap == Overlap::Allow);
+        if !ahead_ok.is_empty() {
+            inner.tasks.spawn(claim_batch(inner.clone(), ahead_ok));
+        }
+        let mut by_fire_time: BTreeMap<Timestamp, Vec<Due>> = BTreeMap::new();
+        for d in held {
+            by_fire_time.entry(d.fire_at).or_default().push(d);
+        }
+        for (fire_at, due) in by_fire_time {
+            inner
+                .tasks
+                .spawn(claim_at_fire_time(inner.clone(), fire_at, due));
         }
     }
+}
+
+/// Claims `due` once the instance's clock reaches `fire_at` (see the
+/// timer's loop: the overlap rules judge other runs at the slot's time).
+async fn claim_at_fire_time(inner: Arc<Inner>, fire_at: Timestamp, due: Vec<Due>) {
+    loop {
+        let now = inner.clock.now();
+        if now >= fire_at {
+            break;
+        }
+        // Napped in steps, so that a clock step is noticed as the timer
+        // notices it.
+        tokio::select! {
+            () = tokio::time::sleep(fire_at.since(now).min(MAX_NAP)) => {}
+            () = inner.stop.cancelled() => return,
+        }
+    }
+    claim_batch(inner, due).await;
 }
 
 /// How many slots of one job that the timer finds too old are sent to a
@@ -248,11 +286,14 @@ fn take_due(
         }
         let ((fire_at, index), (slot, mut limited)) = entry.remove_entry();
         let job = &jobs[index];
-        // Behind (at start, or after a suspend) but inside the window: a
-        // caught-up slot. (A slot past the window is reported to the store
-        // below, to be recorded missed.)
-        let caught_up =
-            job.catch_up.is_some() && fire_at < now && now.since(slot.at()) <= job.window();
+        // Older than the job's `max_late` (at start, or after a suspend)
+        // but inside its window: a caught-up slot, which only `catch_up`
+        // lets run and which waits for a catch-up place. A slot merely
+        // claimed after its fire time (the timer woke late, the clock
+        // stepped a little) is on time and never waits. (A slot past the
+        // window is reported to the store below, to be recorded missed.)
+        let age = now.since(slot.at());
+        let caught_up = job.catch_up.is_some() && age > job.max_late && age <= job.window();
         if caught_up && !limited {
             // Claim no more than the job's limit of the slots up to now,
             // once per fall.
@@ -496,7 +537,16 @@ async fn collect_garbage(inner: Arc<Inner>) {
             () = tokio::time::sleep(GC_EVERY) => {}
             () = inner.stop.cancelled() => return,
         }
-        match store.collect_garbage(inner.keep).await {
+        // Shutdown (which waits for this task) does not wait for a
+        // collection, and a store that hangs does not hold it for ever: a
+        // collection cut short is done again at the next turn (each of its
+        // deletions stands on its own). It gets longer than a claim: it
+        // may page through many records.
+        let collected = tokio::select! {
+            collected = within(GC_TIMEOUT, store.collect_garbage(inner.keep)) => collected,
+            () = inner.stop.cancelled() => return,
+        };
+        match collected {
             Ok(deleted) => tracing::debug!(deleted, "collected old run records"),
             Err(error) => tracing::warn!(%error, "could not collect old run records"),
         }

@@ -90,7 +90,7 @@ pub(crate) async fn watch(inner: Arc<Inner>) {
 /// Claims the runs of the store's manual-run requests that are young
 /// enough to run, and starts a worker for each backfill not started yet.
 async fn read_requests(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, seen: &mut Seen) {
-    let requests = match store.run_requests().await {
+    let requests = match within(CALL_TIMEOUT, store.run_requests()).await {
         Ok(requests) => requests,
         Err(error) => {
             tracing::warn!(%error, "could not read the manual-run requests; they are read again later");
@@ -148,38 +148,45 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
         .filter(|s| s.at() <= range.to())
     {
         after = slot.at();
+        // One token per claim: a claim sent again after an error keeps it,
+        // so that if the store took the claim whose answer was lost, the
+        // claim sent again is told `Won` (its own) rather than `Running`,
+        // which would leave the won run to wait out its lease.
+        let mut token = Token::generate();
         loop {
             if inner.stop.is_cancelled() {
                 return;
             }
-            let mut claim = lease_claim(inner, &job, slot, Token::generate());
+            let mut claim = lease_claim(inner, &job, slot, token);
             // A window that covers the slot, on any clock a little off; and
             // a slot recorded `paused` may run too.
             claim.claim.max_late = inner.clock.now().since(slot.at()) + MANUAL_RUN_WINDOW;
             claim.rerun_paused = true;
+            // The lease is counted from the first send, as the timer's
+            // claims count it.
+            let sent_at = Instant::now();
             let outcome = match timed("claim", within(CALL_TIMEOUT, store.claim_lease(&claim)))
                 .await
             {
                 Ok(outcome) => outcome,
-                Err(error) => {
+                Err(error) if error.is_temporary() => {
                     tracing::warn!(%error, job = %job.name, %slot, "backfill claim failed; trying again");
                     tokio::time::sleep(MANUAL_RUN_WINDOW / 100).await;
                     continue;
                 }
+                // Sending it again cannot help (the store refuses the
+                // claim itself): the backfill stops and says where.
+                Err(error) => {
+                    tracing::error!(%error, job = %job.name, %slot, "backfill claim refused by the store; the backfill stops here");
+                    return;
+                }
             };
+            token = Token::generate();
             match outcome {
                 ClaimOutcome::Won(_) => {
                     let run = claim.claim.run.clone();
                     let now = inner.clock.now();
-                    handle_outcome(
-                        inner,
-                        job.clone(),
-                        claim,
-                        outcome,
-                        Instant::now(),
-                        Some(now),
-                        None,
-                    );
+                    handle_outcome(inner, job.clone(), claim, outcome, sent_at, Some(now), None);
                     if !wait_until_ended(inner, store, &run).await {
                         continue;
                     }
@@ -195,15 +202,7 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
                 // This claim ended the run, or recorded the slot missed:
                 // that is told as any claim's answer is; then the next.
                 ClaimOutcome::Interrupted | ClaimOutcome::Missed => {
-                    handle_outcome(
-                        inner,
-                        job.clone(),
-                        claim,
-                        outcome,
-                        Instant::now(),
-                        None,
-                        None,
-                    );
+                    handle_outcome(inner, job.clone(), claim, outcome, sent_at, None, None);
                     break;
                 }
                 // Ran already, skipped, paused, late or not for us: next.

@@ -284,7 +284,9 @@ pub(crate) async fn run_won(
         // if no backup has taken the run over meanwhile.
         span.in_scope(|| tracing::warn!("the run was given up after losing contact; handing it over instead of recording {outcome:?}"));
         // One try: the store was out of reach for a whole lease already.
-        let event = match store.release(&run, token).await {
+        // Bounded like every store call: a store that hangs rather than
+        // fails must not hold this task, and with it shutdown, forever.
+        let event = match within(CALL_TIMEOUT, store.release(&run, token)).await {
             Ok(Renewal::Renewed) => Event::HandedOver,
             // Taken over already, or still out of reach (the lease runs
             // out): the run is lost to this instance either way.
@@ -458,7 +460,7 @@ async fn finished_by(
     /// The run just finished is among a job's newest records; past this
     /// many the answer stays "not recorded".
     const LOOK_BACK: usize = 50;
-    let Ok(records) = store.history(&run.job, LOOK_BACK).await else {
+    let Ok(records) = within(CALL_TIMEOUT, store.history(&run.job, LOOK_BACK)).await else {
         return false;
     };
     records.iter().any(|r| {
