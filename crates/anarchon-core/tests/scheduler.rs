@@ -2394,10 +2394,13 @@ async fn a_backfill_waits_for_each_slots_retry_before_the_next() {
 }
 
 /// A memory store that loses the answer of the first backfill claim (one
-/// that may start a `paused` slot), after the store took it.
+/// that may start a `paused` slot), after the store took it, `delay` after
+/// it was sent; while `renewals_fail`, every heartbeat fails.
 struct LosesFirstBackfillAnswer {
     inner: Arc<MemoryStore>,
     lost: std::sync::atomic::AtomicBool,
+    delay: Duration,
+    renewals_fail: bool,
 }
 
 #[anarchon_core::async_trait]
@@ -2415,6 +2418,7 @@ impl LeaseLayer for LosesFirstBackfillAnswer {
         let answer = self.inner.claim_lease(req).await;
         if req.rerun_paused && !self.lost.swap(true, std::sync::atomic::Ordering::SeqCst) {
             answer?;
+            tokio::time::sleep(self.delay).await;
             return Err(anarchon_core::StoreError::unavailable(
                 "test",
                 "the answer was lost",
@@ -2422,6 +2426,41 @@ impl LeaseLayer for LosesFirstBackfillAnswer {
         }
         answer
     }
+
+    async fn heartbeat(
+        &self,
+        run: &anarchon_core::RunKey,
+        token: anarchon_core::Token,
+        lease: Duration,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        if self.renewals_fail {
+            return Err(anarchon_core::StoreError::unavailable(
+                "test",
+                "renewals fail",
+            ));
+        }
+        self.inner.heartbeat(run, token, lease).await
+    }
+}
+
+/// Asks `store` to backfill `job`'s whole hour of half an hour ago (the
+/// clock of [`setup`] is at half past): that slot alone.
+async fn backfill_the_last_hour(store: &Arc<MemoryStore>, clock: &TestClock, job: &str, id: &str) {
+    use anarchon_core::{Backfill, Control, RequestId, TriggerRequest};
+    let now = clock.now();
+    let range = Backfill::new(
+        now.saturating_sub(Duration::from_secs(3600)),
+        now.saturating_sub(Duration::from_secs(60)),
+    )
+    .unwrap();
+    let job = anarchon_core::JobName::new(job).unwrap();
+    Control::new(store.clone())
+        .backfill(
+            &TriggerRequest::backfill(job, RequestId::new(id).unwrap(), range),
+            None,
+        )
+        .await
+        .unwrap();
 }
 
 /// A backfill claim whose answer was lost is sent again with its token: the
@@ -2433,11 +2472,12 @@ impl LeaseLayer for LosesFirstBackfillAnswer {
 /// as a takeover (attempt 2).
 #[tokio::test(start_paused = true)]
 async fn a_backfill_claim_whose_answer_was_lost_runs_its_slot_at_once() {
-    use anarchon_core::{Backfill, Control, RequestId, TriggerRequest};
     let (clock, store) = setup();
     let layered = Arc::new(LosesFirstBackfillAnswer {
         inner: store.clone(),
         lost: std::sync::atomic::AtomicBool::new(false),
+        delay: Duration::ZERO,
+        renewals_fail: false,
     });
     let seen = Attempts::default();
     let mut b = instance(layered.clone(), clock.clone(), "a").lease(Duration::from_secs(60));
@@ -2447,20 +2487,7 @@ async fn a_backfill_claim_whose_answer_was_lost_runs_its_slot_at_once() {
         .unwrap();
     let scheduler = b.start().unwrap();
     let now = clock.now();
-    // The whole hour half an hour ago, alone.
-    let range = Backfill::new(
-        now.saturating_sub(Duration::from_secs(3600)),
-        now.saturating_sub(Duration::from_secs(60)),
-    )
-    .unwrap();
-    let job = anarchon_core::JobName::new("bf-lost").unwrap();
-    Control::new(store.clone())
-        .backfill(
-            &TriggerRequest::backfill(job, RequestId::new("lost").unwrap(), range),
-            None,
-        )
-        .await
-        .unwrap();
+    backfill_the_last_hour(&store, &clock, "bf-lost", "lost").await;
     sleep(20.0).await;
     scheduler.shutdown().await;
     assert!(
@@ -2473,6 +2500,55 @@ async fn a_backfill_claim_whose_answer_was_lost_runs_its_slot_at_once() {
         attempts,
         [(slot, 1)],
         "the backfilled slot ran once, at once, as attempt 1"
+    );
+}
+
+/// A backfill claim sent again and told it won counts the lease from the
+/// claim's first send, when the store's lease began: here the lost answer
+/// came 5 s after the send and the claim went again 3 s later, past the
+/// 6 s lease, so the handler must not start on that win (a backup could
+/// hold the run by then): the win is handed over, and the run starts on
+/// the next claim's own win, with a new fence.
+///
+/// Failed before the fix: the lease was counted from the second send, and
+/// the handler started on the first win (fence 1) two seconds after its
+/// lease had ended on the store.
+#[tokio::test(start_paused = true)]
+async fn a_backfill_win_told_late_counts_its_lease_from_the_first_send() {
+    let (clock, store) = setup();
+    let layered = Arc::new(LosesFirstBackfillAnswer {
+        inner: store.clone(),
+        lost: std::sync::atomic::AtomicBool::new(false),
+        delay: Duration::from_secs(5),
+        renewals_fail: true,
+    });
+    let fences: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let mut b = instance(layered.clone(), clock.clone(), "a")
+        .lease(Duration::from_secs(6))
+        .heartbeat(Duration::from_secs(2));
+    let seen = fences.clone();
+    b.job("bf-late", every(3600))
+        .unwrap()
+        .run(move |ctx: RunContext| {
+            seen.lock()
+                .unwrap()
+                .push(ctx.fence().map_or(0, |f| f.get()));
+            async { Ok::<_, String>(()) }
+        })
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    backfill_the_last_hour(&store, &clock, "bf-late", "late").await;
+    sleep(12.0).await;
+    scheduler.shutdown().await;
+    assert!(
+        layered.lost.load(std::sync::atomic::Ordering::SeqCst),
+        "the backfill claimed"
+    );
+    let fences = fences.lock().unwrap().clone();
+    assert!(!fences.is_empty(), "the slot ran");
+    assert!(
+        !fences.contains(&1),
+        "a handler started on the first win, whose lease had ended: fences {fences:?}"
     );
 }
 

@@ -59,7 +59,8 @@
 -- Most claims of a slot find it running or ended: in a fleet of N, N - 1
 -- claims lose. Those read one field and write nothing (see the losers'
 -- path below), so they check no key's type: Redis itself refuses to read
--- a run hash of the wrong type.
+-- a run hash of the wrong type. (A claim whose terms begin with '+' first
+-- reads, and may raise, the job's window: see "Widen" below.)
 -- No claim asks a key's TYPE. A key that is read before the first write
 -- (the runs, the late window, the pauses, the live and waiting sets where
 -- the overlap rule reads them) is checked by that read; the keys that are

@@ -177,7 +177,7 @@ pub(crate) async fn drive(inner: Arc<Inner>) {
             ready.push(due);
         }
         if !ready.is_empty() {
-            inner.tasks.spawn(claim_batch(inner.clone(), ready));
+            spawn_claims(&inner, ready, inner.clock.now());
         }
         let now = inner.clock.now();
         let ahead = claim_ahead(&inner);
@@ -210,27 +210,34 @@ pub(crate) async fn drive(inner: Arc<Inner>) {
                 on_time.push(d);
             }
         }
-        // A job whose overlap rule looks at its other runs is claimed at
-        // its fire time, not ahead of it: the store judges "another run
-        // is still going" when the claim arrives, and a run that ends in
-        // the head start before the slot must not get the slot skipped,
-        // replace it or make it wait. (Its handler starts a round trip
-        // after the fire time instead of at it.)
-        let (ahead_ok, held): (Vec<Due>, Vec<Due>) = on_time
-            .into_iter()
-            .partition(|d| d.fire_at <= now || inner.jobs[d.index].overlap == Overlap::Allow);
-        if !ahead_ok.is_empty() {
-            inner.tasks.spawn(claim_batch(inner.clone(), ahead_ok));
+        if !on_time.is_empty() {
+            spawn_claims(&inner, on_time, now);
         }
-        let mut by_fire_time: BTreeMap<Timestamp, Vec<Due>> = BTreeMap::new();
-        for d in held {
-            by_fire_time.entry(d.fire_at).or_default().push(d);
-        }
-        for (fire_at, due) in by_fire_time {
-            inner
-                .tasks
-                .spawn(claim_at_fire_time(inner.clone(), fire_at, due));
-        }
+    }
+}
+
+/// Starts the claims of `due` as of `now`: at once, except those of a job
+/// whose overlap rule looks at its other runs, which are claimed at their
+/// fire time, not ahead of it. The store judges "another run is still
+/// going" when the claim arrives, and a run that ends in the head start
+/// before the slot must not get the slot skipped, replace it or make it
+/// wait. (Such a handler starts a round trip after the fire time instead
+/// of at it.)
+fn spawn_claims(inner: &Arc<Inner>, due: Vec<Due>, now: Timestamp) {
+    let (ahead_ok, held): (Vec<Due>, Vec<Due>) = due
+        .into_iter()
+        .partition(|d| d.fire_at <= now || inner.jobs[d.index].overlap == Overlap::Allow);
+    if !ahead_ok.is_empty() {
+        inner.tasks.spawn(claim_batch(inner.clone(), ahead_ok));
+    }
+    let mut by_fire_time: BTreeMap<Timestamp, Vec<Due>> = BTreeMap::new();
+    for d in held {
+        by_fire_time.entry(d.fire_at).or_default().push(d);
+    }
+    for (fire_at, due) in by_fire_time {
+        inner
+            .tasks
+            .spawn(claim_at_fire_time(inner.clone(), fire_at, due));
     }
 }
 

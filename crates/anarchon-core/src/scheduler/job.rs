@@ -260,6 +260,11 @@ where
 impl<S: LeaseStore + ?Sized> JobBuilder<'_, S> {
     /// What to do when the previous run is still going (default
     /// [`Overlap::Allow`]).
+    ///
+    /// The store judges "still going" when the slot's claim arrives, so a
+    /// job with any rule but `Allow` is claimed at its fire time rather
+    /// than ahead of it: its handler starts a store round trip after the
+    /// fire time, and a run that ended before the slot does not count.
     pub fn overlap(mut self, overlap: Overlap) -> Self {
         self.options.overlap = Some(overlap);
         self

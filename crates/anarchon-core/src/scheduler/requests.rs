@@ -153,6 +153,10 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
         // claim sent again is told `Won` (its own) rather than `Running`,
         // which would leave the won run to wait out its lease.
         let mut token = Token::generate();
+        // The lease is counted from the claim's first send, as the timer's
+        // claims count it: a claim sent again may be told it won a lease
+        // that started at that first send.
+        let mut first_sent: Option<Instant> = None;
         loop {
             if inner.stop.is_cancelled() {
                 return;
@@ -162,9 +166,7 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
             // a slot recorded `paused` may run too.
             claim.claim.max_late = inner.clock.now().since(slot.at()) + MANUAL_RUN_WINDOW;
             claim.rerun_paused = true;
-            // The lease is counted from the first send, as the timer's
-            // claims count it.
-            let sent_at = Instant::now();
+            let sent_at = *first_sent.get_or_insert_with(Instant::now);
             let outcome = match timed("claim", within(CALL_TIMEOUT, store.claim_lease(&claim)))
                 .await
             {
@@ -175,13 +177,19 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
                     continue;
                 }
                 // Sending it again cannot help (the store refuses the
-                // claim itself): the backfill stops and says where.
+                // claim itself): the slot is left out, and given back in
+                // case an earlier send of this claim was taken.
                 Err(error) => {
-                    tracing::error!(%error, job = %job.name, %slot, "backfill claim refused by the store; the backfill stops here");
-                    return;
+                    tracing::error!(%error, job = %job.name, %slot, "backfill claim refused by the store; this slot is left out");
+                    let run = RunKey::new(job.name.clone(), slot);
+                    let _ = within(CALL_TIMEOUT, store.give_back(&run, token)).await;
+                    break;
                 }
             };
+            // A claim of this slot after this one (a takeover once its
+            // lease ran out) is a claim of its own.
             token = Token::generate();
+            first_sent = None;
             match outcome {
                 ClaimOutcome::Won(_) => {
                     let run = claim.claim.run.clone();

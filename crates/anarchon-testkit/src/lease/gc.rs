@@ -146,61 +146,66 @@ where
 
 /// A claim that writes nothing still tells the store its late window.
 ///
-/// A job's runs were claimed with a short window (a regular claim); then
-/// the job gains a long catch-up window (a rolling deploy, say), and its
-/// first catch-up claims find each slot already decided: one ended, one
-/// still running under someone else's lease. Such a claim answers from
-/// the record and has nothing of its own to write, yet the store must
-/// remember its window: otherwise a collection by another service with a
-/// short `keep` takes the ended run, and the next catch-up claim finds no
-/// record and runs the slot a second time.
+/// Two jobs' runs were claimed with a short window (a regular claim); then
+/// the jobs gain a long catch-up window (a rolling deploy, say), and their
+/// first catch-up claims find each slot already decided: one job's run
+/// ended, the other's still running under someone else's lease (which then
+/// ends). Such a claim answers from the record and has nothing of its own
+/// to write, yet the store must remember its window: otherwise a
+/// collection by another service with a short `keep` takes the ended runs,
+/// and the next catch-up claim finds no record and runs the slot again.
 pub async fn a_claim_that_writes_nothing_still_widens_the_jobs_window<F: StoreFactory>(factory: &F)
 where
     F::Store: LeaseStore,
 {
     let store = factory.instance().await;
     let now = factory.clock().now().as_millis();
-    let second = now - now.rem_euclid(1000);
-    let ended = Slot::from_millis(second - 7_200_000);
-    // Just after it, so that one short window covers both at the claims.
-    let running = Slot::from_millis(ended.as_millis() + 50);
+    let slot = Slot::from_millis(now - now.rem_euclid(1000) - 7_200_000);
     let keep = Duration::from_secs(3600);
     let long_window = Duration::from_secs(24 * 3600);
-    let job = job("gc-window-widened");
-    let short = closing_window(now, ended);
-    let first = late_claim(&job, ended, short);
-    won(store.claim_lease(&first).await.expect("claim"));
-    finish_succeeded(&*store, &first).await;
-    won(store
-        .claim_lease(&late_claim(&job, running, short))
-        .await
-        .expect("claim"));
+    let short = closing_window(now, slot);
+    let found_done = job("gc-widened-by-done");
+    let found_running = job("gc-widened-by-running");
     // The catch-up claims, by another instance, with the long window.
-    let catch_up = |slot: Slot| {
+    let catch_up = |job: &JobName| {
         let mut claim = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "b");
         claim.claim.max_late = long_window;
         claim
     };
+    let ended = late_claim(&found_done, slot, short);
+    won(store.claim_lease(&ended).await.expect("claim"));
+    finish_succeeded(&*store, &ended).await;
+    let running = late_claim(&found_running, slot, short);
+    won(store.claim_lease(&running).await.expect("claim"));
     assert_eq!(
-        store.claim_lease(&catch_up(ended)).await.expect("claim"),
+        store
+            .claim_lease(&catch_up(&found_done))
+            .await
+            .expect("claim"),
         ClaimOutcome::Done(FinalState::Succeeded),
         "a catch-up claim of a run that ended finds it done"
     );
     assert!(
         matches!(
-            store.claim_lease(&catch_up(running)).await.expect("claim"),
+            store
+                .claim_lease(&catch_up(&found_running))
+                .await
+                .expect("claim"),
             ClaimOutcome::Running { .. }
         ),
         "a catch-up claim of a run still going finds it running"
     );
+    finish_succeeded(&*store, &running).await;
     wait_out_windows().await;
     store.collect_garbage(keep).await.expect("gc");
-    assert_eq!(
-        store.claim_lease(&catch_up(ended)).await.expect("claim"),
-        ClaimOutcome::Done(FinalState::Succeeded),
-        "a collection with keep = {keep:?} took a run whose job's claims asked about it \
-         with a late window of {long_window:?}: the next catch-up would run it again"
-    );
+    for job in [&found_done, &found_running] {
+        assert_eq!(
+            store.claim_lease(&catch_up(job)).await.expect("claim"),
+            ClaimOutcome::Done(FinalState::Succeeded),
+            "a collection with keep = {keep:?} took {job}'s run, which a claim asked about \
+             with a late window of {long_window:?}: the next catch-up would run it again"
+        );
+    }
 }
 
 /// Collecting every run of a job forgets none of its fences: the next win
