@@ -64,6 +64,22 @@ impl Raw {
             .unwrap();
     }
 
+    /// Deletes `key` as `nats kv del` does: a marker with no payload.
+    async fn delete(&self, key: &str) {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("KV-Operation", "DEL");
+        self.jetstream
+            .publish_with_headers(
+                format!("$KV.{}.{key}", self.bucket),
+                headers,
+                Vec::new().into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
     /// The latest message of `key`: (revision, server time in ms, payload).
     async fn get(&self, key: &str) -> Option<(u64, i64, String)> {
         let subject = format!("$KV.{}.{key}", self.bucket);
@@ -561,6 +577,46 @@ async fn fences_grow_across_runs_and_takeovers() {
     assert_eq!(
         history[4].state,
         RecordState::Finished(FinalState::Succeeded)
+    );
+}
+
+/// A job's document deleted by hand (a delete marker) does not make the
+/// job forget its runs that ended: those were moved to their own keys, and
+/// a claim after the deletion reads the key, finds the run done and does
+/// not start it again.
+///
+/// Failed before the fix: the deleted document read as a new job's, whose
+/// slots have no record, so the claim started the finished slot again.
+#[tokio::test]
+async fn a_job_document_deleted_by_hand_does_not_forget_ended_runs() {
+    let factory = NatsLeaseFactory::new().await;
+    let raw = Raw::open(&factory).await;
+    let store = factory.instance().await;
+    let job = job("deleted-by-hand");
+    let claim = |slot: Slot| {
+        let mut c = lease_claim(RunKey::new(job.clone(), slot), Token::generate(), "a");
+        c.claim.max_late = Duration::from_secs(3600);
+        c
+    };
+    let ended = claim(past_slot(Duration::from_secs(120)));
+    won(store.claim_lease(&ended).await.unwrap());
+    store
+        .finish(ended.run(), ended.claim.token, RunOutcome::Succeeded)
+        .await
+        .unwrap();
+    // A claim that starts a run moves the ended record to its own key.
+    won(store
+        .claim_lease(&claim(past_slot(Duration::from_secs(60))))
+        .await
+        .unwrap());
+    let run_key = NatsLeaseStore::run_key(ended.run());
+    let (_, _, record) = raw.get(&run_key).await.expect("moved to its key");
+    assert!(record.contains("succeeded"), "{record}");
+    raw.delete(&NatsLeaseStore::job_key(&job)).await;
+    assert_eq!(
+        store.claim_lease(&claim(ended.run().slot)).await.unwrap(),
+        ClaimOutcome::Done(FinalState::Succeeded),
+        "a finished run started again after its job's document was deleted"
     );
 }
 

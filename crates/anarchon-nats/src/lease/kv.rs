@@ -79,6 +79,10 @@ pub(super) struct JobRead {
     pub(super) written_at: Option<i64>,
 }
 
+/// How far past the deletion of a job's document (by hand) a claim still
+/// reads the run key of its slot: further than any claim goes out ahead.
+const DELETED_DOCUMENT_MARGIN_MS: i64 = 3_600_000;
+
 impl NatsLeaseStore {
     /// Whether a call that found the bucket's stream gone may make it
     /// again: only an in-memory bucket, which a server restart deletes. One
@@ -260,6 +264,7 @@ impl NatsLeaseStore {
         }
     }
 
+    /// Reads `job`'s document (the default for a job that has none).
     pub(super) async fn read_job(&self, job: &JobName) -> Result<JobRead, StoreError> {
         let key = Self::job_key(job);
         Ok(match self.read(&key).await? {
@@ -270,9 +275,18 @@ impl NatsLeaseStore {
             },
             Some(entry) if entry.removed => {
                 tracing::warn!(bucket = %self.bucket, %key, "the job's document was deleted by hand: its fence numbers start again from 1");
+                // Its runs that ended before are under their own keys, and
+                // the document no longer says which slots may have one: a
+                // claim reads the key of any slot up to an hour past the
+                // deletion (no claim goes out that far ahead), so that no
+                // finished run is started again.
+                let doc = JobDoc {
+                    high: Some(entry.written_at.saturating_add(DELETED_DOCUMENT_MARGIN_MS)),
+                    ..JobDoc::default()
+                };
                 JobRead {
                     revision: entry.revision,
-                    doc: JobDoc::default(),
+                    doc,
                     written_at: Some(entry.written_at),
                 }
             }
