@@ -184,8 +184,20 @@ fn connect_options(options: &PgOptions, secrets: &[String]) -> Result<PgConnectO
         ),
     })?;
     let mut connect = parsed.application_name(&options.application_name);
+    // Both in the `options` start-up parameter, which PgBouncer refuses by
+    // default: a store without a statement timeout sends neither (and its
+    // role's default isolation must then be PostgreSQL's own).
     if let Some(timeout) = options.statement_timeout {
-        connect = connect.options([("statement_timeout", format!("{}ms", timeout.as_millis()))]);
+        // The claim is written for `read committed`: it locks the job's
+        // row, then reads the run's row afresh. A server, database or role
+        // whose default is `repeatable read` or `serializable` would fail
+        // every claim that queued behind a winner with a serialization
+        // error. Set after the URL's own `options`, so it holds whatever
+        // those say.
+        connect = connect.options([
+            ("statement_timeout", format!("{}ms", timeout.as_millis())),
+            ("default_transaction_isolation", "read committed".to_owned()),
+        ]);
     }
     secure_by_default(connect, &options.url)
 }
