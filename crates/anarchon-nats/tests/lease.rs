@@ -620,6 +620,34 @@ async fn a_job_document_deleted_by_hand_does_not_forget_ended_runs() {
     );
 }
 
+/// A manual-run request nobody can read (written by hand, or by something
+/// else) is passed over: the other requests are still read by every
+/// instance.
+///
+/// Failed before the fix: one such key failed every read of the requests,
+/// so no instance learnt of any manual run or backfill.
+#[tokio::test]
+async fn an_unreadable_request_is_passed_over() {
+    use anarchon_core::{RequestId, TriggerRequest};
+    let factory = NatsLeaseFactory::new().await;
+    let raw = Raw::open(&factory).await;
+    let store = factory.instance().await;
+    let job = job("requested");
+    let request = TriggerRequest::new(job.clone(), RequestId::new("good").unwrap());
+    store.request_run(&request).await.expect("request_run");
+    let broken = NatsLeaseStore::request_key(&job, &RequestId::new("broken").unwrap());
+    raw.plant(&broken, "not json".to_owned()).await;
+    let backwards = NatsLeaseStore::request_key(&job, &RequestId::new("backwards").unwrap());
+    raw.plant(&backwards, r#"{"at":5,"range":[9,1]}"#.to_owned())
+        .await;
+    let read = store
+        .run_requests()
+        .await
+        .expect("the good request is read");
+    let ids: Vec<&str> = read.requests.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["good"]);
+}
+
 /// Ended runs leave the job's document at the next claim (to their own
 /// keys), so the document holds only live runs; garbage collection purges
 /// old records without leaving markers, drops runs whose lease died long

@@ -43,8 +43,9 @@ if op == 'collect' then
   local all = redis.call('HGETALL', KEYS[1])
   local gone = 0
   for i = 1, #all, 2 do
-    local at = parse(all[i + 1])
-    if tonumber(at) < before then
+    -- An entry whose stamp cannot be read can never be run: it goes too.
+    local at = tonumber((parse(all[i + 1])))
+    if not at or at < before then
       redis.call('HDEL', KEYS[1], all[i])
       gone = gone + 1
     end

@@ -979,3 +979,50 @@ async fn losing_claims_read_each_record_by_its_own_state_whatever_it_quotes() {
         ClaimOutcome::Done(FinalState::Succeeded)
     );
 }
+
+/// A manual-run request nobody can read (written by hand, or by something
+/// else) is passed over: the other requests are still read by every
+/// instance, and collection takes the unreadable one instead of failing.
+///
+/// Failed before the fix: one such entry failed every read of the
+/// requests, so no instance learnt of any manual run or backfill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_request_is_passed_over() {
+    use anarchon_core::{RequestId, TriggerRequest};
+    let factory = LeaseFactory::new().await;
+    let store = factory.instance().await;
+    let job = job("requested");
+    let request = TriggerRequest::new(job.clone(), RequestId::new("good").unwrap());
+    store.request_run(&request).await.expect("request_run");
+    let key = format!("{{{}}}:requests", store.prefix().as_str());
+    let mut conn = raw(&factory.url).await;
+    for (field, value) in [
+        (format!("{job} broken"), "not a stamp"),
+        ("no-id-here".to_owned(), "1 - -"),
+    ] {
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(field)
+            .arg(value)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let read = store
+        .run_requests()
+        .await
+        .expect("the good request is read");
+    let ids: Vec<&str> = read.requests.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["good"]);
+    store
+        .collect_garbage(Duration::from_secs(3600))
+        .await
+        .expect("a collection passes over what it cannot read");
+    let left: bool = redis::cmd("HEXISTS")
+        .arg(&key)
+        .arg(format!("{job} broken"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!left, "the entry with no readable stamp is collected");
+}

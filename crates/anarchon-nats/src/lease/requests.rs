@@ -14,7 +14,8 @@ use std::time::Duration;
 use anarchon_core::request::stamp;
 use anarchon_core::time::millis;
 use anarchon_core::{
-    Backfill, JobName, RequestId, RunRequest, RunRequests, StoreError, Timestamp, TriggerRequest,
+    Backfill, JobName, RequestId, RunRequest, RunRequests, StoreError, StoreErrorKind, Timestamp,
+    TriggerRequest,
 };
 use futures::future::join_all;
 use serde::{Deserialize, Serialize};
@@ -169,9 +170,25 @@ impl NatsLeaseStore {
         );
         self.round_trips(2);
         let mut requests = Vec::with_capacity(named.len());
-        for ((_, (job, id)), doc) in named.into_iter().zip(read) {
-            if let Some(doc) = doc? {
-                let backfill = doc.backfill().map_err(|m| self.protocol(m))?;
+        for ((key, (job, id)), doc) in named.into_iter().zip(read) {
+            // One request nobody can read (written by hand, or by
+            // something else) must not hide every other request from
+            // every instance; a read that failed fails the call.
+            let doc = match doc {
+                Err(error) if error.kind() == StoreErrorKind::Protocol => {
+                    tracing::warn!(bucket = %self.bucket, "an unreadable manual-run request is passed over: {error}");
+                    continue;
+                }
+                other => other?,
+            };
+            if let Some(doc) = doc {
+                let backfill = match doc.backfill() {
+                    Ok(backfill) => backfill,
+                    Err(message) => {
+                        tracing::warn!(bucket = %self.bucket, %key, "an unreadable manual-run request is passed over: {message}");
+                        continue;
+                    }
+                };
                 requests.push(RunRequest {
                     job,
                     id,

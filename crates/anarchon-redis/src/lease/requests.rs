@@ -68,7 +68,15 @@ impl RedisLeaseStore {
             let [field, value] = pair else {
                 return Err(store_err(Error::protocol(during, "an odd reply")));
             };
-            requests.push(parse_request(field, value).map_err(store_err)?);
+            // One entry nobody can read (written by hand, or by something
+            // else) must not hide every other request from every instance.
+            match parse_request(field, value) {
+                Ok(request) => requests.push(request),
+                Err(error) => tracing::warn!(
+                    key = %requests_key(&self.prefix),
+                    "an unreadable manual-run request is passed over: {error}"
+                ),
+            }
         }
         requests
             .sort_by(|a, b| (a.requested_at, &a.job, &a.id).cmp(&(b.requested_at, &b.job, &b.id)));
