@@ -1792,6 +1792,78 @@ async fn one_unreadable_job_costs_its_batch_nothing() {
     }
 }
 
+/// A memory store that notes each release in a shared log.
+struct NotingReleases {
+    inner: Arc<MemoryStore>,
+    log: Arc<Mutex<Vec<&'static str>>>,
+}
+
+#[anarchon_core::async_trait]
+impl LeaseLayer for NotingReleases {
+    type Inner = MemoryStore;
+
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+
+    async fn release(
+        &self,
+        run: &anarchon_core::RunKey,
+        token: anarchon_core::Token,
+    ) -> Result<anarchon_core::Renewal, anarchon_core::StoreError> {
+        self.log.lock().unwrap().push("released");
+        self.inner.release(run, token).await
+    }
+}
+
+/// Notes in the log when it is dropped: the end of a handler's future.
+struct NotesDrop(Arc<Mutex<Vec<&'static str>>>);
+
+impl Drop for NotesDrop {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().push("handler dropped");
+    }
+}
+
+/// At shutdown, a handler that ignores its cancellation is aborted, and
+/// its run is released to a backup only once the handler's task is gone:
+/// whatever its future holds (a child process killed on drop, say) ends
+/// before a backup may start the run.
+///
+/// Failed before the fix: the release went out before the aborted task
+/// was dropped.
+#[tokio::test(start_paused = true)]
+async fn a_run_is_handed_over_only_once_its_aborted_handler_is_gone() {
+    let (clock, store) = setup();
+    let log: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let layered = Arc::new(NotingReleases {
+        inner: store.clone(),
+        log: log.clone(),
+    });
+    let mut b = instance(layered, clock.clone(), "a").shutdown_grace(Duration::from_secs(1));
+    let held = log.clone();
+    b.job("stubborn", every(60))
+        .unwrap()
+        .run(move |_| {
+            let guard = NotesDrop(held.clone());
+            async move {
+                let _guard = guard;
+                std::future::pending::<()>().await;
+                Ok::<_, String>(())
+            }
+        })
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    sleep(5.0).await;
+    let report = scheduler.shutdown().await;
+    assert_eq!(report.handed_over, 1, "the run was handed over");
+    assert_eq!(
+        *log.lock().unwrap(),
+        ["handler dropped", "released"],
+        "the run was released before its handler was gone"
+    );
+}
+
 /// A run handed over before its handler started does not use up an
 /// attempt: with `max_attempts = 1`, the backup still runs it (as attempt
 /// 1), rather than finding its only attempt spent and marking it

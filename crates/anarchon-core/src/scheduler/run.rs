@@ -114,6 +114,10 @@ pub(crate) fn handle_outcome(
     }
 }
 
+/// How long a hand-over at shutdown waits for the aborted handler's task
+/// to end before it releases the run.
+const HANDLER_ABORT_WAIT: Duration = Duration::from_secs(1);
+
 /// Runs a won run: the handler in its own task, heartbeats, timeout,
 /// fencing, finish, and hand-over at shutdown.
 pub(crate) async fn run_won(
@@ -217,6 +221,11 @@ pub(crate) async fn run_won(
             () = inner.hand_over.cancelled() => {
                 ctx.cancel(CancelReason::Shutdown);
                 handler.abort();
+                // The run goes to a backup only once the handler's task is
+                // gone (its future dropped: a command killed on drop, say),
+                // or after a second if it does not stop, as code that never
+                // yields does not.
+                let _ = tokio::time::timeout(HANDLER_ABORT_WAIT, &mut handler).await;
                 if let Some(store) = &lease_store {
                     hand_over(&inner, store.as_ref(), &run, token, Started::Yes).instrument(span.clone()).await;
                 }
