@@ -1,6 +1,7 @@
 -- Writes the pause of scope $1 (a job's name, or `*`), replacing the one
 -- there was: since $2, until $3 (NULL: until resumed), reason $4, by $5.
--- Sent in the transaction that read the server's clock for `since`.
+-- Sent right after the statement that read the server's clock for `since`
+-- (its own transaction: `since` is one round trip older than the write).
 INSERT INTO "{{table}}_pauses" AS p (scope, since, until, reason, paused_by)
 VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (scope) DO UPDATE
