@@ -1864,6 +1864,42 @@ async fn a_run_is_handed_over_only_once_its_aborted_handler_is_gone() {
     );
 }
 
+/// A handler that returns at the very moment shutdown's grace ends (the
+/// run's task finds its handler done and the hand-over due together) has
+/// its outcome recorded, not handed over: a backup would run it again.
+/// Twenty jobs, each handler returning exactly at the grace's end; every
+/// one ends `succeeded`.
+///
+/// Failed before the fix: the run's task picked one of the two at random,
+/// and about half the runs were released although their handler had
+/// returned.
+#[tokio::test(start_paused = true)]
+async fn a_handler_that_returned_as_shutdown_came_is_recorded_not_handed_over() {
+    const JOBS: usize = 20;
+    let grace = Duration::from_secs(3);
+    let (clock, store) = setup();
+    let mut b = instance(store.clone(), clock.clone(), "a").shutdown_grace(grace);
+    for i in 0..JOBS {
+        b.job(format!("on-time-{i}"), every(60))
+            .unwrap()
+            .run(working_for(grace))
+            .unwrap();
+    }
+    let scheduler = b.start().unwrap();
+    // The clock starts on a slot: every handler starts now, and shutdown's
+    // grace starts now too.
+    tokio::task::yield_now().await;
+    let report = scheduler.shutdown().await;
+    let mut ended = Vec::new();
+    for i in 0..JOBS {
+        ended.push(history_of(&store, &format!("on-time-{i}"), 1).await[0].state);
+    }
+    assert!(
+        ended.iter().all(|state| *state == SUCCEEDED),
+        "handed over although its handler had returned: {ended:?} (report {report:?})"
+    );
+}
+
 /// A run handed over before its handler started does not use up an
 /// attempt: with `max_attempts = 1`, the backup still runs it (as attempt
 /// 1), rather than finding its only attempt spent and marking it
@@ -2544,32 +2580,15 @@ async fn backfill_the_last_hour(store: &Arc<MemoryStore>, clock: &TestClock, job
 /// as a takeover (attempt 2).
 #[tokio::test(start_paused = true)]
 async fn a_backfill_claim_whose_answer_was_lost_runs_its_slot_at_once() {
-    let (clock, store) = setup();
-    let layered = Arc::new(LosesFirstBackfillAnswer {
-        inner: store.clone(),
-        lost: std::sync::atomic::AtomicBool::new(false),
-        delay: Duration::ZERO,
-        renewals_fail: false,
-    });
-    let seen = Attempts::default();
-    let mut b = instance(layered.clone(), clock.clone(), "a").lease(Duration::from_secs(60));
-    b.job("bf-lost", every(3600))
-        .unwrap()
-        .run(failing_first(&seen, 0))
-        .unwrap();
-    let scheduler = b.start().unwrap();
-    let now = clock.now();
-    backfill_the_last_hour(&store, &clock, "bf-lost", "lost").await;
-    sleep(20.0).await;
-    scheduler.shutdown().await;
-    assert!(
-        layered.lost.load(std::sync::atomic::Ordering::SeqCst),
-        "the backfill claimed"
-    );
-    let attempts: Vec<(Slot, u32)> = seen.lock().unwrap().iter().map(|a| (a.0, a.1)).collect();
-    let slot = Slot::from_millis(now.as_millis() - 1_800_000);
+    let (slot, starts) = backfill_through_a_lost_answer(
+        Duration::ZERO,
+        false,
+        (Duration::from_secs(60), Duration::from_secs(20)),
+        20.0,
+    )
+    .await;
     assert_eq!(
-        attempts,
+        starts.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>(),
         [(slot, 1)],
         "the backfilled slot ran once, at once, as attempt 1"
     );
@@ -2587,41 +2606,65 @@ async fn a_backfill_claim_whose_answer_was_lost_runs_its_slot_at_once() {
 /// lease had ended on the store.
 #[tokio::test(start_paused = true)]
 async fn a_backfill_win_told_late_counts_its_lease_from_the_first_send() {
-    let (clock, store) = setup();
-    let layered = Arc::new(LosesFirstBackfillAnswer {
-        inner: store.clone(),
-        lost: std::sync::atomic::AtomicBool::new(false),
-        delay: Duration::from_secs(5),
-        renewals_fail: true,
-    });
-    let fences: Arc<Mutex<Vec<u64>>> = Arc::default();
-    let mut b = instance(layered.clone(), clock.clone(), "a")
-        .lease(Duration::from_secs(6))
-        .heartbeat(Duration::from_secs(2));
-    let seen = fences.clone();
-    b.job("bf-late", every(3600))
-        .unwrap()
-        .run(move |ctx: RunContext| {
-            seen.lock()
-                .unwrap()
-                .push(ctx.fence().map_or(0, |f| f.get()));
-            async { Ok::<_, String>(()) }
-        })
-        .unwrap();
-    let scheduler = b.start().unwrap();
-    backfill_the_last_hour(&store, &clock, "bf-late", "late").await;
-    sleep(12.0).await;
-    scheduler.shutdown().await;
-    assert!(
-        layered.lost.load(std::sync::atomic::Ordering::SeqCst),
-        "the backfill claimed"
-    );
-    let fences = fences.lock().unwrap().clone();
+    let (_, starts) = backfill_through_a_lost_answer(
+        Duration::from_secs(5),
+        true,
+        (Duration::from_secs(6), Duration::from_secs(2)),
+        12.0,
+    )
+    .await;
+    let fences: Vec<u64> = starts.iter().map(|s| s.2).collect();
     assert!(!fences.is_empty(), "the slot ran");
     assert!(
         !fences.contains(&1),
         "a handler started on the first win, whose lease had ended: fences {fences:?}"
     );
+}
+
+/// Backfills the hour of half an hour ago of a job on a store that loses
+/// the first backfill claim's answer `delay` after taking it (with every
+/// heartbeat failing when `renewals_fail`), with this `(lease, heartbeat)`,
+/// for `secs` of paused time. Returns the slot and each handler start's
+/// slot, attempt and fence.
+async fn backfill_through_a_lost_answer(
+    delay: Duration,
+    renewals_fail: bool,
+    (lease, heartbeat): (Duration, Duration),
+    secs: f64,
+) -> (Slot, Vec<(Slot, u32, u64)>) {
+    let (clock, store) = setup();
+    let slot = Slot::from_millis(clock.now().as_millis() - 1_800_000);
+    let layered = Arc::new(LosesFirstBackfillAnswer {
+        inner: store.clone(),
+        lost: std::sync::atomic::AtomicBool::new(false),
+        delay,
+        renewals_fail,
+    });
+    let starts: Arc<Mutex<Vec<(Slot, u32, u64)>>> = Arc::default();
+    let mut b = instance(layered.clone(), clock.clone(), "a")
+        .lease(lease)
+        .heartbeat(heartbeat);
+    let seen = starts.clone();
+    b.job("backfilled", every(3600))
+        .unwrap()
+        .run(move |ctx: RunContext| {
+            let fence = ctx.fence().map_or(0, |f| f.get());
+            seen.lock()
+                .unwrap()
+                .push((ctx.slot(), ctx.attempt().get(), fence));
+            async { Ok::<_, String>(()) }
+        })
+        .unwrap();
+    let scheduler = b.start().unwrap();
+    backfill_the_last_hour(&store, &clock, "backfilled", "lost").await;
+    sleep(secs).await;
+    scheduler.shutdown().await;
+    assert!(
+        layered.lost.load(std::sync::atomic::Ordering::SeqCst),
+        "the backfill claimed"
+    );
+    let starts = starts.lock().unwrap().clone();
+    (slot, starts)
 }
 
 /// Everything the start-before-finish test sees, in order: a handler

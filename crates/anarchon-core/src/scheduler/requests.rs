@@ -138,9 +138,16 @@ fn start_backfill(
     });
 }
 
+/// How many backfill claims in a row the store may refuse for good (each
+/// slot then left out) before the backfill stops.
+const BACKFILL_REFUSALS: u32 = 3;
+
 /// Runs the slots of `range` that never ran, oldest first, one at a time.
 async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize, range: Backfill) {
     let job = inner.jobs[index].clone();
+    // Claims the store refused for good, one slot after the other: past
+    // [`BACKFILL_REFUSALS`] the refusal is the job's, not a slot's.
+    let mut refused_in_a_row = 0;
     let mut after = range.from().saturating_sub(Duration::from_millis(1));
     while let Some(slot) = job
         .schedule
@@ -180,12 +187,19 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
                 // claim itself): the slot is left out, and given back in
                 // case an earlier send of this claim was taken.
                 Err(error) => {
-                    tracing::error!(%error, job = %job.name, %slot, "backfill claim refused by the store; this slot is left out");
                     let run = RunKey::new(job.name.clone(), slot);
                     let _ = within(CALL_TIMEOUT, store.give_back(&run, token)).await;
+                    refused_in_a_row += 1;
+                    if refused_in_a_row >= BACKFILL_REFUSALS {
+                        tracing::error!(%error, job = %job.name, %slot, "backfill claims refused by the store {refused_in_a_row} times in a row; the backfill stops here");
+                        return;
+                    }
+                    tracing::error!(%error, job = %job.name, %slot, "backfill claim refused by the store; this slot is left out");
+                    tokio::time::sleep(MANUAL_RUN_WINDOW / 100).await;
                     break;
                 }
             };
+            refused_in_a_row = 0;
             // A claim of this slot after this one (a takeover once its
             // lease ran out) is a claim of its own.
             token = Token::generate();

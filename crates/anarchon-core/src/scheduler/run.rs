@@ -224,8 +224,15 @@ pub(crate) async fn run_won(
                 // The run goes to a backup only once the handler's task is
                 // gone (its future dropped: a command killed on drop, say),
                 // or after a second if it does not stop, as code that never
-                // yields does not.
-                let _ = tokio::time::timeout(HANDLER_ABORT_WAIT, &mut handler).await;
+                // yields does not. A handler that had already returned
+                // (both were ready at once) has its outcome recorded like
+                // any other: handing that run over would run it again.
+                match tokio::time::timeout(HANDLER_ABORT_WAIT, &mut handler).await {
+                    Ok(joined) if !joined.as_ref().is_err_and(tokio::task::JoinError::is_cancelled) => {
+                        break joined;
+                    }
+                    _ => {}
+                }
                 if let Some(store) = &lease_store {
                     hand_over(&inner, store.as_ref(), &run, token, Started::Yes).instrument(span.clone()).await;
                 }
