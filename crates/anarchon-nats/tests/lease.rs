@@ -622,7 +622,7 @@ async fn a_job_document_deleted_by_hand_does_not_forget_ended_runs() {
 
 /// A manual-run request nobody can read (written by hand, or by something
 /// else) is passed over: the other requests are still read by every
-/// instance.
+/// instance, and collection purges the unreadable ones.
 ///
 /// Failed before the fix: one such key failed every read of the requests,
 /// so no instance learnt of any manual run or backfill.
@@ -646,6 +646,21 @@ async fn an_unreadable_request_is_passed_over() {
         .expect("the good request is read");
     let ids: Vec<&str> = read.requests.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(ids, ["good"]);
+    store
+        .collect_garbage(Duration::from_secs(3600))
+        .await
+        .expect("a collection passes over what it cannot read");
+    for key in [&broken, &backwards] {
+        assert!(
+            raw.get(key).await.is_none(),
+            "{key}, which nobody can read, is collected"
+        );
+    }
+    let good = NatsLeaseStore::request_key(&job, &RequestId::new("good").unwrap());
+    assert!(
+        raw.get(&good).await.is_some(),
+        "a young readable request stays"
+    );
 }
 
 /// Ended runs leave the job's document at the next claim (to their own

@@ -153,7 +153,10 @@ impl PgStore {
     /// `migrate` is true.
     ///
     /// Consider `test_before_acquire(false)` on the pool: otherwise each
-    /// call costs a ping round trip before its statement.
+    /// call costs a ping round trip before its statement. The pool's
+    /// sessions must use `read committed` (PostgreSQL's default), the
+    /// isolation the claim is written for: the store sets nothing on a pool
+    /// it did not make.
     ///
     /// # Errors
     ///

@@ -158,6 +158,12 @@ impl NatsLeaseStore {
     }
 
     pub(super) async fn read_requests(&self) -> Result<RunRequests, StoreError> {
+        Ok(self.read_requests_and_unreadable().await?.0)
+    }
+
+    /// The requests, and the keys of those nobody can read (passed over
+    /// with a warning).
+    async fn read_requests_and_unreadable(&self) -> Result<(RunRequests, Vec<String>), StoreError> {
         let (keys, tick) = tokio::join!(self.list("request.>"), self.tick());
         let (keys, sequence) = (keys?, tick?);
         let named: Vec<(String, (JobName, RequestId))> = keys
@@ -170,6 +176,7 @@ impl NatsLeaseStore {
         );
         self.round_trips(2);
         let mut requests = Vec::with_capacity(named.len());
+        let mut unreadable = Vec::new();
         for ((key, (job, id)), doc) in named.into_iter().zip(read) {
             // One request nobody can read (written by hand, or by
             // something else) must not hide every other request from
@@ -177,6 +184,7 @@ impl NatsLeaseStore {
             let doc = match doc {
                 Err(error) if error.kind() == StoreErrorKind::Protocol => {
                     tracing::warn!(bucket = %self.bucket, "an unreadable manual-run request is passed over: {error}");
+                    unreadable.push(key);
                     continue;
                 }
                 other => other?,
@@ -186,6 +194,7 @@ impl NatsLeaseStore {
                     Ok(backfill) => backfill,
                     Err(message) => {
                         tracing::warn!(bucket = %self.bucket, %key, "an unreadable manual-run request is passed over: {message}");
+                        unreadable.push(key);
                         continue;
                     }
                 };
@@ -200,25 +209,28 @@ impl NatsLeaseStore {
         }
         requests
             .sort_by(|a, b| (a.requested_at, &a.job, &a.id).cmp(&(b.requested_at, &b.job, &b.id)));
-        Ok(RunRequests {
+        let listed = RunRequests {
             store_now: Timestamp::from_millis(now?),
             requests,
-        })
+        };
+        Ok((listed, unreadable))
     }
 
-    /// Purges the requests stamped more than `keep` before `now`.
+    /// Purges the requests stamped more than `keep` before `now`, and those
+    /// nobody can read (nothing could ever run them).
     pub(super) async fn collect_requests(
         &self,
         now: i64,
         keep: Duration,
     ) -> Result<(), StoreError> {
         let before = now.saturating_sub(millis(keep));
-        let listed = self.read_requests().await?;
+        let (listed, unreadable) = self.read_requests_and_unreadable().await?;
         let old: Vec<String> = listed
             .requests
             .iter()
             .filter(|r| r.requested_at.as_millis() < before)
             .map(|r| Self::request_key(&r.job, &r.id))
+            .chain(unreadable)
             .collect();
         for result in join_all(old.iter().map(|key| self.purge(key))).await {
             result?;
