@@ -1879,17 +1879,18 @@ async fn a_handler_that_returned_as_shutdown_came_is_recorded_not_handed_over() 
     let grace = Duration::from_secs(3);
     let (clock, store) = setup();
     let mut b = instance(store.clone(), clock.clone(), "a").shutdown_grace(grace);
+    // The clock starts on a slot: every handler starts now and works for
+    // a second more than the grace; shutdown comes a second from now.
     for i in 0..JOBS {
         b.job(format!("on-time-{i}"), every(60))
             .unwrap()
-            .run(working_for(grace))
+            .run(working_for(Duration::from_secs(1) + grace))
             .unwrap();
     }
     let scheduler = b.start().unwrap();
-    // The clock starts on a slot: every handler starts now, and shutdown's
-    // grace starts now too.
-    tokio::task::yield_now().await;
+    sleep(1.0).await;
     let report = scheduler.shutdown().await;
+    assert_eq!(report.handed_over, 0, "{report:?}");
     let mut ended = Vec::new();
     for i in 0..JOBS {
         ended.push(history_of(&store, &format!("on-time-{i}"), 1).await[0].state);

@@ -138,6 +138,14 @@ fn start_backfill(
     });
 }
 
+/// The pause after a backfill claim failed, cut short by shutdown.
+async fn pause_unless_stopped(inner: &Inner) {
+    tokio::select! {
+        () = tokio::time::sleep(MANUAL_RUN_WINDOW / 100) => {}
+        () = inner.stop.cancelled() => {}
+    }
+}
+
 /// How many backfill claims in a row the store may refuse for good (each
 /// slot then left out) before the backfill stops.
 const BACKFILL_REFUSALS: u32 = 3;
@@ -180,7 +188,7 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
                 Ok(outcome) => outcome,
                 Err(error) if error.is_temporary() => {
                     tracing::warn!(%error, job = %job.name, %slot, "backfill claim failed; trying again");
-                    tokio::time::sleep(MANUAL_RUN_WINDOW / 100).await;
+                    pause_unless_stopped(inner).await;
                     continue;
                 }
                 // Sending it again cannot help (the store refuses the
@@ -195,7 +203,7 @@ async fn backfill(inner: &Arc<Inner>, store: &Arc<dyn LeaseStore>, index: usize,
                         return;
                     }
                     tracing::error!(%error, job = %job.name, %slot, "backfill claim refused by the store; this slot is left out");
-                    tokio::time::sleep(MANUAL_RUN_WINDOW / 100).await;
+                    pause_unless_stopped(inner).await;
                     break;
                 }
             };

@@ -219,19 +219,25 @@ pub(crate) async fn run_won(
                 ctx.cancel(CancelReason::TimedOut);
             }
             () = inner.hand_over.cancelled() => {
+                // The handler had returned already (both were ready at
+                // once): its outcome is recorded like any other; handing
+                // the run over would run it again.
+                if handler.is_finished() {
+                    break (&mut handler).await;
+                }
                 ctx.cancel(CancelReason::Shutdown);
                 handler.abort();
                 // The run goes to a backup only once the handler's task is
                 // gone (its future dropped: a command killed on drop, say),
                 // or after a second if it does not stop, as code that never
-                // yields does not. A handler that had already returned
-                // (both were ready at once) has its outcome recorded like
-                // any other: handing that run over would run it again.
-                match tokio::time::timeout(HANDLER_ABORT_WAIT, &mut handler).await {
-                    Ok(joined) if !joined.as_ref().is_err_and(tokio::task::JoinError::is_cancelled) => {
-                        break joined;
-                    }
-                    _ => {}
+                // yields does not. A handler that succeeded in the moment
+                // before the abort took (its poll was under way on another
+                // thread) did the work: that is recorded. Anything else it
+                // said after the cancellation is handed over.
+                if let Ok(joined @ Ok(Ok(()))) =
+                    tokio::time::timeout(HANDLER_ABORT_WAIT, &mut handler).await
+                {
+                    break joined;
                 }
                 if let Some(store) = &lease_store {
                     hand_over(&inner, store.as_ref(), &run, token, Started::Yes).instrument(span.clone()).await;
