@@ -2463,7 +2463,7 @@ async fn buffer_one_runs_the_waiting_slot_when_the_live_run_ends() {
 /// the retry still pending.
 #[tokio::test(start_paused = true)]
 async fn a_backfill_waits_for_each_slots_retry_before_the_next() {
-    use anarchon_core::{Backfill, Control, RequestId, RetryPolicy, TriggerRequest};
+    use anarchon_core::RetryPolicy;
     let (clock, store) = setup();
     let seen = Attempts::default();
     let mut b = instance(store.clone(), clock.clone(), "a");
@@ -2474,20 +2474,13 @@ async fn a_backfill_waits_for_each_slots_retry_before_the_next() {
         .run(failing_first(&seen, 1))
         .unwrap();
     let scheduler = b.start().unwrap();
-    let now = clock.now();
-    let range = Backfill::new(
-        now.saturating_sub(Duration::from_secs(3 * 3600 + 60)),
-        now.saturating_sub(Duration::from_secs(60)),
+    let range = request_backfill(
+        &store,
+        &clock,
+        ("bf", "past"),
+        Duration::from_secs(3 * 3600 + 60),
     )
-    .unwrap();
-    let job = anarchon_core::JobName::new("bf").unwrap();
-    Control::new(store.clone())
-        .backfill(
-            &TriggerRequest::backfill(job, RequestId::new("past").unwrap(), range),
-            None,
-        )
-        .await
-        .unwrap();
+    .await;
     sleep(120.0).await;
     scheduler.shutdown().await;
     let records = history_of(&store, "bf", 10).await;
@@ -2552,13 +2545,18 @@ impl LeaseLayer for LosesFirstBackfillAnswer {
     }
 }
 
-/// Asks `store` to backfill `job`'s whole hour of half an hour ago (the
-/// clock of [`setup`] is at half past): that slot alone.
-async fn backfill_the_last_hour(store: &Arc<MemoryStore>, clock: &TestClock, job: &str, id: &str) {
+/// Asks `store` to backfill `job` (with request id `id`) from `from_ago`
+/// before the clock's now to a minute before it; returns the range.
+async fn request_backfill(
+    store: &Arc<MemoryStore>,
+    clock: &TestClock,
+    (job, id): (&str, &str),
+    from_ago: Duration,
+) -> anarchon_core::Backfill {
     use anarchon_core::{Backfill, Control, RequestId, TriggerRequest};
     let now = clock.now();
     let range = Backfill::new(
-        now.saturating_sub(Duration::from_secs(3600)),
+        now.saturating_sub(from_ago),
         now.saturating_sub(Duration::from_secs(60)),
     )
     .unwrap();
@@ -2570,6 +2568,7 @@ async fn backfill_the_last_hour(store: &Arc<MemoryStore>, clock: &TestClock, job
         )
         .await
         .unwrap();
+    range
 }
 
 /// A backfill claim whose answer was lost is sent again with its token: the
@@ -2657,7 +2656,14 @@ async fn backfill_through_a_lost_answer(
         })
         .unwrap();
     let scheduler = b.start().unwrap();
-    backfill_the_last_hour(&store, &clock, "backfilled", "lost").await;
+    // The clock of `setup` is at half past: the hour half an hour ago alone.
+    request_backfill(
+        &store,
+        &clock,
+        ("backfilled", "lost"),
+        Duration::from_secs(3600),
+    )
+    .await;
     sleep(secs).await;
     scheduler.shutdown().await;
     assert!(
